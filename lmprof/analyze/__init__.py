@@ -1,0 +1,1 @@
+"""Analyze: read run directories, nsys SQLite exports and memory snapshots; never imports torch."""

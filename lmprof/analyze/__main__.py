@@ -1,0 +1,3 @@
+from lmprof.analyze.cli import main
+
+main()

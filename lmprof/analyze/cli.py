@@ -1,0 +1,52 @@
+"""``analyze``: tables and reports from run directories, nsys exports and memory snapshots.
+
+Never imports torch. Options shared by the table commands are defined once here.
+"""
+
+from __future__ import annotations
+
+import click
+
+from lmprof.render import FORMATS
+from lmprof.errors import run_cli
+
+format_option = click.option(
+    "--format", "fmt", type=click.Choice(FORMATS), default="md", show_default=True,
+    help="Table format on stdout: markdown for people, csv/json (raw unit columns) for tools.")
+out_option = click.option(
+    "--out", type=click.Path(file_okay=False), default=None,
+    help="Also write each table to OUT/<table>.<format>.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def analyze() -> None:
+    """Turn captures into answers: benchmark tables, kernel and memory analyses, reports."""
+
+
+@analyze.command("runs")
+@click.argument("run_dirs", nargs=-1, required=True)
+@format_option
+@out_option
+def runs_cmd(run_dirs: tuple[str, ...], fmt: str, out: str | None) -> None:
+    """The end-to-end benchmark table of RUN_DIRS (run directories or their run.json)."""
+    from lmprof.render import emit
+    from lmprof.reports.report import load_runs
+    from lmprof.reports.tables import benchmark_table
+
+    df = benchmark_table(load_runs(list(run_dirs)))
+    click.echo(emit({"benchmark": df}, fmt, out))
+
+
+@analyze.command("report")
+@click.argument("run_dirs", nargs=-1, required=True)
+@click.option("--out", "-o", type=click.Path(), default="report", show_default=True,
+              help="Report file (.md) or directory (gets report.md and img/).")
+def report_cmd(run_dirs: tuple[str, ...], out: str) -> None:
+    """Write one markdown report for RUN_DIRS, a section per kind of data present."""
+    from lmprof.reports.report import build
+
+    click.echo(str(build(list(run_dirs), out)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_cli(analyze, argv)

@@ -1,0 +1,3 @@
+from lmprof.capture.cli import main
+
+main()

@@ -1,0 +1,114 @@
+"""``capture``: run the model under timers, Nsight Systems and memory recording."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from lmprof import rundir
+from lmprof.capture import nsys as nsys_mod
+from lmprof.capture.options import add_run_options, spec_from_kwargs, spec_to_argv
+from lmprof.errors import UserError, run_cli
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def capture() -> None:
+    """Capture timings, Nsight Systems reports and memory snapshots of the Transformer LM."""
+
+
+@capture.command("run")
+@add_run_options
+@click.option("--out", type=click.Path(file_okay=False), default="runs", show_default=True,
+              help="Directory under which runs/<run-id>/ is created.")
+@click.option("--nsys-path", type=str, default=None,
+              help="Path to the nsys executable (else $NSYS, else PATH).")
+@click.option("--nsys-args", type=str, default=None,
+              help="Extra flags passed to 'nsys profile', as one quoted string.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
+@click.option("--run-dir", type=click.Path(file_okay=False), default=None, hidden=True)
+@click.option("--under-nsys", is_flag=True, hidden=True)
+def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
+            run_dir: str | None, under_nsys: bool, **kwargs) -> None:
+    """Run warm-up and measured steps, timing every phase; write runs/<run-id>/run.json.
+
+    Exit status: 0 when the run's status is OK, 1 when it is OOM or ERROR (still recorded),
+    2 for bad options.
+    """
+    from lmprof.capture import runner
+
+    spec = spec_from_kwargs(kwargs)
+    prep = runner.prepare(spec)
+    out_root = Path(out)
+    if spec.nsys and not under_nsys:
+        nsys = nsys_mod.find_nsys(nsys_path)
+        if prep.device.type != "cuda":
+            raise UserError("--nsys profiles CUDA work and needs --device cuda")
+        target = runner.new_run_dir(out_root, prep)
+        record = _run_under_nsys(nsys, target, spec, nsys_args, quiet)
+    else:
+        target = Path(run_dir) if run_dir else runner.new_run_dir(out_root, prep)
+        target.mkdir(parents=True, exist_ok=True)
+        hooks = runner.Hooks()
+        if under_nsys:
+            hooks.before_measured.append(nsys_mod.profiler_start)
+            hooks.after_measured.append(nsys_mod.profiler_stop)
+        if spec.memory:
+            from lmprof.capture.memory import MemoryRecorder
+
+            rec = MemoryRecorder(target, spec.memory_max_entries, spec.memory_stacks,
+                                 spec.memory_steps or spec.steps)
+            hooks.before_measured.append(rec.start)
+            hooks.after_step.append(rec.after_step)
+            hooks.after_measured.append(rec.artifacts)
+        progress = not quiet and sys.stderr.isatty()
+        record = runner.execute(prep, target, hooks, progress)
+        rundir.write_run(target, record)
+    if not under_nsys:
+        rundir.mark_latest(target.parent, target)
+        if not quiet:
+            _print_summary(target, record)
+    sys.exit(0 if record["status"] == "OK" else 1)
+
+
+def _run_under_nsys(nsys: str, target: Path, spec, nsys_args: str | None, quiet: bool) -> dict:
+    child = [sys.executable, "-m", "lmprof.capture", "run", *spec_to_argv(spec),
+             "--run-dir", str(target), "--under-nsys"]
+    if quiet:
+        child.append("--quiet")
+    cmd = nsys_mod.profile_command(nsys, target, child, nsys_args)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True)
+    try:
+        record = rundir.load_run(target)
+    except UserError:
+        tail = (proc.stdout or "").strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+        raise UserError(f"the run under nsys wrote no run.json: {tail[0]}") from None
+    rep = target / f"{nsys_mod.REPORT_BASENAME}.nsys-rep"
+    if rep.is_file():
+        sqlite = nsys_mod.export_sqlite(nsys, rep)
+        record["artifacts"].update(nsys_rep=rep.name, nsys_sqlite=sqlite.name)
+    elif record["status"] == "OK":
+        record["status"] = "ERROR"
+        record["error"] = f"nsys produced no report (exit status {proc.returncode})"
+    record["config"]["nsys"] = True
+    record.pop("run_dir", None)
+    rundir.write_run(target, record)
+    return record
+
+
+def _print_summary(target: Path, record: dict) -> None:
+    click.echo(f"run: {target}")
+    click.echo(f"status: {record['status']}" + (f" ({record['error']})" if record["error"] else ""))
+    summary = record.get("timings", {}).get("summary")
+    if not summary:
+        return
+    from lmprof.render import to_markdown
+    from lmprof.reports.tables import phase_summary_table
+
+    click.echo(to_markdown(phase_summary_table(record)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_cli(capture, argv)

@@ -1,0 +1,71 @@
+"""CUDA memory history recording around the measured steps (``capture run --memory``).
+
+Phase attribution uses two signals, both written here:
+- the phase windows in run.json (epoch ns, the clock of the snapshot's ``time_us``): exact for
+  every thread, including PyTorch's autograd thread that allocates during backward;
+- ``torch.cuda.memory._set_memory_metadata(phase)`` (torch ≥ 2.11), set through the annotation
+  layer, so each trace entry's ``user_metadata`` names the phase current when it was allocated.
+The analysis prefers the windows and falls back to ``user_metadata`` when a snapshot comes
+without its run.json.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from lmprof import annotate
+
+SNAPSHOT_FILE = "memory.pickle"
+_TAGGED = {annotate.STEP, *annotate.PHASES}
+
+
+class MemoryRecorder:
+    def __init__(self, run_dir: Path, max_entries: int, stacks: str, steps: int):
+        self.path = run_dir / SNAPSHOT_FILE
+        self.max_entries = max_entries
+        self.stacks = stacks
+        self.steps = steps
+        self._tags: list[str] = []
+        self._set_meta = getattr(torch.cuda.memory, "_set_memory_metadata", None)
+        self.recording = False
+
+    # annotation listener: tag allocations with the innermost phase
+    def enter(self, name: str) -> None:
+        if name in _TAGGED:
+            self._tags.append(name)
+            self._set_meta(name)
+
+    def exit(self, name: str) -> None:
+        if name in _TAGGED and self._tags:
+            self._tags.pop()
+            self._set_meta(self._tags[-1] if self._tags else "")
+
+    def start(self) -> None:
+        torch.cuda.memory._record_memory_history(
+            enabled="all", context="all", stacks=self.stacks, max_entries=self.max_entries
+        )
+        if self._set_meta is not None:
+            annotate.add_listener(self)
+        self.recording = True
+
+    def after_step(self, index: int) -> None:
+        if self.recording and index + 1 >= self.steps:
+            self.stop()
+
+    def stop(self) -> None:
+        if not self.recording:
+            return
+        torch.cuda.synchronize()
+        torch.cuda.memory._dump_snapshot(str(self.path))
+        torch.cuda.memory._record_memory_history(enabled=None)
+        if self._set_meta is not None:
+            annotate.remove_listener(self)
+            self._set_meta("")
+        self.recording = False
+
+    def artifacts(self) -> dict[str, str]:
+        self.stop()
+        extra = {"memory_snapshot": SNAPSHOT_FILE}
+        return extra

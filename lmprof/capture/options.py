@@ -1,0 +1,93 @@
+"""The options of ``capture run``, defined once.
+
+``capture run`` takes each as a single value; ``capture sweep`` takes lists of the same options
+(``GRID_OPTIONS``) and launches each cell with :func:`spec_to_argv`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+import click
+
+from lmprof.capture.devices import DEVICES, DTYPES
+from lmprof.capture.runner import MODES, RunSpec
+from lmprof.model.config import ATTENTION_IMPLS, SIZES
+
+# (RunSpec field, flag, click kwargs). Order is the order of --help.
+RUN_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
+    ("size", "--model", dict(type=str, default=None,
+        help=f"Model size: {', '.join(SIZES)}. Default: small on CUDA, tiny on CPU/MPS.")),
+    ("d_model", "--d-model", dict(type=int, default=None, help="Override d_model.")),
+    ("d_ff", "--d-ff", dict(type=int, default=None, help="Override the SwiGLU hidden size.")),
+    ("num_layers", "--num-layers", dict(type=int, default=None, help="Override the layer count.")),
+    ("num_heads", "--num-heads", dict(type=int, default=None, help="Override the head count.")),
+    ("vocab_size", "--vocab-size", dict(type=int, default=10_000, show_default=True,
+        help="Vocabulary size.")),
+    ("batch_size", "--batch-size", dict(type=int, default=4, show_default=True,
+        help="Sequences per batch.")),
+    ("context_length", "--context-length", dict(type=int, default=256, show_default=True,
+        help="Tokens per sequence.")),
+    ("warmup", "--warmup", dict(type=int, default=5, show_default=True,
+        help="Warm-up steps (timed separately, never profiled).")),
+    ("steps", "--steps", dict(type=int, default=10, show_default=True,
+        help="Measured steps.")),
+    ("mode", "--mode", dict(type=str, default="train", show_default=True,
+        help=f"What a step does: {' | '.join(MODES)} (train adds the AdamW step; forward runs "
+             "under torch.inference_mode).")),
+    ("dtype", "--dtype", dict(type=str, default="fp32", show_default=True,
+        help=f"{' | '.join(DTYPES)}; bf16/fp16 run under torch.autocast, fp32 without it.")),
+    ("compile", "--compile/--no-compile", dict(default=False, show_default=True,
+        help="Wrap the model in torch.compile.")),
+    ("attention", "--attention", dict(type=str, default="naive", show_default=True,
+        help=f"Attention implementation: {' | '.join(ATTENTION_IMPLS)}.")),
+    ("device", "--device", dict(type=str, default="auto", show_default=True,
+        help=f"{' | '.join(DEVICES)}; auto picks CUDA, then MPS, then CPU.")),
+    ("seed", "--seed", dict(type=int, default=0, show_default=True,
+        help="Seed for weights and the random token batch.")),
+    ("lr", "--lr", dict(type=float, default=1e-4, show_default=True, help="AdamW learning rate.")),
+    ("nsys", "--nsys/--no-nsys", dict(default=False, show_default=True,
+        help="Run the measured steps under Nsight Systems and export report.sqlite.")),
+    ("memory", "--memory/--no-memory", dict(default=False, show_default=True,
+        help="Record CUDA memory history during measured steps (memory.pickle).")),
+    ("memory_max_entries", "--memory-max-entries", dict(type=int, default=1_000_000,
+        show_default=True, help="Ring-buffer size of the memory history (trace entries kept).")),
+    ("memory_stacks", "--memory-stacks", dict(type=str, default="python", show_default=True,
+        help="Stacks recorded per allocation: python (fast) or all (adds C++ frames, slow).")),
+    ("memory_steps", "--memory-steps", dict(type=int, default=None,
+        help="Record memory for only the first N measured steps (default: all).")),
+    ("label", "--label", dict(type=str, default=None,
+        help="Label used in the run id (default: size-ctx-mode-dtype).")),
+]
+
+# Options a sweep may vary (lists); the rest of RUN_OPTIONS is fixed per sweep.
+GRID_FIELDS = ("size", "context_length", "batch_size", "warmup", "mode", "dtype", "compile",
+               "attention", "nsys", "memory")
+
+
+def add_run_options(fn):
+    for name, flag, kwargs in reversed(RUN_OPTIONS):
+        fn = click.option(flag, name, **kwargs)(fn)
+    return fn
+
+
+def spec_from_kwargs(kwargs: dict[str, Any]) -> RunSpec:
+    names = {f.name for f in fields(RunSpec)}
+    return RunSpec(**{k: v for k, v in kwargs.items() if k in names})
+
+
+def spec_to_argv(spec: RunSpec) -> list[str]:
+    """The ``capture run`` arguments that rebuild ``spec`` (defaults omitted)."""
+    default = RunSpec()
+    argv: list[str] = []
+    for name, flag, _ in RUN_OPTIONS:
+        value = getattr(spec, name)
+        if value == getattr(default, name):
+            continue
+        if "/" in flag:
+            on, off = flag.split("/")
+            argv.append(on if value else off)
+        else:
+            argv += [flag, str(value)]
+    return argv

@@ -1,0 +1,303 @@
+"""The timed step runner: warm-up, then measured forward / backward / optimizer steps.
+
+Timing protocol (the same on every device): synchronize, read ``perf_counter_ns``, run the phase
+inside its NVTX range, synchronize inside the range, read the clock again. The range therefore
+spans the phase's GPU work, and the wall-clock window (``time_ns``, epoch) of every measured phase
+is kept in run.json so memory events and nsys ranges can be placed on the same clock.
+
+Out-of-memory is a result (status ``OOM``), any other failure during the run is status ``ERROR``;
+both still write run.json with the config. Option mistakes are ``UserError`` and never start work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from lmprof import rundir
+from lmprof.annotate import BACKWARD, FORWARD, INFERENCE, OPTIMIZER, STEP, WARMUP, phase
+from lmprof.capture import devices, environment
+from lmprof.errors import UserError
+from lmprof.model import ModelConfig, config_for, n_params, step_flops
+
+MODES = ("forward", "forward-backward", "train")
+FAULT_ENV = "LMPROF_INJECT_FAULT"  # testing hook: oom | error | segfault | hang, fired in forward
+
+
+@dataclass
+class RunSpec:
+    """Every option of ``capture run``; stored verbatim as run.json's ``config``."""
+
+    size: str | None = None
+    d_model: int | None = None
+    d_ff: int | None = None
+    num_layers: int | None = None
+    num_heads: int | None = None
+    vocab_size: int = 10_000
+    batch_size: int = 4
+    context_length: int = 256
+    warmup: int = 5
+    steps: int = 10
+    mode: str = "train"
+    dtype: str = "fp32"
+    compile: bool = False
+    attention: str = "naive"
+    device: str = "auto"
+    seed: int = 0
+    lr: float = 1e-4
+    nsys: bool = False
+    memory: bool = False
+    memory_max_entries: int = 1_000_000
+    memory_stacks: str = "python"
+    memory_steps: int | None = None  # None: all measured steps
+    label: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class Prepared:
+    spec: RunSpec
+    cfg: ModelConfig
+    device: torch.device
+    dtype: torch.dtype
+
+
+def prepare(spec: RunSpec) -> Prepared:
+    """Validate every option and resolve the device; raises UserError before any work starts."""
+    if spec.mode not in MODES:
+        raise UserError(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
+    for name in ("batch_size", "context_length", "steps"):
+        if getattr(spec, name) <= 0:
+            raise UserError(f"--{name.replace('_', '-')} must be positive, got {getattr(spec, name)}")
+    if spec.warmup < 0:
+        raise UserError(f"--warmup must be zero or more, got {spec.warmup}")
+    if spec.memory_stacks not in ("python", "all"):
+        raise UserError(f"--memory-stacks must be python or all, got {spec.memory_stacks!r}")
+    if spec.memory_steps is not None and not 0 < spec.memory_steps <= spec.steps:
+        raise UserError(f"--memory-steps must be between 1 and --steps ({spec.steps})")
+    if spec.memory_max_entries <= 0:
+        raise UserError("--memory-max-entries must be positive")
+    device = devices.resolve_device(spec.device)
+    if spec.size is None and spec.d_model is None:
+        spec.size = "small" if device.type == "cuda" else "tiny"
+    cfg = config_for(
+        spec.size, context_length=spec.context_length, d_model=spec.d_model, d_ff=spec.d_ff,
+        num_layers=spec.num_layers, num_heads=spec.num_heads, vocab_size=spec.vocab_size,
+        attention=spec.attention,
+    )
+    dtype = devices.check_dtype(spec.dtype, device)
+    if spec.attention == "flash":
+        from lmprof.kernels import check_flash_available
+
+        check_flash_available(device)
+    if spec.memory and device.type != "cuda":
+        raise UserError("--memory records CUDA memory history and needs --device cuda")
+    return Prepared(spec, cfg, device, dtype)
+
+
+def run_label(spec: RunSpec, cfg: ModelConfig) -> str:
+    size = spec.size or f"d{cfg.d_model}x{cfg.num_layers}"
+    parts = [size, f"ctx{cfg.context_length}", spec.mode, spec.dtype]
+    if spec.compile:
+        parts.append("compiled")
+    if spec.attention != "naive":
+        parts.append(spec.attention)
+    return "-".join(parts)
+
+
+def summarize(values: list[float]) -> dict[str, float]:
+    return {
+        "mean_s": statistics.fmean(values),
+        "std_s": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "median_s": statistics.median(values),
+        "min_s": min(values),
+        "max_s": max(values),
+        "n": len(values),
+    }
+
+
+def _inject_fault() -> None:
+    fault = os.environ.get(FAULT_ENV)
+    if not fault:
+        return
+    if fault == "oom":
+        raise torch.OutOfMemoryError(f"CUDA out of memory. (injected by {FAULT_ENV})")
+    if fault == "error":
+        raise RuntimeError(f"injected failure ({FAULT_ENV})")
+    if fault == "segfault":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if fault == "hang":
+        time.sleep(10**6)
+
+
+class StepRunner:
+    """Builds the model and optimizer once and runs annotated, timed steps."""
+
+    def __init__(self, prep: Prepared, on_window: Callable[[dict], None] | None = None):
+        self.prep = prep
+        spec, cfg, device = prep.spec, prep.cfg, prep.device
+        torch.manual_seed(spec.seed)
+        model = TransformerLMOnDevice(cfg, device)
+        self.model = model
+        self.forward = torch.compile(model) if spec.compile else model
+        self.optimizer = (
+            torch.optim.AdamW(model.parameters(), lr=spec.lr) if spec.mode == "train" else None
+        )
+        gen = torch.Generator(device="cpu").manual_seed(spec.seed)
+        shape = (spec.batch_size, cfg.context_length)
+        self.inputs = torch.randint(0, cfg.vocab_size, shape, generator=gen).to(device)
+        self.targets = torch.randint(0, cfg.vocab_size, shape, generator=gen).to(device)
+        self.autocast = (
+            torch.autocast(device.type, dtype=prep.dtype)
+            if spec.dtype != "fp32"
+            else contextlib.nullcontext()
+        )
+        self.on_window = on_window
+
+    @contextlib.contextmanager
+    def _timed(self, name: str, times: dict[str, float], step: int | None):
+        device = self.prep.device
+        devices.synchronize(device)
+        wall0 = time.time_ns()
+        t0 = time.perf_counter_ns()
+        with phase(name):
+            yield
+            devices.synchronize(device)
+        t1 = time.perf_counter_ns()
+        wall1 = time.time_ns()
+        times[f"{name}_s"] = (t1 - t0) / 1e9
+        if step is not None and self.on_window is not None:
+            self.on_window({"step": step, "phase": name, "start_ns": wall0, "end_ns": wall1})
+
+    def step(self, index: int, warmup: bool) -> dict[str, float]:
+        """One annotated step; returns seconds per phase (keys ``<phase>_s``) and ``step_s``."""
+        times: dict[str, float] = {}
+        mode = self.prep.spec.mode
+        step_id = None if warmup else index
+        with self._timed(STEP if not warmup else WARMUP, times, step_id):
+            if mode == "forward":
+                with self._timed(INFERENCE, times, step_id), torch.inference_mode(), self.autocast:
+                    _inject_fault()
+                    self.forward(self.inputs)
+            else:
+                self._train_phases(times, step_id)
+        if warmup:
+            times["step_s"] = times.pop(f"{WARMUP}_s")
+        return times
+
+    def _train_phases(self, times: dict[str, float], step_id: int | None) -> None:
+        with self._timed(FORWARD, times, step_id), self.autocast:
+            _inject_fault()
+            logits = self.forward(self.inputs)
+            loss = cross_entropy(logits, self.targets)
+        with self._timed(BACKWARD, times, step_id):
+            loss.backward()
+        if self.optimizer is not None:
+            with self._timed(OPTIMIZER, times, step_id):
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.model.zero_grad(set_to_none=True)
+
+
+def TransformerLMOnDevice(cfg: ModelConfig, device: torch.device):
+    from lmprof.model.transformer import TransformerLM
+
+    return TransformerLM(cfg).to(device)
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    from lmprof.model.transformer import cross_entropy as ce
+
+    return ce(logits, targets)
+
+
+@dataclass
+class Hooks:
+    """What happens around the measured steps: profiler start/stop, memory recording."""
+
+    before_measured: list[Callable[[], None]] = field(default_factory=list)
+    after_step: list[Callable[[int], None]] = field(default_factory=list)
+    after_measured: list[Callable[[], dict[str, str]]] = field(default_factory=list)
+
+
+def execute(prep: Prepared, run_dir: Path, hooks: Hooks, progress: bool) -> dict[str, Any]:
+    """Run warm-up and measured steps; return the run.json record (status OK, OOM or ERROR)."""
+    from tqdm import tqdm
+
+    spec = prep.spec
+    record: dict[str, Any] = {
+        "run_id": run_dir.name,
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "status": "OK",
+        "error": None,
+        "config": spec.to_dict(),
+        "model": {**prep.cfg.to_dict(), "d_head": prep.cfg.d_head, "n_params": n_params(prep.cfg)},
+        "flops": step_flops(prep.cfg, spec.batch_size, spec.mode),
+        "environment": environment.collect(prep.device),
+        "timings": {},
+        "phase_windows": [],
+        "artifacts": {},
+    }
+    windows: list[dict] = record["phase_windows"]
+    timings = record["timings"]
+    bar = tqdm(
+        total=spec.warmup + spec.steps, desc=run_dir.name, unit="step",
+        disable=not progress, leave=False, file=sys.stderr,
+    )
+    t_start = time.perf_counter()
+    runner = None
+    try:
+        runner = StepRunner(prep, on_window=windows.append)
+        warm = []
+        for i in range(spec.warmup):
+            bar.set_postfix_str("warm-up")
+            warm.append(runner.step(i, warmup=True)["step_s"])
+            bar.update()
+        timings["warmup_steps_s"] = warm
+        timings["warmup_s"] = sum(warm)
+        for hook in hooks.before_measured:
+            hook()
+        measured = []
+        for i in range(spec.steps):
+            bar.set_postfix_str("measured")
+            times = runner.step(i, warmup=False)
+            measured.append({"step": i, **times})
+            for hook in hooks.after_step:
+                hook(i)
+            bar.update()
+        for hook in hooks.after_measured:
+            record["artifacts"].update(hook())
+        timings["steps"] = measured
+        keys = [k for k in measured[0] if k.endswith("_s")]
+        timings["summary"] = {k[:-2]: summarize([m[k] for m in measured]) for k in keys}
+    except Exception as exc:  # noqa: BLE001 — every failure becomes a recorded status
+        record["status"] = "OOM" if devices.is_oom(exc) else "ERROR"
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        record["error"] = f"{type(exc).__name__}: {first_line}"
+    finally:
+        bar.close()
+        del runner
+        devices.release_memory(prep.device)
+    timings["total_s"] = time.perf_counter() - t_start
+    return record
+
+
+def new_run_dir(out: Path, prep: Prepared) -> Path:
+    rundir.check_writable_dir(out)
+    label = prep.spec.label or run_label(prep.spec, prep.cfg)
+    run_dir = out / rundir.new_run_id(label)
+    run_dir.mkdir()
+    return run_dir

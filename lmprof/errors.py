@@ -1,0 +1,58 @@
+"""The one error type for mistakes of the user's making (bad paths, bad options, bad files).
+
+The CLIs turn it into a single line on stderr and exit status 2; anything else is a bug and keeps
+its traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Callable, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable)
+
+EXIT_USAGE = 2
+
+
+class UserError(Exception):
+    """An input or option problem that the user can fix; the message is one line."""
+
+
+def run_cli(group: click.Group, argv: list[str] | None = None) -> None:
+    """Run a click group so that user errors print one line and exit 2, never a traceback."""
+    try:
+        group.main(args=argv, standalone_mode=False)
+    except UserError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        # Bad options, missing arguments: click's message, on one line, exit 2.
+        msg = exc.format_message().replace("\n", " ")
+        ctx_hint = ""
+        if isinstance(exc, click.UsageError) and exc.ctx is not None:
+            ctx_hint = f" (see '{exc.ctx.command_path} --help')"
+        click.echo(f"error: {msg}{ctx_hint}", err=True)
+        sys.exit(EXIT_USAGE)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except BrokenPipeError:
+        sys.exit(0)
+
+
+def user_errors(fn: F) -> F:
+    """Decorator for library entry points: re-raise OSError about a user path as UserError."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (FileNotFoundError, IsADirectoryError, PermissionError, NotADirectoryError) as exc:
+            raise UserError(f"{exc.strerror}: {exc.filename}") from None
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,1 @@
+"""Markdown report sections and matplotlib plots (torch-free)."""

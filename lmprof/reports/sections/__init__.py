@@ -1,0 +1,1 @@
+"""One module per report section; each exposes ``section(ctx) -> str | None``."""

@@ -1,0 +1,42 @@
+"""End-to-end benchmark table: per run, forward / backward / optimizer / step mean ± std."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from lmprof.reports.report import ReportContext
+from lmprof.reports.tables import benchmark_table
+
+
+def _ms(mean, std) -> str:
+    if mean is None or pd.isna(mean):
+        return ""
+    return f"{mean * 1e3:.2f} ± {std * 1e3:.2f}"
+
+
+def section(ctx: ReportContext) -> str | None:
+    df = benchmark_table(ctx.runs)
+    if df.empty:
+        return None
+    view = pd.DataFrame({
+        "Size": df["size"], "d_model": df["d_model"], "d_ff": df["d_ff"], "Layers": df["layers"],
+        "Heads": df["heads"], "Batch": df["batch"], "Context": df["context"], "Mode": df["mode"],
+        "Warm-up": df["warmup"], "Dtype": df["dtype"],
+        "Compile": df["compile"].map({True: "yes", False: "no"}), "Attention": df["attention"],
+        "Device": df["device"], "Status": df["status"],
+        "Forward (ms)": [_ms(m, s) for m, s in zip(df["forward_mean_s"], df["forward_std_s"])],
+        "Backward (ms)": [_ms(m, s) for m, s in zip(df["backward_mean_s"], df["backward_std_s"])],
+        "Optimizer (ms)": [_ms(m, s) for m, s in zip(df["optimizer_mean_s"],
+                                                      df["optimizer_std_s"])],
+        "Step (ms)": [_ms(m, s) for m, s in zip(df["step_mean_s"], df["step_std_s"])],
+        "Warm-up total (ms)": [f"{v * 1e3:.1f}" if pd.notna(v) else "" for v in
+                               df["warmup_total_s"]],
+        "TFLOP/s": [f"{v:.1f}" if pd.notna(v) else "" for v in df["achieved_tflops"]],
+        "MFU (%)": [f"{v:.1f}" if pd.notna(v) else "" for v in df["mfu_pct"]],
+    })
+    note = ("Mean ± standard deviation over measured steps; each phase is timed with "
+            "synchronization before and after. TFLOP/s counts matmul FLOPs of forward, backward "
+            "(2× forward) and AdamW per step; MFU uses the GPU's data-sheet dense peak for the dtype.")
+    errors = [f"- `{r['run_id']}`: {r['status']} — {r['error']}" for r in ctx.runs if r.get("error")]
+    tail = ("\n\nFailed runs:\n" + "\n".join(errors)) if errors else ""
+    return f"{note}\n\n{view.to_markdown(index=False)}{tail}"

@@ -1,0 +1,71 @@
+"""Tables built from run.json records (torch-free): per-phase summaries and the benchmark table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from lmprof.model.flops import peak_tflops
+
+PHASE_ORDER = ("forward", "inference", "backward", "optimizer", "step")
+
+
+def phase_summary_table(record: dict[str, Any]) -> pd.DataFrame:
+    """One run: per phase mean/std/median/min/max over measured steps (seconds)."""
+    summary = record.get("timings", {}).get("summary") or {}
+    rows = []
+    for name in PHASE_ORDER:
+        if name in summary:
+            s = summary[name]
+            rows.append({"phase": name, "mean_s": s["mean_s"], "std_s": s["std_s"],
+                         "median_s": s["median_s"], "min_s": s["min_s"], "max_s": s["max_s"],
+                         "steps": s["n"]})
+    return pd.DataFrame(rows)
+
+
+def _mean_std(summary: dict, key: str) -> tuple[float | None, float | None]:
+    s = summary.get(key)
+    return (s["mean_s"], s["std_s"]) if s else (None, None)
+
+
+def benchmark_table(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """The end-to-end benchmark table of a CS336 write-up, one row per run, OOM rows kept."""
+    rows = []
+    for r in records:
+        c, m, env = r.get("config", {}), r.get("model", {}), r.get("environment", {})
+        t = r.get("timings", {})
+        summary = t.get("summary") or {}
+        fwd_key = "inference" if "inference" in summary else "forward"
+        fwd, fwd_sd = _mean_std(summary, fwd_key)
+        bwd, bwd_sd = _mean_std(summary, "backward")
+        opt, opt_sd = _mean_std(summary, "optimizer")
+        step, step_sd = _mean_std(summary, "step")
+        flops = r.get("flops") or {}
+        total_flops = sum(flops.get(k, 0) for k in ("forward_flops", "backward_flops",
+                                                   "optimizer_flops"))
+        tflops = total_flops / step / 1e12 if step else None
+        peak = peak_tflops(env.get("gpu_name"), c.get("dtype", "fp32"))
+        rows.append({
+            "size": c.get("size") or "custom",
+            "d_model": m.get("d_model"), "d_ff": m.get("d_ff"),
+            "layers": m.get("num_layers"), "heads": m.get("num_heads"),
+            "batch": c.get("batch_size"), "context": c.get("context_length"),
+            "mode": c.get("mode"), "warmup": c.get("warmup"), "dtype": c.get("dtype"),
+            "compile": bool(c.get("compile")), "attention": c.get("attention"),
+            "device": env.get("gpu_name") or env.get("device"),
+            "status": r.get("status"),
+            "warmup_total_s": t.get("warmup_s"),
+            "forward_mean_s": fwd, "forward_std_s": fwd_sd,
+            "backward_mean_s": bwd, "backward_std_s": bwd_sd,
+            "optimizer_mean_s": opt, "optimizer_std_s": opt_sd,
+            "step_mean_s": step, "step_std_s": step_sd,
+            "achieved_tflops": tflops,
+            "mfu_pct": 100 * tflops / peak if (tflops and peak) else None,
+        })
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    order = ["d_model", "size", "context", "batch", "mode", "dtype", "compile", "attention",
+             "warmup"]
+    return df.sort_values(order, kind="stable", na_position="last").reset_index(drop=True)

@@ -1,0 +1,151 @@
+"""The run directory: the contract between ``capture`` and ``analyze``.
+
+``capture`` writes ``<out>/<run-id>/run.json`` beside its artifacts; ``analyze`` reads it. The
+schema is versioned: later versions add keys, never remove or re-mean them. Torch-free.
+
+run.json (schema_version 1)::
+
+    schema_version  int      1
+    run_id          str      "<UTC time>-<size>-ctx<T>-<mode>-<dtype>[...]-<4 hex>"
+    created_utc     str      ISO-8601 time the run started
+    status          str      "OK" | "OOM" | "ERROR"
+    error           str|null message for OOM/ERROR
+    config          dict     every capture option (model size and dims, batch_size, context_length,
+                             warmup, steps, mode, dtype, compile, attention, device, seed, ...)
+    model           dict     resolved dims: d_model, d_ff, num_layers, num_heads, vocab_size,
+                             context_length, n_params
+    flops           dict     forward_flops, backward_flops, optimizer_flops (per step, whole batch)
+    environment     dict     hostname, python, torch, triton, cuda, driver, gpu_name, gpu_count,
+                             device, git_commit, ... (null when unknown)
+    timings         dict     see below
+    phase_windows   list     [{step, phase, start_ns, end_ns}] on CLOCK_REALTIME (epoch ns), the
+                             clock of nsys's session start and of memory snapshots' time_us
+    artifacts       dict     relative paths: nsys_rep, nsys_sqlite, memory_snapshot (when captured)
+
+timings::
+
+    warmup_s        float    wall time of all warm-up steps (compilation included)
+    warmup_steps_s  list     per warm-up step
+    total_s         float    wall time of warm-up plus measured steps
+    steps           list     per measured step: {"step": i, "<phase>_s": seconds, "step_s": s}
+    summary         dict     per phase (forward|backward|optimizer|inference|step):
+                             {mean_s, std_s, median_s, min_s, max_s, n}
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from lmprof.errors import UserError
+
+SCHEMA_VERSION = 1
+RUN_FILE = "run.json"
+LATEST = "latest"
+STATUSES = ("OK", "OOM", "ERROR")
+
+
+def new_run_id(label: str) -> str:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{label}-{secrets.token_hex(2)}"
+
+
+def check_writable_dir(path: Path) -> Path:
+    """Create ``path`` if needed and prove it writable, or raise a one-line UserError."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".lmprof-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UserError(f"output directory {str(path)!r} is not writable: {exc.strerror or exc}") from None
+    return path
+
+
+def write_run(run_dir: Path, record: dict[str, Any]) -> Path:
+    """Atomically write run.json (write to a temp file, then rename)."""
+    record = {"schema_version": SCHEMA_VERSION, **record}
+    target = run_dir / RUN_FILE
+    tmp = run_dir / f".{RUN_FILE}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=False, default=str) + "\n")
+    os.replace(tmp, target)
+    return target
+
+
+def mark_latest(out_root: Path, run_dir: Path) -> None:
+    """Point ``<out>/latest`` at the newest run (a symlink; a text file where links fail)."""
+    link = out_root / LATEST
+    try:
+        if link.is_symlink() or link.is_file():
+            link.unlink()
+        link.symlink_to(run_dir.name, target_is_directory=True)
+    except OSError:
+        link.write_text(run_dir.name + "\n")
+
+
+def resolve_run_dir(path: str | Path) -> Path:
+    """Accept a run directory, its run.json, or a ``latest`` marker; return the directory."""
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"no such run directory: {str(p)!r}")
+    if p.is_file() and p.name == RUN_FILE:
+        return p.parent
+    if p.is_file() and p.name == LATEST:
+        return resolve_run_dir(p.parent / p.read_text().strip())
+    if p.is_dir() and (p / RUN_FILE).is_file():
+        return p.resolve()
+    raise UserError(f"{str(p)!r} is not a run directory (no {RUN_FILE} in it)")
+
+
+def load_run(path: str | Path) -> dict[str, Any]:
+    """Read and validate run.json; the returned dict carries ``run_dir`` (absolute path)."""
+    run_dir = resolve_run_dir(path)
+    f = run_dir / RUN_FILE
+    try:
+        record = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{str(f)!r} is not a readable run.json: {exc}") from None
+    if not isinstance(record, dict) or "schema_version" not in record:
+        raise UserError(f"{str(f)!r} is not an lmprof run.json (no schema_version)")
+    version = record["schema_version"]
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise UserError(
+            f"{str(f)!r} has schema_version {version!r}; this lmprof reads up to {SCHEMA_VERSION}"
+        )
+    record["run_dir"] = str(run_dir)
+    return record
+
+
+def artifact_path(record: dict[str, Any], key: str) -> Path | None:
+    """Absolute path of an artifact named in run.json, or None when absent."""
+    rel = (record.get("artifacts") or {}).get(key)
+    if not rel:
+        return None
+    return Path(record["run_dir"]) / rel
+
+
+def find_run_for(path: str | Path) -> dict[str, Any] | None:
+    """The run.json beside a raw artifact (a report.sqlite, a memory snapshot), if any."""
+    parent = Path(path).resolve().parent
+    if (parent / RUN_FILE).is_file():
+        try:
+            return load_run(parent)
+        except UserError:
+            return None
+    return None
+
+
+def run_label(record: dict[str, Any]) -> str:
+    """A short human label: size, context, mode, dtype, compile, attention."""
+    c = record.get("config", {})
+    parts = [str(c.get("size") or "custom"), f"ctx{c.get('context_length')}", str(c.get("mode")),
+             str(c.get("dtype"))]
+    if c.get("compile"):
+        parts.append("compiled")
+    if c.get("attention") and c.get("attention") != "naive":
+        parts.append(str(c.get("attention")))
+    return " ".join(parts)
