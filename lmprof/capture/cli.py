@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from lmprof import rundir
+from lmprof import nsystool
 from lmprof.capture import nsys as nsys_mod
 from lmprof.capture.options import add_run_options, spec_from_kwargs, spec_to_argv
 from lmprof.errors import UserError, run_cli
@@ -43,7 +44,7 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
     prep = runner.prepare(spec)
     out_root = Path(out)
     if spec.nsys and not under_nsys:
-        nsys = nsys_mod.find_nsys(nsys_path)
+        nsys = nsystool.find_nsys(nsys_path)
         if prep.device.type != "cuda":
             raise UserError("--nsys profiles CUDA work and needs --device cuda")
         target = runner.new_run_dir(out_root, prep)
@@ -87,7 +88,7 @@ def _run_under_nsys(nsys: str, target: Path, spec, nsys_args: str | None, quiet:
         raise UserError(f"the run under nsys wrote no run.json: {tail[0]}") from None
     rep = target / f"{nsys_mod.REPORT_BASENAME}.nsys-rep"
     if rep.is_file():
-        sqlite = nsys_mod.export_sqlite(nsys, rep)
+        sqlite = nsystool.export_sqlite(nsys, rep)
         record["artifacts"].update(nsys_rep=rep.name, nsys_sqlite=sqlite.name)
     elif record["status"] == "OK":
         record["status"] = "ERROR"

@@ -1,0 +1,42 @@
+"""Finding and calling the Nsight Systems CLI (torch-free: both capture and analyze use it)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from lmprof.errors import UserError
+
+INSTALL_HINT = (
+    "install Nsight Systems (https://developer.nvidia.com/nsight-systems) or point at it with "
+    "--nsys-path or $NSYS"
+)
+
+
+def find_nsys(explicit: str | None = None) -> str:
+    """``--nsys-path``, then ``$NSYS``, then PATH; one-line UserError if none works."""
+    for candidate, origin in ((explicit, "--nsys-path"), (os.environ.get("NSYS"), "$NSYS")):
+        if candidate:
+            path = Path(candidate)
+            if path.is_dir():
+                path = path / "nsys"
+            if path.is_file() and os.access(path, os.X_OK):
+                return str(path)
+            raise UserError(f"{origin} {candidate!r} is not an executable nsys; {INSTALL_HINT}")
+    found = shutil.which("nsys")
+    if not found:
+        raise UserError(f"nsys not found on PATH; {INSTALL_HINT}")
+    return found
+
+
+def export_sqlite(nsys: str, rep: Path, out: Path | None = None) -> Path:
+    """``nsys export --type sqlite``; returns the SQLite path. Raises UserError on failure."""
+    out = out or rep.with_suffix(".sqlite")
+    cmd = [nsys, "export", "--type=sqlite", "--force-overwrite=true", f"--output={out}", str(rep)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 or not out.is_file():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise UserError(f"nsys export failed for {str(rep)!r}: {tail[0]}")
+    return out
