@@ -1,0 +1,142 @@
+"""`capture` and `analyze` as a user runs them: help, a real run, bad options (exit 2)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from lmprof.analyze.cli import analyze
+from lmprof.capture.cli import capture
+from lmprof.capture.devices import check_dtype
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["--model", "tiny", "--context-length", "16", "--batch-size", "2", "--warmup", "1",
+        "--steps", "2", "--device", "cpu"]
+
+
+def cli(*args, module="lmprof.capture"):
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+
+
+def test_help_lists_every_option():
+    result = CliRunner().invoke(capture, ["run", "--help"])
+    assert result.exit_code == 0
+    for flag in ("--model", "--batch-size", "--context-length", "--warmup", "--steps", "--mode",
+                 "--dtype", "--compile", "--attention", "--device", "--seed", "--out", "--nsys",
+                 "--memory", "--quiet"):
+        assert flag in result.output
+    assert CliRunner().invoke(analyze, ["--help"]).exit_code == 0
+
+
+def test_run_then_report_end_to_end(tmp_path):
+    out = tmp_path / "runs"
+    proc = cli("run", *TINY, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "status: OK" in proc.stdout and "| forward" in proc.stdout
+    latest = out / "latest"
+    assert (latest / "run.json").is_file()
+    report = tmp_path / "rep"
+    proc = cli("report", str(latest), "-o", str(report), module="lmprof.analyze")
+    assert proc.returncode == 0, proc.stderr
+    text = (report / "report.md").read_text()
+    assert "## End-to-end benchmark" in text and "| tiny" in text
+    # deterministic for the same inputs
+    again = tmp_path / "rep2"
+    cli("report", str(latest), "-o", str(again), module="lmprof.analyze")
+    assert (again / "report.md").read_text() == text
+
+
+def test_analyze_never_imports_torch(tmp_path):
+    out = tmp_path / "runs"
+    assert cli("run", *TINY, "--out", str(out), "-q").returncode == 0
+    code = ("import sys; from lmprof.analyze.cli import main\n"
+            "try:\n    main(['runs', sys.argv[1], '--format', 'csv'])\n"
+            "except SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules, 'analyze imported torch'\nprint('clean')")
+    proc = subprocess.run([sys.executable, "-c", code, str(out / "latest")], capture_output=True,
+                          text=True, cwd=ROOT)
+    assert proc.returncode == 0 and "clean" in proc.stdout, proc.stderr
+
+
+def test_oom_run_exits_1_and_records(tmp_path):
+    import os
+
+    out = tmp_path / "runs"
+    env = {**os.environ, "LMPROF_INJECT_FAULT": "oom"}
+    proc = subprocess.run([sys.executable, "-m", "lmprof.capture", "run", *TINY, "--out", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, env=env)
+    assert proc.returncode == 1
+    assert "status: OOM" in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--model", "huge"], "unknown model size"),
+    (["--model", "tiny", "--d-model", "0"], "positive"),
+    (["--model", "tiny", "--d-model", "66"], "not divisible"),
+    (["--model", "tiny", "--d-model", "12", "--num-heads", "4"], "odd"),
+    (["--dtype", "fp8"], "unknown dtype"),
+    (["--attention", "fast"], "unknown attention"),
+    (["--mode", "sideways"], "unknown mode"),
+    (["--device", "tpu"], "unknown device"),
+    (["--steps", "0"], "must be positive"),
+    (["--warmup", "-1"], "zero or more"),
+    (["--batch-size", "x"], "not a valid integer"),
+    (["--bogus"], "No such option"),
+])
+def test_bad_options_one_line_exit_2(args, fragment):
+    proc = cli("run", "--device", "cpu", "--out", "/tmp/lmprof-never", *args)
+    assert proc.returncode == 2
+    assert fragment in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_device_cuda_without_cuda():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    proc = cli("run", "--device", "cuda")
+    assert proc.returncode == 2 and "CUDA is not available" in proc.stderr
+
+
+def test_unwritable_out(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    proc = cli("run", *TINY, "--out", str(blocker / "runs"))
+    assert proc.returncode == 2 and "not writable" in proc.stderr
+
+
+def test_bf16_refused_where_the_gpu_lacks_it(monkeypatch):
+    import torch
+
+    from lmprof.errors import UserError
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "Tesla V100")
+    with pytest.raises(UserError, match="bf16 is not supported on Tesla V100"):
+        check_dtype("bf16", torch.device("cuda"))
+
+
+def test_nsys_missing_is_one_line(monkeypatch, tmp_path):
+    env_path = str(tmp_path)  # an empty PATH entry: no nsys there
+    import os
+
+    env = {**os.environ, "PATH": env_path + ":" + os.path.dirname(sys.executable)}
+    env.pop("NSYS", None)
+    proc = subprocess.run([sys.executable, "-m", "lmprof.capture", "run", *TINY, "--nsys"],
+                          capture_output=True, text=True, cwd=ROOT, env=env)
+    assert proc.returncode == 2 and "nsys not found" in proc.stderr
+
+
+def test_analyze_bad_run_dir(tmp_path):
+    proc = cli("runs", str(tmp_path / "nope"), module="lmprof.analyze")
+    assert proc.returncode == 2 and "no such run directory" in proc.stderr
+    proc = cli("runs", str(tmp_path), module="lmprof.analyze")
+    assert proc.returncode == 2 and "not a run directory" in proc.stderr
+    (tmp_path / "run.json").write_text("{not json")
+    proc = cli("runs", str(tmp_path), module="lmprof.analyze")
+    assert proc.returncode == 2 and "not a readable run.json" in proc.stderr

@@ -1,0 +1,61 @@
+"""GPU runs of the runner (marked `gpu`: skipped without CUDA; run on the lent GPU machine)."""
+
+import shutil
+
+import pytest
+
+from lmprof import rundir
+from lmprof.capture import runner
+from lmprof.capture.runner import Hooks, RunSpec, execute, prepare
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_small_train_step_on_gpu(tmp_path, dtype):
+    prep = prepare(RunSpec(size="small", context_length=256, warmup=2, steps=3, device="cuda",
+                           dtype=dtype))
+    run_dir = runner.new_run_dir(tmp_path, prep)
+    record = execute(prep, run_dir, Hooks(), progress=False)
+    assert record["status"] == "OK", record["error"]
+    step = record["timings"]["summary"]["step"]["mean_s"]
+    assert 0 < step < 1.0  # tens of ms on an H100/H200; a second would mean something is wrong
+    assert record["environment"]["gpu_name"]
+
+
+def test_gpu_oom_is_recorded_and_memory_released(tmp_path):
+    import torch
+
+    prep = prepare(RunSpec(size="2.7B", context_length=1024, batch_size=64, warmup=0, steps=1,
+                           device="cuda"))
+    record = execute(prep, runner.new_run_dir(tmp_path, prep), Hooks(), progress=False)
+    assert record["status"] == "OOM"
+    assert torch.cuda.memory_allocated() < 2**30
+
+
+def test_memory_capture_writes_snapshot(tmp_path):
+    from click.testing import CliRunner
+
+    from lmprof.capture.cli import capture
+
+    res = CliRunner().invoke(capture, ["run", "--model", "small", "--context-length", "128",
+                                       "--warmup", "1", "--steps", "2", "--memory", "--out",
+                                       str(tmp_path), "-q"])
+    assert res.exit_code == 0, res.output
+    record = rundir.load_run(tmp_path / "latest")
+    assert rundir.artifact_path(record, "memory_snapshot").stat().st_size > 0
+
+
+@pytest.mark.skipif(shutil.which("nsys") is None, reason="nsys not on PATH")
+def test_nsys_capture_writes_report_and_sqlite(tmp_path):
+    from click.testing import CliRunner
+
+    from lmprof.capture.cli import capture
+
+    res = CliRunner().invoke(capture, ["run", "--model", "small", "--context-length", "128",
+                                       "--warmup", "1", "--steps", "2", "--nsys", "--out",
+                                       str(tmp_path), "-q"])
+    assert res.exit_code == 0, res.output
+    record = rundir.load_run(tmp_path / "latest")
+    for key in ("nsys_rep", "nsys_sqlite"):
+        assert rundir.artifact_path(record, key).is_file()

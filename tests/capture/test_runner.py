@@ -1,0 +1,118 @@
+"""The step runner on CPU with the tiny model: statuses, schema, warm-up, phase nesting, OOM."""
+
+import json
+
+import pytest
+
+from lmprof import annotate, rundir
+from lmprof.capture import runner
+from lmprof.capture.runner import Hooks, RunSpec, execute, prepare
+
+
+class Recorder:
+    def __init__(self):
+        self.events = []
+
+    def enter(self, name):
+        self.events.append(("enter", name))
+
+    def exit(self, name):
+        self.events.append(("exit", name))
+
+
+def run(tmp_path, **kw):
+    opts = dict(size="tiny", context_length=16, batch_size=2, warmup=2, steps=3, device="cpu")
+    spec = RunSpec(**{**opts, **kw})
+    prep = prepare(spec)
+    run_dir = runner.new_run_dir(tmp_path, prep)
+    record = execute(prep, run_dir, Hooks(), progress=False)
+    rundir.write_run(run_dir, record)
+    return run_dir, record
+
+
+def test_train_run_record_and_schema(tmp_path):
+    run_dir, record = run(tmp_path)
+    loaded = rundir.load_run(run_dir)
+    assert loaded["schema_version"] == rundir.SCHEMA_VERSION
+    assert loaded["status"] == "OK" and loaded["error"] is None
+    for key in ("run_id", "created_utc", "config", "model", "flops", "environment", "timings",
+                "phase_windows", "artifacts"):
+        assert key in loaded
+    t = loaded["timings"]
+    assert len(t["warmup_steps_s"]) == 2 and len(t["steps"]) == 3
+    assert t["warmup_s"] == pytest.approx(sum(t["warmup_steps_s"]))
+    assert set(t["summary"]) == {"forward", "backward", "optimizer", "step"}
+    s = t["summary"]["step"]
+    assert s["n"] == 3 and s["min_s"] <= s["median_s"] <= s["max_s"]
+    assert t["total_s"] >= t["warmup_s"] + sum(m["step_s"] for m in t["steps"])
+    # each step is at least the sum of its phases (measured inside it)
+    for m in t["steps"]:
+        assert m["step_s"] >= m["forward_s"] + m["backward_s"] + m["optimizer_s"]
+    assert loaded["model"]["n_params"] > 0 and loaded["flops"]["backward_flops"] > 0
+    assert loaded["environment"]["device"] == "cpu"
+
+
+def test_phase_windows_nest_inside_their_step(tmp_path):
+    _, record = run(tmp_path)
+    windows = record["phase_windows"]
+    assert {w["step"] for w in windows} == {0, 1, 2}  # measured steps only, no warm-up
+    for i in range(3):
+        mine = {w["phase"]: w for w in windows if w["step"] == i}
+        assert set(mine) == {"step", "forward", "backward", "optimizer"}
+        step = mine.pop("step")
+        order = sorted(mine.values(), key=lambda w: w["start_ns"])
+        assert [w["phase"] for w in order] == ["forward", "backward", "optimizer"]
+        for w in order:
+            assert step["start_ns"] <= w["start_ns"] <= w["end_ns"] <= step["end_ns"]
+
+
+def test_ranges_are_nested_as_the_analysis_expects(tmp_path):
+    rec = Recorder()
+    annotate.add_listener(rec)
+    try:
+        run(tmp_path, warmup=0, steps=1)
+    finally:
+        annotate.remove_listener(rec)
+    stack, parents = [], {}
+    for kind, name in rec.events:
+        if kind == "enter":
+            parents.setdefault(name, set()).add(stack[-1] if stack else None)
+            stack.append(name)
+        else:
+            assert stack.pop() == name  # properly nested
+    assert parents["step"] == {None}
+    assert parents["forward"] == parents["backward"] == parents["optimizer"] == {"step"}
+    assert parents[annotate.ATTENTION] == {"forward"}
+    for sub in (annotate.ATTN_SCORES, annotate.ATTN_SOFTMAX, annotate.ATTN_FINAL):
+        assert parents[sub] == {annotate.ATTENTION}
+
+
+def test_forward_mode_runs_inference_only(tmp_path):
+    _, record = run(tmp_path, mode="forward")
+    assert set(record["timings"]["summary"]) == {"inference", "step"}
+    assert record["flops"]["backward_flops"] == 0
+
+
+def test_forward_backward_mode_has_no_optimizer(tmp_path):
+    _, record = run(tmp_path, mode="forward-backward")
+    assert set(record["timings"]["summary"]) == {"forward", "backward", "step"}
+
+
+def test_oom_is_a_result_not_a_crash(tmp_path, monkeypatch):
+    monkeypatch.setenv(runner.FAULT_ENV, "oom")
+    run_dir, record = run(tmp_path)
+    assert record["status"] == "OOM"
+    assert "out of memory" in record["error"].lower()
+    assert record["config"]["size"] == "tiny"
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "OOM"
+
+
+def test_other_failures_are_status_error(tmp_path, monkeypatch):
+    monkeypatch.setenv(runner.FAULT_ENV, "error")
+    _, record = run(tmp_path)
+    assert record["status"] == "ERROR" and "injected failure" in record["error"]
+
+
+def test_bf16_autocast_on_cpu(tmp_path):
+    _, record = run(tmp_path, dtype="bf16", warmup=0, steps=1)
+    assert record["status"] == "OK"
