@@ -9,6 +9,7 @@ can price softmax against the matmuls), ``sdpa`` (torch's fused attention, causa
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -17,6 +18,12 @@ import torch.nn.functional as F
 
 from lmprof.annotate import ATTENTION, ATTN_FINAL, ATTN_SCORES, ATTN_SOFTMAX, phase
 from lmprof.model.config import ModelConfig
+
+
+def _range(name: str):
+    """An NVTX phase in eager mode; nothing while torch.compile traces (a range there would be a
+    Python side effect that breaks the graph). Compiled runs keep the runner's phase ranges."""
+    return contextlib.nullcontext() if torch.compiler.is_compiling() else phase(name)
 
 
 class RMSNorm(nn.Module):
@@ -71,13 +78,13 @@ class RotaryEmbedding(nn.Module):
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal softmax(QKᵀ/√dh)·V, step by step. q, k, v: (B, h, T, dh)."""
     t = q.shape[-2]
-    with phase(ATTN_SCORES):
+    with _range(ATTN_SCORES):
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, h, T, T)
         mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
         scores = scores.masked_fill(~mask, float("-inf"))
-    with phase(ATTN_SOFTMAX):
+    with _range(ATTN_SOFTMAX):
         probs = torch.softmax(scores, dim=-1)
-    with phase(ATTN_FINAL):
+    with _range(ATTN_FINAL):
         return probs @ v  # (B, h, T, dh)
 
 
@@ -115,7 +122,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
         positions = torch.arange(t, device=x.device)
         q, k = self.rope(q, positions), self.rope(k, positions)
-        with phase(ATTENTION):
+        with _range(ATTENTION):
             y = self.attend(q, k, v)  # (B, h, T, dh)
         return self.output_proj(y.transpose(1, 2).reshape(b, t, d))
 
