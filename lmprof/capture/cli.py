@@ -122,6 +122,28 @@ def sweep_cmd(grid_file: str | None, out: str, name: str | None, gpus: str | Non
     sys.exit(sweep_mod.run_sweep(grid, root, opts, click.echo))
 
 
+@capture.command("precision")
+@click.option("--device", type=str, default="auto", show_default=True,
+              help="auto | cuda | cpu | mps. Autocast op lists differ by device: the GPU answer "
+                   "is the one training sees.")
+@click.option("--out", type=click.Path(file_okay=False), default="runs", show_default=True,
+              help="Directory under which runs/<run-id>/ (precision.json, run.json) is created.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only the run directory.")
+def precision_cmd(device: str, out: str, quiet: bool) -> None:
+    """Mixed-precision experiments: summing 0.01 a thousand times in fp32/fp16/mixed, and the
+    dtypes of a toy model's tensors under fp16 and bf16 autocast. Writes a run directory that
+    'analyze report' renders."""
+    from lmprof.capture import devices, precision
+    from lmprof.reports.sections.precision import tables
+
+    target = precision.run(devices.resolve_device(device), Path(out))
+    rundir.mark_latest(target.parent, target)
+    click.echo(f"run: {target}")
+    if not quiet:
+        click.echo("")
+        click.echo(tables(rundir.load_run(target)))
+
+
 def _run_under_nsys(nsys: str, target: Path, spec, nsys_args: str | None, quiet: bool) -> dict:
     child = [sys.executable, "-m", "lmprof.capture", "run", *spec_to_argv(spec),
              "--run-dir", str(target), "--under-nsys"]
