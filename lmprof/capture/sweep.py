@@ -270,16 +270,24 @@ def _visible_device(gpu: int) -> str:
 # ---------------------------------------------------------------- the sweep directory
 
 
-def open_sweep_dir(root: Path, grid: Grid, force_mix: bool) -> None:
-    """Create or reopen ``root`` for ``grid``; refuse a directory of another grid unless told."""
-    rundir.check_writable_dir(root)
+def open_sweep_dir(root: Path, grid: Grid, force_mix: bool, write: bool = True) -> None:
+    """Create or reopen ``root`` for ``grid``; refuse a directory of another grid unless told.
+
+    With ``write=False`` (a dry run) only the refusal is checked and nothing is created.
+    """
+    if write:
+        rundir.check_writable_dir(root)
     entry = grid.to_dict()
     if not sweepdir.is_sweep_dir(root):
-        if any(root.iterdir()):
+        # hidden entries may be another shard's temp sweep.json or write probe
+        others = root.is_dir() and any(not e.name.startswith(".") for e in root.iterdir())
+        if others and not sweepdir.is_sweep_dir(root):
             raise UserError(f"{str(root)!r} exists and is not a sweep directory; choose another")
-        sweepdir.write_json(root / sweepdir.SWEEP_FILE,
-                            {"schema_version": sweepdir.SCHEMA_VERSION, "kind": "lmprof-sweep",
-                             "grids": [entry]})
+    if not sweepdir.is_sweep_dir(root):
+        if write:
+            sweepdir.write_json(root / sweepdir.SWEEP_FILE,
+                                {"schema_version": sweepdir.SCHEMA_VERSION, "kind": "lmprof-sweep",
+                                 "grids": [entry]})
         return
     data = sweepdir.read_sweep(root)
     if any(g.get("grid_hash") == entry["grid_hash"] for g in data["grids"]):
@@ -287,8 +295,9 @@ def open_sweep_dir(root: Path, grid: Grid, force_mix: bool) -> None:
     if not force_mix:
         raise UserError(f"{str(root)!r} holds a sweep of a different grid; pass --force-mix to "
                         "add these cells to it, or choose another --out/--name")
-    data["grids"].append(entry)
-    sweepdir.write_json(root / sweepdir.SWEEP_FILE, data)
+    if write:
+        data["grids"].append(entry)
+        sweepdir.write_json(root / sweepdir.SWEEP_FILE, data)
 
 
 def finished_status(root: Path, cell: Cell) -> str | None:
@@ -512,8 +521,7 @@ def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]
     all_cells = grid.cells()
     check_cells(all_cells, opts.gpus)
     plan = shard_cells(all_cells, opts.shard)
-    if not opts.dry_run:
-        open_sweep_dir(root, grid, opts.force_mix)
+    open_sweep_dir(root, grid, opts.force_mix, write=not opts.dry_run)
     done = {c.name: finished_status(root, c) for c in plan}
     todo = [c for c in plan if done[c.name] is None
             or (opts.retry_failed and done[c.name] in FAILED)]
