@@ -99,13 +99,19 @@ def speedup(df: pd.DataFrame, column: str, base: Any) -> pd.DataFrame:
             rows.append({
                 **{k: ref[k] for k in ("size", "context", "batch", "mode", "attention")},
                 **{k: ref[k] for k in ("dtype", "compile") if k != column},
-                "compared": f"{other[column]} vs {base}",
+                "compared": _compared(column, other[column], base),
                 "base_step_s": ref["step_mean_s"] if ref["status"] == "OK" else None,
                 "other_step_s": other["step_mean_s"] if other["status"] == "OK" else None,
                 "speedup": ref["step_mean_s"] / other["step_mean_s"] if ok else None,
                 "status": "OK" if ok else f"{ref['status']} / {other['status']}",
             })
     return pd.DataFrame(rows)
+
+
+def _compared(column: str, value: Any, base: Any) -> str:
+    if column == "compile":
+        return "compiled vs eager" if value else "eager vs compiled"
+    return f"{value} vs {base}"
 
 
 def peak_memory_grid(df: pd.DataFrame) -> pd.DataFrame:
