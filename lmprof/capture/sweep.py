@@ -557,7 +557,7 @@ def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]
 
     def postfix() -> None:
         tally = " ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-        bar.set_postfix_str(f"{', '.join(running)} | {tally}" if tally else ", ".join(running))
+        bar.set_postfix_str(" | ".join(filter(None, [", ".join(running), tally])))
 
     def on_start(cell: Cell, slot: int | None) -> None:
         with lock:
