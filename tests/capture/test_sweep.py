@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from lmprof import rundir, sweepdir
 from lmprof.capture import sweep
@@ -321,3 +322,17 @@ def test_sigkill_mid_cell_loses_nothing_and_resume_duplicates_nothing(tmp_path):
     assert not any((root / sweepdir.STAGING).iterdir())  # the half-written cell is gone
     index = json.loads((root / "index.json").read_text())["cells"]
     assert sorted(index) == sorted(c.name for c in cells)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_cells_record_peak_memory(tmp_path, capsys):
+    rc, _, _ = cli(["sweep", "--model", "tiny", "--context-length", "16,32", "--warmup", "0",
+                    "--steps", "1", "--device", "cuda", "--gpus", "0", "--out", str(tmp_path)],
+                   capsys)
+    assert rc == 0
+    recs = cell_records(only_sweep(tmp_path)).values()
+    assert len(recs) == 2
+    for rec in recs:
+        assert rec["status"] == "OK" and rec["environment"]["device"] == "cuda"
+        assert rec["peak_memory"]["allocated_bytes"] > 0
