@@ -21,6 +21,7 @@ can spread a sweep over machines. Results merge by reading the directories toget
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import os
@@ -311,10 +312,10 @@ def finished_status(root: Path, cell: Cell) -> str | None:
 # ---------------------------------------------------------------- running cells
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def _die_with_parent(parent: int) -> None:  # runs in the child between fork and exec
     if _PRCTL is not None:
         _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() != _PARENT_PID:  # the sweep died before prctl took effect
+        if os.getppid() != parent:  # the sweep died before prctl took effect
             os._exit(1)
 
 
@@ -329,8 +330,7 @@ def _load_prctl():
         return None
 
 
-_PRCTL = _load_prctl()
-_PARENT_PID = os.getpid()
+_PRCTL = _load_prctl()  # looked up here: the child must not import between fork and exec
 
 
 class Launcher:
@@ -352,8 +352,6 @@ class Launcher:
         return env
 
     def __call__(self, cell: Cell, gpu: int | None) -> dict[str, Any]:
-        global _PARENT_PID
-        _PARENT_PID = os.getpid()
         attempt = self.root / sweepdir.STAGING / f"{cell.name}.{os.getpid()}"
         shutil.rmtree(attempt, ignore_errors=True)
         target = attempt / cell.name
@@ -365,7 +363,8 @@ class Launcher:
         with open(target / sweepdir.CELL_LOG, "wb") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, env=self._env(gpu),
-                                    start_new_session=True, preexec_fn=_die_with_parent)
+                                    start_new_session=True,
+                                    preexec_fn=functools.partial(_die_with_parent, os.getpid()))
             with self.lock:
                 self.live[proc.pid] = proc
             try:
@@ -396,7 +395,11 @@ class Launcher:
         if timed_out:
             status, error = "TIMEOUT", f"no result after {self.timeout_s:g} s; the process was killed"
         elif rc < 0:
-            status, error = "ERROR", f"the process died of {signal.Signals(-rc).name}"
+            try:
+                name = signal.Signals(-rc).name
+            except ValueError:
+                name = f"signal {-rc}"
+            status, error = "ERROR", f"the process died of {name}"
         else:
             status, error = "ERROR", f"exit status {rc}: {_last_line(target / sweepdir.CELL_LOG)}"
         return _stand_in_record(cell, status, error)
