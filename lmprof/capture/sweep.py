@@ -68,7 +68,7 @@ class Cell:
 
 @dataclass(frozen=True)
 class Grid:
-    """Lists for the GRID_FIELDS that vary, single values for the rest (defaults omitted)."""
+    """A list per GRID_FIELD given, one value per other option given; the rest are defaults."""
 
     axes: dict[str, list[Any]]
     fixed: dict[str, Any]
@@ -160,6 +160,8 @@ def load_grid_file(path: str | Path) -> dict[str, Any]:
         raise UserError(f"grid file {str(p)!r} is malformed: {first}") from None
     if not isinstance(data, dict):
         raise UserError(f"grid file {str(p)!r} must hold a mapping of option: value or list")
+    if not data:
+        raise UserError(f"empty grid: grid file {str(p)!r} names no options")
     out = {}
     for key, value in data.items():
         name = _ALIASES.get(str(key))
@@ -179,6 +181,8 @@ def build_grid(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Grid:
             continue
         merged[name] = (text.split(",") if "," in text or name in GRID_FIELDS else text,
                         _FLAGS[name])
+    if not merged:
+        raise UserError("empty grid: give option lists (e.g. --context-length 128,256) or --grid")
     axes: dict[str, list[Any]] = {}
     fixed: dict[str, Any] = {}
     for name in _KINDS:

@@ -116,7 +116,9 @@ def _bad_inputs(tmp: Path) -> dict[str, list[str]]:
     (tmp / "broken.yaml").write_text("context_length: [16, 32\n")
     (tmp / "list.json").write_text("[1, 2]")
     (tmp / "a_file").write_text("")
+    (tmp / "empty.toml").write_text("")
     return {
+        "empty grid file": ["--grid", str(tmp / "empty.toml")],
         "empty grid": ["--context-length", ","],
         "repeated value": ["--context-length", "16,16"],
         "memory on cpu": ["--memory", "yes"],
@@ -134,7 +136,7 @@ def _bad_inputs(tmp: Path) -> dict[str, list[str]]:
     }
 
 
-BAD_CASES = ["empty grid", "repeated value", "memory on cpu", "unknown option in file",
+BAD_CASES = ["empty grid file", "empty grid", "repeated value", "memory on cpu", "unknown option in file",
              "malformed file", "file not a mapping", "missing file", "fixed option as list",
              "bad bool", "bad int", "unwritable out", "gpu that does not exist",
              "shard out of range", "shard malformed"]
