@@ -8,8 +8,11 @@ run.json (schema_version 1)::
     schema_version  int      1
     run_id          str      "<UTC time>-<size>-ctx<T>-<mode>-<dtype>[...]-<4 hex>"
     created_utc     str      ISO-8601 time the run started
-    status          str      "OK" | "OOM" | "ERROR"
-    error           str|null message for OOM/ERROR
+    kind            str      "run" (absent in older files means "run") | "precision" (capture
+                             precision: no timings; its results in artifacts.precision)
+    status          str      "OK" | "OOM" | "ERROR" | "TIMEOUT" (TIMEOUT, and ERROR for a process
+                             that died without writing run.json, are written by capture sweep)
+    error           str|null message for OOM/ERROR/TIMEOUT
     config          dict     every capture option (model size and dims, batch_size, context_length,
                              warmup, steps, mode, dtype, compile, attention, device, seed, ...)
     model           dict     resolved dims: d_model, d_ff, num_layers, num_heads, vocab_size,
@@ -20,7 +23,11 @@ run.json (schema_version 1)::
     timings         dict     see below
     phase_windows   list     [{step, phase, start_ns, end_ns}] on CLOCK_REALTIME (epoch ns), the
                              clock of nsys's session start and of memory snapshots' time_us
-    artifacts       dict     relative paths: nsys_rep, nsys_sqlite, memory_snapshot (when captured)
+    artifacts       dict     relative paths: nsys_rep, nsys_sqlite, memory_snapshot (when captured),
+                             log (a sweep cell's stdout+stderr), precision (capture precision)
+    peak_memory     dict     CUDA only, status OK: {allocated_bytes, reserved_bytes}, the
+                             torch.cuda.max_memory_* peaks over the measured steps (reset before)
+    sweep           dict     sweep cells only: {cell, config_hash, grid_hash} (see lmprof.sweepdir)
 
 timings::
 
@@ -46,7 +53,7 @@ from lmprof.errors import UserError
 SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
 LATEST = "latest"
-STATUSES = ("OK", "OOM", "ERROR")
+STATUSES = ("OK", "OOM", "ERROR", "TIMEOUT")
 
 
 def new_run_id(label: str) -> str:

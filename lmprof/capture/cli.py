@@ -11,7 +11,8 @@ import click
 from lmprof import rundir
 from lmprof import nsystool
 from lmprof.capture import nsys as nsys_mod
-from lmprof.capture.options import add_run_options, spec_from_kwargs, spec_to_argv
+from lmprof.capture.options import (add_run_options, add_sweep_options, spec_from_kwargs,
+                                    spec_to_argv)
 from lmprof.errors import UserError, run_cli
 
 
@@ -45,8 +46,6 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
     out_root = Path(out)
     if spec.nsys and not under_nsys:
         nsys = nsystool.find_nsys(nsys_path)
-        if prep.device.type != "cuda":
-            raise UserError("--nsys profiles CUDA work and needs --device cuda")
         target = runner.new_run_dir(out_root, prep)
         record = _run_under_nsys(nsys, target, spec, nsys_args, quiet)
     else:
@@ -72,6 +71,77 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
         if not quiet:
             _print_summary(target, record)
     sys.exit(0 if record["status"] == "OK" else 1)
+
+
+@capture.command("sweep")
+@add_sweep_options
+@click.option("--grid", "grid_file", type=click.Path(dir_okay=False), default=None,
+              help="Grid file (.yaml/.yml/.toml/.json): a mapping of option -> value or list, "
+                   "keys as RunSpec fields or flags (context_length or context-length). "
+                   "Options given on the command line override it.")
+@click.option("--out", type=click.Path(file_okay=False), default="runs", show_default=True,
+              help="Directory under which the sweep directory is created.")
+@click.option("--name", type=str, default=None,
+              help="Sweep directory name under --out (default: sweep-<grid hash>, so rerunning "
+                   "the same grid resumes it).")
+@click.option("--gpus", type=str, default=None,
+              help="Comma-separated GPU indices: run one cell per GPU at a time "
+                   "(CUDA_VISIBLE_DEVICES). Default: one cell at a time, devices as given.")
+@click.option("--shard", type=str, default=None,
+              help="I/N: run only cells I, I+N, I+2N, ... of the plan (0 <= I < N), e.g. "
+                   "$SLURM_ARRAY_TASK_ID/4. Shards may share one directory or use their own.")
+@click.option("--timeout", "timeout_s", type=float, default=3600.0, show_default=True,
+              help="Seconds a cell may run before it is killed and recorded TIMEOUT (0: none).")
+@click.option("--retry-failed", is_flag=True,
+              help="Also rerun finished cells whose status is OOM, ERROR or TIMEOUT.")
+@click.option("--force-mix", is_flag=True,
+              help="Add this grid's cells to a sweep directory written by a different grid.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and its size; run nothing.")
+@click.option("--quiet", "-q", is_flag=True, help="No plan, progress bar or summary.")
+def sweep_cmd(grid_file: str | None, out: str, name: str | None, gpus: str | None,
+              shard: str | None, timeout_s: float, retry_failed: bool, force_mix: bool,
+              dry_run: bool, quiet: bool, **kwargs) -> None:
+    """Run every cell of a grid of 'capture run' options, each in a fresh process.
+
+    Each cell ends with a run directory under OUT/NAME/cells/ whatever happens to it (status OK,
+    OOM, ERROR with its message, TIMEOUT); rerunning the same sweep skips finished cells.
+    Exit status: 0 when every cell is OK or OOM, 1 when one is ERROR or TIMEOUT, 2 for bad input.
+    """
+    from lmprof.capture import sweep as sweep_mod
+
+    if timeout_s < 0:
+        raise UserError(f"--timeout must be zero or more, got {timeout_s:g}")
+    file_values = sweep_mod.load_grid_file(grid_file) if grid_file else {}
+    grid = sweep_mod.build_grid(file_values, kwargs)
+    opts = sweep_mod.Options(
+        shard=sweep_mod.parse_shard(shard), gpus=sweep_mod.parse_gpus(gpus),
+        timeout_s=timeout_s or None, retry_failed=retry_failed, force_mix=force_mix,
+        dry_run=dry_run, quiet=quiet,
+    )
+    root = Path(out) / (name or f"sweep-{grid.grid_hash[:8]}")
+    sys.exit(sweep_mod.run_sweep(grid, root, opts, click.echo))
+
+
+@capture.command("precision")
+@click.option("--device", type=str, default="auto", show_default=True,
+              help="auto | cuda | cpu | mps. Autocast op lists differ by device: the GPU answer "
+                   "is the one training sees.")
+@click.option("--out", type=click.Path(file_okay=False), default="runs", show_default=True,
+              help="Directory under which runs/<run-id>/ (precision.json, run.json) is created.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only the run directory.")
+def precision_cmd(device: str, out: str, quiet: bool) -> None:
+    """Mixed-precision experiments: summing 0.01 a thousand times in fp32/fp16/mixed, and the
+    dtypes of a toy model's tensors under fp16 and bf16 autocast. Writes a run directory that
+    'analyze report' renders."""
+    from lmprof.capture import devices, precision
+    from lmprof.reports.sections.precision import tables
+
+    target = precision.run(devices.resolve_device(device), Path(out))
+    rundir.mark_latest(target.parent, target)
+    click.echo(f"run: {target}")
+    if not quiet:
+        click.echo("")
+        click.echo(tables(rundir.load_run(target)))
 
 
 def _run_under_nsys(nsys: str, target: Path, spec, nsys_args: str | None, quiet: bool) -> dict:

@@ -72,6 +72,25 @@ def add_run_options(fn):
     return fn
 
 
+def add_sweep_options(fn):
+    """``capture run``'s options for ``capture sweep``: comma-separated lists for GRID_FIELDS."""
+    for name, flag, kwargs in reversed(RUN_OPTIONS):
+        if name == "label":  # a sweep names its cells itself
+            continue
+        on = flag.split("/")[0]
+        default = {True: "yes", False: "no"}.get(kwargs.get("default"), kwargs.get("default"))
+        if name in GRID_FIELDS:
+            text, metavar = f"{kwargs['help']} A comma-separated list varies it.", "A,B,..."
+            if "/" in flag:
+                text, metavar = f"{kwargs['help']} yes, no, or yes,no to vary it.", "yes,no"
+        else:
+            text, metavar = f"{kwargs['help']} One value for every cell.", "VALUE"
+        if default is not None:
+            text += f"  [default: {default}]"
+        fn = click.option(on, name, type=str, default=None, metavar=metavar, help=text)(fn)
+    return fn
+
+
 def spec_from_kwargs(kwargs: dict[str, Any]) -> RunSpec:
     names = {f.name for f in fields(RunSpec)}
     return RunSpec(**{k: v for k, v in kwargs.items() if k in names})

@@ -31,7 +31,10 @@ from lmprof.errors import UserError
 from lmprof.model import ModelConfig, config_for, n_params, step_flops
 
 MODES = ("forward", "forward-backward", "train")
-FAULT_ENV = "LMPROF_INJECT_FAULT"  # testing hook: oom | error | segfault | hang, fired in forward
+# Testing hook, fired at the start of forward: ``KIND[:FIELD=VALUE,...][;KIND...]`` with KIND one of
+# oom | error | segfault | hang. Conditions select the runs it fires in by their RunSpec fields
+# (``oom:context_length=128`` fails only the ctx-128 cells of a sweep); the first matching rule fires.
+FAULT_ENV = "LMPROF_INJECT_FAULT"
 
 
 @dataclass
@@ -74,8 +77,11 @@ class Prepared:
     dtype: torch.dtype
 
 
-def prepare(spec: RunSpec) -> Prepared:
-    """Validate every option and resolve the device; raises UserError before any work starts."""
+def check_spec(spec: RunSpec, device_type: str) -> ModelConfig:
+    """Every check that needs no device work; raises UserError. ``spec`` is left unchanged.
+
+    ``capture sweep`` calls it on each cell before starting any, so a bad grid starts nothing.
+    """
     if spec.mode not in MODES:
         raise UserError(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
     for name in ("batch_size", "context_length", "steps"):
@@ -89,21 +95,33 @@ def prepare(spec: RunSpec) -> Prepared:
         raise UserError(f"--memory-steps must be between 1 and --steps ({spec.steps})")
     if spec.memory_max_entries <= 0:
         raise UserError("--memory-max-entries must be positive")
-    device = devices.resolve_device(spec.device)
-    if spec.size is None and spec.d_model is None:
-        spec.size = "small" if device.type == "cuda" else "tiny"
-    cfg = config_for(
-        spec.size, context_length=spec.context_length, d_model=spec.d_model, d_ff=spec.d_ff,
+    if spec.dtype not in devices.DTYPES:
+        raise UserError(f"unknown dtype {spec.dtype!r}; choose one of {', '.join(devices.DTYPES)}")
+    if spec.memory and device_type != "cuda":
+        raise UserError("--memory records CUDA memory history and needs --device cuda")
+    if spec.nsys and device_type != "cuda":
+        raise UserError("--nsys profiles CUDA work and needs --device cuda")
+    size = spec.size
+    if size is None and spec.d_model is None:
+        size = "small" if device_type == "cuda" else "tiny"
+    return config_for(
+        size, context_length=spec.context_length, d_model=spec.d_model, d_ff=spec.d_ff,
         num_layers=spec.num_layers, num_heads=spec.num_heads, vocab_size=spec.vocab_size,
         attention=spec.attention,
     )
+
+
+def prepare(spec: RunSpec) -> Prepared:
+    """Validate every option and resolve the device; raises UserError before any work starts."""
+    device = devices.resolve_device(spec.device)
+    cfg = check_spec(spec, device.type)
+    if spec.size is None and spec.d_model is None:
+        spec.size = "small" if device.type == "cuda" else "tiny"
     dtype = devices.check_dtype(spec.dtype, device)
     if spec.attention == "flash":
         from lmprof.kernels import check_flash_available
 
         check_flash_available(device)
-    if spec.memory and device.type != "cuda":
-        raise UserError("--memory records CUDA memory history and needs --device cuda")
     return Prepared(spec, cfg, device, dtype)
 
 
@@ -128,10 +146,19 @@ def summarize(values: list[float]) -> dict[str, float]:
     }
 
 
-def _inject_fault() -> None:
-    fault = os.environ.get(FAULT_ENV)
-    if not fault:
-        return
+def _fault_for(spec: RunSpec, rules: str) -> str | None:
+    """The fault kind of the first rule in ``rules`` (the FAULT_ENV syntax) that matches ``spec``."""
+    for rule in filter(None, (r.strip() for r in rules.split(";"))):
+        kind, _, conds = rule.partition(":")
+        pairs = [c.split("=", 1) for c in conds.split(",") if c.strip()]
+        if all(len(p) == 2 and str(getattr(spec, p[0].strip(), None)).lower() == p[1].strip().lower()
+               for p in pairs):
+            return kind.strip()
+    return None
+
+
+def _inject_fault(spec: RunSpec) -> None:
+    fault = _fault_for(spec, os.environ.get(FAULT_ENV, ""))
     if fault == "oom":
         raise torch.OutOfMemoryError(f"CUDA out of memory. (injected by {FAULT_ENV})")
     if fault == "error":
@@ -189,7 +216,7 @@ class StepRunner:
         with self._timed(STEP if not warmup else WARMUP, times, step_id):
             if mode == "forward":
                 with self._timed(INFERENCE, times, step_id), torch.inference_mode(), self.autocast:
-                    _inject_fault()
+                    _inject_fault(self.prep.spec)
                     self.forward(self.inputs)
             else:
                 self._train_phases(times, step_id)
@@ -199,7 +226,7 @@ class StepRunner:
 
     def _train_phases(self, times: dict[str, float], step_id: int | None) -> None:
         with self._timed(FORWARD, times, step_id), self.autocast:
-            _inject_fault()
+            _inject_fault(self.prep.spec)
             logits = self.forward(self.inputs)
             loss = cross_entropy(logits, self.targets)
         with self._timed(BACKWARD, times, step_id):
@@ -268,6 +295,8 @@ def execute(prep: Prepared, run_dir: Path, hooks: Hooks, progress: bool) -> dict
             bar.update()
         timings["warmup_steps_s"] = warm
         timings["warmup_s"] = sum(warm)
+        if prep.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(prep.device)
         for hook in hooks.before_measured:
             hook()
         measured = []
@@ -278,6 +307,11 @@ def execute(prep: Prepared, run_dir: Path, hooks: Hooks, progress: bool) -> dict
             for hook in hooks.after_step:
                 hook(i)
             bar.update()
+        if prep.device.type == "cuda":
+            record["peak_memory"] = {
+                "allocated_bytes": torch.cuda.max_memory_allocated(prep.device),
+                "reserved_bytes": torch.cuda.max_memory_reserved(prep.device),
+            }
         for hook in hooks.after_measured:
             record["artifacts"].update(hook())
         timings["steps"] = measured

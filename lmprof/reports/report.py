@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from lmprof import rundir
+from lmprof import rundir, sweepdir
 from lmprof.errors import UserError
 
 
@@ -38,16 +38,18 @@ Section = Callable[[ReportContext], "str | None"]
 
 
 def _sections() -> list[tuple[str, Section]]:
-    from lmprof.reports.sections import benchmark
+    from lmprof.reports.sections import benchmark, precision, sweep
 
-    return [("End-to-end benchmark", benchmark.section)]
+    return [("End-to-end benchmark", benchmark.section), ("Sweep", sweep.section),
+            ("Mixed precision", precision.section)]
 
 
 def load_runs(paths: list[str]) -> list[dict[str, Any]]:
+    """Read run directories (a sweep directory stands for its finished cells), sorted by id."""
     if not paths:
         raise UserError("give at least one run directory")
     runs: dict[str, dict] = {}
-    for p in paths:
+    for p in sweepdir.expand(paths):
         record = rundir.load_run(p)
         runs[record["run_dir"]] = record
     return sorted(runs.values(), key=lambda r: (r.get("run_id", ""), r["run_dir"]))

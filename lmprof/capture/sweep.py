@@ -1,0 +1,613 @@
+"""``capture sweep``: the cartesian grid of ``capture run`` options, one fresh process per cell.
+
+Why a process per cell: an OOM leaves the caching allocator fragmented, a CUDA error poisons the
+context, a segfault or a hang takes the interpreter with it. A cell is therefore
+``python -m lmprof.capture run ... --run-dir STAGING --quiet``; the sweep only launches, waits
+(with a per-cell timeout) and records. Whatever the child leaves, the cell ends with a run.json:
+the child's own (OK, OOM, ERROR), or one the sweep writes from the config (TIMEOUT, or ERROR for
+a process that died, e.g. by a signal).
+
+Kill-safety: a cell runs in ``.staging/<cell>.<pid>/`` and is moved into ``cells/<cell>`` by one
+rename after its run.json is complete, so ``cells/`` only ever holds finished cells; a rerun skips
+them (``--retry-failed`` reruns those not OK) and deletes the staging left by a killed sweep.
+Children get SIGKILL when the sweep dies (Linux ``PR_SET_PDEATHSIG``), so no orphan writes on.
+Cell names are deterministic (label + config hash, :mod:`lmprof.sweepdir`), hence no duplicates.
+
+Fan-out is deliberately small: ``--gpus`` runs one cell per listed GPU at a time
+(CUDA_VISIBLE_DEVICES), ``--shard I/N`` takes every N-th cell of the plan so a cluster scheduler
+can spread a sweep over machines. Results merge by reading the directories together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import lmprof
+from lmprof import rundir, sweepdir
+from lmprof.capture.options import GRID_FIELDS, RUN_OPTIONS, spec_to_argv
+from lmprof.capture.runner import RunSpec
+from lmprof.errors import UserError
+
+FAILED = ("OOM", "ERROR", "TIMEOUT")
+# Options a sweep does not take: the run label is set per cell by the sweep.
+NOT_SWEPT = ("label",)
+_KINDS = {name: ("bool" if "/" in flag else kw["type"]) for name, flag, kw in RUN_OPTIONS}
+_FLAGS = {name: flag.split("/")[0] for name, flag, _ in RUN_OPTIONS}
+_ALIASES = {
+    **{name: name for name in _KINDS}, **{flag[2:]: name for name, flag in _FLAGS.items()},
+    **{flag[2:].replace("-", "_"): name for name, flag in _FLAGS.items()},
+}
+_NULLABLE = {f.name for f in dataclasses.fields(RunSpec) if f.default is None}
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+# ---------------------------------------------------------------- the grid
+
+
+@dataclass(frozen=True)
+class Cell:
+    index: int  # position in the full plan
+    spec: RunSpec
+    config_hash: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A list per GRID_FIELD given, one value per other option given; the rest are defaults."""
+
+    axes: dict[str, list[Any]]
+    fixed: dict[str, Any]
+
+    def cells(self) -> list[Cell]:
+        names = list(self.axes)
+        cells = []
+        for i, values in enumerate(itertools.product(*self.axes.values())):
+            spec = RunSpec(**self.fixed, **dict(zip(names, values)))
+            digest = sweepdir.config_hash(spec.to_dict())
+            cells.append(Cell(i, spec, digest, f"{cell_label(spec)}-{digest[:8]}"))
+        return cells
+
+    @property
+    def grid_hash(self) -> str:
+        """Hash of the set of cell configs: the same cells in any order are the same grid."""
+        return sweepdir.config_hash(sorted(c.config_hash for c in self.cells()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"grid_hash": self.grid_hash, "axes": self.axes, "fixed": self.fixed}
+
+
+def cell_label(spec: RunSpec) -> str:
+    size = spec.size or (f"d{spec.d_model}" if spec.d_model else "default")
+    parts = [size, f"ctx{spec.context_length}", f"b{spec.batch_size}", spec.mode, spec.dtype]
+    if spec.compile:
+        parts.append("compiled")
+    if spec.attention != "naive":
+        parts.append(spec.attention)
+    parts.append(f"w{spec.warmup}")
+    parts += [flag for flag, on in (("nsys", spec.nsys), ("mem", spec.memory)) if on]
+    return "-".join(parts)
+
+
+def _coerce(name: str, value: Any, where: str) -> Any:
+    """One option value, from a grid file (typed) or the command line (text)."""
+    kind = _KINDS[name]
+    bad = UserError(f"{where}: {value!r} is not a valid {_FLAGS[name]} value "
+                    f"({kind if isinstance(kind, str) else kind.__name__})")
+    if value is None:
+        if name in _NULLABLE:
+            return None
+        raise bad
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if str(value).strip().lower() in _TRUE + _FALSE:
+            return str(value).strip().lower() in _TRUE
+        raise bad
+    if isinstance(value, bool) or isinstance(value, (list, dict)):
+        raise bad
+    try:
+        if kind is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value) if not isinstance(value, str) else int(value.strip())
+        if kind is float:
+            return float(value)
+    except ValueError:
+        raise bad from None
+    return str(value).strip()
+
+
+def load_grid_file(path: str | Path) -> dict[str, Any]:
+    """A grid file (YAML, TOML or JSON by suffix): one mapping of option -> value or list."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read grid file {str(p)!r}: {getattr(exc, 'strerror', None) or exc}") from None
+    suffix = p.suffix.lower()
+    try:
+        if suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        elif suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        elif suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise UserError(f"grid file {str(p)!r}: unknown format; use .yaml, .yml, .toml or .json")
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 — each parser has its own error type
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"grid file {str(p)!r} is malformed: {first}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"grid file {str(p)!r} must hold a mapping of option: value or list")
+    if not data:
+        raise UserError(f"empty grid: grid file {str(p)!r} names no options")
+    out = {}
+    for key, value in data.items():
+        name = _ALIASES.get(str(key))
+        if name is None or name in NOT_SWEPT:
+            raise UserError(f"grid file {str(p)!r}: unknown option {key!r}")
+        if name in out:
+            raise UserError(f"grid file {str(p)!r}: option {key!r} given twice")
+        out[name] = value
+    return out
+
+
+def build_grid(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Grid:
+    """The grid from a grid file's values overridden by command-line values (text, comma lists)."""
+    merged: dict[str, tuple[Any, str]] = {k: (v, "grid file") for k, v in file_values.items()}
+    for name, text in cli_values.items():
+        if text is None:
+            continue
+        merged[name] = (text.split(",") if "," in text or name in GRID_FIELDS else text,
+                        _FLAGS[name])
+    if not merged:
+        raise UserError("empty grid: give option lists (e.g. --context-length 128,256) or --grid")
+    axes: dict[str, list[Any]] = {}
+    fixed: dict[str, Any] = {}
+    for name in _KINDS:
+        if name not in merged:
+            continue
+        value, where = merged[name]
+        if name not in GRID_FIELDS:
+            if isinstance(value, list):
+                raise UserError(f"{_FLAGS[name]} cannot vary in a sweep (lists are allowed for: "
+                                f"{', '.join(_FLAGS[f] for f in GRID_FIELDS)})")
+            fixed[name] = _coerce(name, value, where)
+            continue
+        values = value if isinstance(value, list) else [value]
+        values = [v for v in values if not (isinstance(v, str) and not v.strip())]
+        if not values:
+            raise UserError(f"empty grid: {_FLAGS[name]} has no values")
+        values = [_coerce(name, v, where) for v in values]
+        dupes = sorted({str(v) for v in values if values.count(v) > 1})
+        if dupes:
+            raise UserError(f"contradictory grid: {_FLAGS[name]} lists {dupes[0]} more than once")
+        axes[name] = values
+    return Grid(axes=axes, fixed=fixed)
+
+
+def check_cells(cells: list[Cell], gpus: list[int] | None) -> None:
+    """Every check ``capture run`` does before starting work, for every cell; nothing starts."""
+    from lmprof.capture import devices
+    from lmprof.capture.runner import check_spec
+
+    for cell in cells:
+        try:
+            device = devices.resolve_device(cell.spec.device)
+            if gpus and device.type != "cuda":
+                raise UserError(f"--gpus runs cells on GPUs but the cell's device is {device.type}")
+            check_spec(cell.spec, device.type)
+        except UserError as exc:
+            raise UserError(f"contradictory grid: cell {cell.name}: {exc}") from None
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """``I/N`` with 0 <= I < N (0-based, like Slurm array and Kubernetes job indices)."""
+    if text is None:
+        return None
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise UserError(f"--shard must be I/N (e.g. 0/4), got {text!r}") from None
+    if n < 1 or not 0 <= i < n:
+        raise UserError(f"--shard {text}: need 0 <= I < N (shards are numbered from 0)")
+    return i, n
+
+
+def shard_cells(cells: list[Cell], shard: tuple[int, int] | None) -> list[Cell]:
+    """Every N-th cell from the I-th: disjoint, covering, and balanced over sizes and contexts."""
+    if shard is None:
+        return list(cells)
+    i, n = shard
+    return [c for c in cells if c.index % n == i]
+
+
+def parse_gpus(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        gpus = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise UserError(f"--gpus must be a comma-separated list of GPU indices, got {text!r}") from None
+    if len(set(gpus)) != len(gpus) or any(g < 0 for g in gpus):
+        raise UserError(f"--gpus {text}: indices must be distinct and non-negative")
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise UserError(f"--gpus {text}: no CUDA GPU is visible on this machine")
+    missing = [g for g in gpus if g >= count]
+    if missing:
+        raise UserError(f"--gpus names GPU {missing[0]} but this machine shows {count} "
+                        f"(0-{count - 1})")
+    return gpus
+
+
+def _visible_device(gpu: int) -> str:
+    """CUDA_VISIBLE_DEVICES for a child: GPU ``gpu`` as this process numbers it."""
+    current = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if current:
+        return current.split(",")[gpu].strip()
+    return str(gpu)
+
+
+# ---------------------------------------------------------------- the sweep directory
+
+
+def open_sweep_dir(root: Path, grid: Grid, force_mix: bool, write: bool = True) -> None:
+    """Create or reopen ``root`` for ``grid``; refuse a directory of another grid unless told.
+
+    With ``write=False`` (a dry run) only the refusal is checked and nothing is created.
+    """
+    if write:
+        rundir.check_writable_dir(root)
+    entry = grid.to_dict()
+    if not sweepdir.is_sweep_dir(root):
+        # hidden entries may be another shard's temp sweep.json or write probe
+        others = root.is_dir() and any(not e.name.startswith(".") for e in root.iterdir())
+        if others and not sweepdir.is_sweep_dir(root):
+            raise UserError(f"{str(root)!r} exists and is not a sweep directory; choose another")
+    if not sweepdir.is_sweep_dir(root):
+        if write:
+            sweepdir.write_json(root / sweepdir.SWEEP_FILE,
+                                {"schema_version": sweepdir.SCHEMA_VERSION, "kind": "lmprof-sweep",
+                                 "grids": [entry]})
+        return
+    data = sweepdir.read_sweep(root)
+    if any(g.get("grid_hash") == entry["grid_hash"] for g in data["grids"]):
+        return
+    if not force_mix:
+        raise UserError(f"{str(root)!r} holds a sweep of a different grid; pass --force-mix to "
+                        "add these cells to it, or choose another --out/--name")
+    if write:
+        data["grids"].append(entry)
+        sweepdir.write_json(root / sweepdir.SWEEP_FILE, data)
+
+
+def finished_status(root: Path, cell: Cell) -> str | None:
+    """The status of a finished cell, or None when it has not finished (or its record is bad)."""
+    try:
+        return rundir.load_run(root / sweepdir.CELLS / cell.name).get("status")
+    except UserError:
+        return None
+
+
+# ---------------------------------------------------------------- running cells
+
+
+def _die_with_parent(parent: int) -> None:  # runs in the child between fork and exec
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the sweep died before prctl took effect
+            os._exit(1)
+
+
+def _load_prctl():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()  # looked up here: the child must not import between fork and exec
+
+
+class Launcher:
+    """Runs one cell in a fresh process and always returns its finished run.json record."""
+
+    def __init__(self, root: Path, grid_hash: str, timeout_s: float | None):
+        self.root = root
+        self.grid_hash = grid_hash
+        self.timeout_s = timeout_s
+        self.live: dict[int, subprocess.Popen] = {}
+        self.lock = threading.Lock()
+        self.code_root = str(Path(lmprof.__file__).resolve().parent.parent)
+
+    def _env(self, gpu: int | None) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [self.code_root, env.get("PYTHONPATH")]))
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = _visible_device(gpu)
+        return env
+
+    def __call__(self, cell: Cell, gpu: int | None) -> dict[str, Any]:
+        attempt = self.root / sweepdir.STAGING / f"{cell.name}.{os.getpid()}"
+        shutil.rmtree(attempt, ignore_errors=True)
+        target = attempt / cell.name
+        target.mkdir(parents=True)
+        cmd = [sys.executable, "-m", "lmprof.capture", "run", *spec_to_argv(cell.spec),
+               "--run-dir", str(target), "--quiet"]
+        t0 = time.perf_counter()
+        timed_out = False
+        with open(target / sweepdir.CELL_LOG, "wb") as log:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, env=self._env(gpu),
+                                    start_new_session=True,
+                                    preexec_fn=functools.partial(_die_with_parent, os.getpid()))
+            with self.lock:
+                self.live[proc.pid] = proc
+            try:
+                proc.wait(timeout=self.timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(proc)
+            finally:
+                with self.lock:
+                    self.live.pop(proc.pid, None)
+        wall_s = time.perf_counter() - t0
+        record = self._record(cell, target, proc.returncode, timed_out)
+        record["run_id"] = cell.name
+        record["sweep"] = {"cell": cell.name, "config_hash": cell.config_hash,
+                           "grid_hash": self.grid_hash, "wall_s": wall_s}
+        record.setdefault("artifacts", {})["log"] = sweepdir.CELL_LOG
+        record.pop("run_dir", None)
+        rundir.write_run(target, record)
+        self._publish(attempt, target, cell)
+        return record
+
+    def _record(self, cell: Cell, target: Path, rc: int, timed_out: bool) -> dict[str, Any]:
+        if not timed_out and (target / rundir.RUN_FILE).is_file():
+            try:
+                return rundir.load_run(target)
+            except UserError:
+                pass
+        if timed_out:
+            status, error = "TIMEOUT", f"no result after {self.timeout_s:g} s; the process was killed"
+        elif rc < 0:
+            try:
+                name = signal.Signals(-rc).name
+            except ValueError:
+                name = f"signal {-rc}"
+            status, error = "ERROR", f"the process died of {name}"
+        else:
+            status, error = "ERROR", f"exit status {rc}: {_last_line(target / sweepdir.CELL_LOG)}"
+        return _stand_in_record(cell, status, error)
+
+    def _publish(self, attempt: Path, target: Path, cell: Cell) -> None:
+        """Move the finished cell into cells/ with one rename (replacing an earlier attempt)."""
+        final = self.root / sweepdir.CELLS / cell.name
+        final.parent.mkdir(exist_ok=True)
+        if final.exists():
+            os.replace(final, attempt / "replaced")
+        os.replace(target, final)
+        shutil.rmtree(attempt, ignore_errors=True)
+
+    def kill_all(self) -> None:
+        with self.lock:
+            procs = list(self.live.values())
+        for proc in procs:
+            _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _last_line(log: Path) -> str:
+    try:
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        lines = []
+    return lines[-1].strip()[:300] if lines else "no output"
+
+
+def _stand_in_record(cell: Cell, status: str, error: str) -> dict[str, Any]:
+    """The run.json of a cell whose process left none: its config, what is known without torch."""
+    import platform
+    import socket
+
+    from lmprof.model import config_for, n_params, step_flops
+
+    spec = cell.spec
+    record: dict[str, Any] = {
+        "run_id": cell.name,
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "status": status, "error": error, "config": spec.to_dict(),
+        "model": {}, "flops": {},
+        "environment": {"hostname": socket.gethostname(), "python": platform.python_version(),
+                        "device": spec.device},
+        "timings": {}, "phase_windows": [], "artifacts": {},
+    }
+    if spec.size or spec.d_model:
+        try:
+            cfg = config_for(spec.size, context_length=spec.context_length, d_model=spec.d_model,
+                             d_ff=spec.d_ff, num_layers=spec.num_layers, num_heads=spec.num_heads,
+                             vocab_size=spec.vocab_size, attention=spec.attention)
+            record["model"] = {**cfg.to_dict(), "d_head": cfg.d_head, "n_params": n_params(cfg)}
+            record["flops"] = step_flops(cfg, spec.batch_size, spec.mode)
+        except UserError:
+            pass
+    return record
+
+
+def run_cells(cells: list[Cell], slots: list[int | None],
+              launch: Callable[[Cell, int | None], dict[str, Any]],
+              on_start: Callable[[Cell, int | None], None],
+              on_done: Callable[[Cell, dict[str, Any]], None]) -> None:
+    """Run ``cells`` in plan order, one at a time per slot (a GPU index, or None for one slot)."""
+    todo: queue.Queue[Cell] = queue.Queue()
+    for cell in cells:
+        todo.put(cell)
+    errors: list[BaseException] = []
+
+    def worker(slot: int | None) -> None:
+        while not errors:
+            try:
+                cell = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                on_start(cell, slot)
+                on_done(cell, launch(cell, slot))
+            except BaseException as exc:  # noqa: BLE001 — re-raised in the main thread
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=worker, args=(s,), daemon=True) for s in slots]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():
+            t.join(0.2)
+    if errors:
+        raise errors[0]
+
+
+# ---------------------------------------------------------------- the command
+
+
+@dataclass
+class Options:
+    shard: tuple[int, int] | None = None
+    gpus: list[int] | None = None
+    timeout_s: float | None = 3600.0
+    retry_failed: bool = False
+    force_mix: bool = False
+    dry_run: bool = False
+    quiet: bool = False
+
+
+def describe(grid: Grid, n_cells: int) -> str:
+    axes = " × ".join(f"{_FLAGS[k][2:]} {len(v)}" for k, v in grid.axes.items() if len(v) > 1)
+    return f"{n_cells} cell{'s' * (n_cells != 1)}" + (f" ({axes})" if axes else "")
+
+
+def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]) -> int:
+    """Plan, then run what is not finished; returns the exit status (1 if a cell is ERROR/TIMEOUT)."""
+    from tqdm import tqdm
+
+    all_cells = grid.cells()
+    check_cells(all_cells, opts.gpus)
+    plan = shard_cells(all_cells, opts.shard)
+    open_sweep_dir(root, grid, opts.force_mix, write=not opts.dry_run)
+    done = {c.name: finished_status(root, c) for c in plan}
+    todo = [c for c in plan if done[c.name] is None
+            or (opts.retry_failed and done[c.name] in FAILED)]
+    to_run = {c.name for c in todo}
+    if not opts.quiet or opts.dry_run:
+        shard = f", shard {opts.shard[0]}/{opts.shard[1]}: {len(plan)} cells" if opts.shard else ""
+        echo(f"sweep {root}: {describe(grid, len(all_cells))}{shard}; "
+             f"{len(plan) - len(todo)} finished, {len(todo)} to run")
+        width = max([len(c.name) for c in plan] + [4])
+        echo(f"  {'#':>4}  {'cell':<{width}}  state")
+        for c in plan:
+            state = "to run" if c.name in to_run else done[c.name]
+            echo(f"  {c.index:>4}  {c.name:<{width}}  {state}")
+    if opts.dry_run:
+        return 0
+
+    index_path = root / sweepdir.index_name(opts.shard)
+    index: dict[str, dict[str, Any]] = {}
+    for c in plan:
+        if done[c.name] is not None:
+            rec = rundir.load_run(root / sweepdir.CELLS / c.name)
+            index[c.name] = _index_entry(c, rec)
+    staging = root / sweepdir.STAGING
+    for c in todo:
+        for stale in staging.glob(f"{c.name}.*") if staging.is_dir() else ():
+            shutil.rmtree(stale, ignore_errors=True)
+
+    counts: dict[str, int] = {}
+    running: dict[str, int | None] = {}
+    lock = threading.Lock()
+    bar = tqdm(total=len(todo), unit="cell", desc="sweep", file=sys.stderr, dynamic_ncols=True,
+               disable=opts.quiet or not sys.stderr.isatty())
+
+    def postfix() -> None:
+        tally = " ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        bar.set_postfix_str(" | ".join(filter(None, [", ".join(running), tally])))
+
+    def on_start(cell: Cell, slot: int | None) -> None:
+        with lock:
+            running[cell.name] = slot
+            postfix()
+
+    def on_done(cell: Cell, record: dict[str, Any]) -> None:
+        with lock:
+            running.pop(cell.name, None)
+            counts[record["status"]] = counts.get(record["status"], 0) + 1
+            index[cell.name] = _index_entry(cell, record)
+            sweepdir.write_json(index_path, {"grid_hash": grid.grid_hash,
+                                             "cells": dict(sorted(index.items()))})
+            bar.update()
+            postfix()
+
+    launcher = Launcher(root, grid.grid_hash, opts.timeout_s)
+    slots: list[int | None] = list(opts.gpus) if opts.gpus else [None]
+    try:
+        run_cells(todo, slots, launcher, on_start, on_done)
+    except BaseException:
+        launcher.kill_all()
+        raise
+    finally:
+        bar.close()
+    final = {c.name: index.get(c.name, {}).get("status") for c in plan}
+    if not opts.quiet:
+        tally = ", ".join(f"{k} {v}" for k, v in sorted(_count(final.values()).items()))
+        echo(f"done: {tally}; results in {root}")
+        for name, entry in index.items():
+            if entry["status"] != "OK":
+                echo(f"  {name}: {entry['status']} — {entry['error']}")
+    return 1 if any(s in ("ERROR", "TIMEOUT") for s in final.values()) else 0
+
+
+def _count(values) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:
+        out[str(v)] = out.get(str(v), 0) + 1
+    return out
+
+
+def _index_entry(cell: Cell, record: dict[str, Any]) -> dict[str, Any]:
+    return {"status": record.get("status"), "error": record.get("error"),
+            "config_hash": cell.config_hash, "wall_s": (record.get("sweep") or {}).get("wall_s"),
+            "created_utc": record.get("created_utc")}

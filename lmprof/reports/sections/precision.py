@@ -1,0 +1,81 @@
+"""Mixed precision: the accumulation experiment and the autocast dtype table (``capture precision``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+
+from lmprof import rundir
+from lmprof.errors import UserError
+from lmprof.reports.report import ReportContext
+
+ACCUMULATION_NOTE = (
+    "Adding {addend} {n} times; the exact sum is 10. *Result* is the exact value of the stored "
+    "binary number. Its error splits into what the value dtype cannot represent "
+    "({n} × the stored addend − 10) and what rounding loses while accumulating "
+    "(result − {n} × the stored addend), both computed exactly with `fractions.Fraction`."
+)
+AUTOCAST_NOTE = (
+    "Dtype of each tensor of the CS336 ToyModel (fc1 → ReLU → LayerNorm → fc2, cross-entropy "
+    "loss) under `torch.autocast`. Parameters stay fp32 and autocast casts per op, so the answer "
+    "is the device's autocast op lists (CUDA's float32 list has layer_norm): compare devices."
+)
+
+
+def load_results(record: dict[str, Any]) -> dict[str, Any]:
+    path = rundir.artifact_path(record, "precision")
+    if path is None:
+        raise UserError(f"run {record.get('run_id')!r} names no precision results")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read {str(path)!r}: {exc}") from None
+
+
+def accumulation_table(results: dict[str, Any]) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "Case": r["case"], "Accumulator": r["accumulator"], "Values": r["values"],
+        "Result (exact)": r["result_exact"],
+        "Error vs 10": f"{r['error']:+.3g}",
+        "Representation": f"{r['representation_error']:+.3g}",
+        "Accumulation rounding": f"{r['accumulation_error']:+.3g}",
+    } for r in results["accumulation"]])
+
+
+def autocast_table(results: dict[str, Any]) -> tuple[pd.DataFrame, list[str]]:
+    """Tensor × autocast dtype; plus one line per autocast dtype that failed on the device."""
+    autocast = results["autocast"]
+    names: list[str] = []
+    for res in autocast.values():
+        names += [n for n in res["rows"] if n not in names]
+    df = pd.DataFrame({"Tensor": names, **{
+        f"autocast {dt}": [res["rows"].get(n) or "" for n in names] for dt, res in autocast.items()
+    }})
+    errors = [f"autocast {dt} failed on {results['device']}: {res['error']}"
+              for dt, res in autocast.items() if res.get("error")]
+    return df, errors
+
+
+def tables(record: dict[str, Any]) -> str:
+    """Both tables of one ``capture precision`` run, as markdown."""
+    res = load_results(record)
+    where = res["device"] + (f" ({res['gpu_name']})" if res.get("gpu_name") else "")
+    acc = accumulation_table(res)
+    dtypes, errors = autocast_table(res)
+    parts = [f"### Accumulation on {where}", "",
+             ACCUMULATION_NOTE.format(addend=res["addend"], n=res["n_adds"]), "",
+             acc.to_markdown(index=False, disable_numparse=True), "",
+             f"### Autocast dtypes on {where}", "", AUTOCAST_NOTE, "",
+             dtypes.to_markdown(index=False, disable_numparse=True)]
+    if errors:
+        parts += ["", *[f"- {e}" for e in errors]]
+    return "\n".join(parts)
+
+
+def section(ctx: ReportContext) -> str | None:
+    runs = [r for r in ctx.runs if r.get("kind") == "precision"]
+    if not runs:
+        return None
+    return "\n\n".join(tables(r) for r in runs)

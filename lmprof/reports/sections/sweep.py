@@ -1,0 +1,157 @@
+"""Grid comparisons: step time over the grid, warm-up effect, bf16 and compile speedups, time vs
+context length (plot), peak memory and GEMM fraction by context length. Each part appears only
+when the runs hold the pairs it compares."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from lmprof.reports import comparisons as cmp
+from lmprof.reports.report import ReportContext
+
+DISPLAY = {"size": "Size", "batch": "Batch", "mode": "Mode", "dtype": "Dtype",
+           "compile": "Compile", "attention": "Attention", "warmup": "Warm-up",
+           "device": "Device", "status": "Status", "context": "Context", "compared": "Compared",
+           "phase": "Phase"}
+
+
+def _cell(v, scale: float, fmt: str) -> str:
+    if isinstance(v, str):
+        return v
+    if v is None or pd.isna(v):
+        return ""
+    return format(v * scale, fmt)
+
+
+def _md(df: pd.DataFrame, scaled: dict[str, tuple[str, float, str]]) -> str:
+    """Markdown with readable names; ``scaled`` maps a column to (display name, scale, format)."""
+    out = pd.DataFrame(index=df.index)
+    for col in df.columns:
+        if col in scaled:
+            name, scale, fmt = scaled[col]
+            out[name] = [_cell(v, scale, fmt) for v in df[col]]
+        elif df[col].dtype == bool:
+            out[DISPLAY.get(col, col)] = df[col].map({True: "yes", False: "no"})
+        else:
+            out[DISPLAY.get(col, col)] = df[col]
+    return out.to_markdown(index=False, disable_numparse=True)
+
+
+def _ctx_cols(df: pd.DataFrame, unit: str, scale: float, fmt: str) -> dict:
+    return {c: (f"{c} ({unit})", scale, fmt) for c in df.columns if str(c).startswith("ctx ")}
+
+
+def _step_grid(df: pd.DataFrame) -> str | None:
+    t = cmp.step_grid(df)
+    if t.empty:
+        return None
+    return ("Mean step time (ms) per configuration and context length; failed cells show their "
+            "status (OOM, ERROR, TIMEOUT).\n\n" + _md(t, _ctx_cols(t, "ms", 1e3, ".2f")))
+
+
+def _warmup(df: pd.DataFrame) -> str | None:
+    t = cmp.warmup_effect(df)
+    if t.empty:
+        return None
+    note = ("Runs that differ only in warm-up steps. *First step* is the run's first step "
+            "(warm-up step 0, or measured step 0 when there is no warm-up); with warm-up 0 the "
+            "first measured step includes one-time costs (torch.compile compilation, cuDNN/cuBLAS "
+            "autotuning, allocator growth), which inflate the mean and the std.")
+    return note + "\n\n" + _md(t, {
+        "step_mean_s": ("Step mean (ms)", 1e3, ".2f"), "step_std_s": ("Step std (ms)", 1e3, ".2f"),
+        "first_measured_step_s": ("First measured step (ms)", 1e3, ".2f"),
+        "first_step_s": ("First step (ms)", 1e3, ".2f")})
+
+
+def _speedup(df: pd.DataFrame, column: str, base, what: str) -> str | None:
+    t = cmp.speedup(df, column, base)
+    if t.empty:
+        return None
+    note = (f"{what}: mean step time of each pair of runs equal in everything else; speedup = "
+            "base / other (above 1: faster).")
+    return note + "\n\n" + _md(t, {
+        "base_step_s": ("Base step (ms)", 1e3, ".2f"), "other_step_s": ("Other step (ms)", 1e3, ".2f"),
+        "speedup": ("Speedup (×)", 1.0, ".2f")})
+
+
+def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
+    ok = df[(df["status"] == "OK") & df["step_mean_s"].notna()]
+    line_keys = ["size", "batch", "dtype", "compile", "attention", "warmup", "device"]
+    modes = [m for m, g in ok.groupby("mode", sort=False)
+             if any(len(lg) > 1 for _, lg in g.groupby(line_keys, dropna=False))]
+    if not modes:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4.5), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        g = ok[ok["mode"] == mode]
+        for key, lg in g.groupby(line_keys, dropna=False, sort=False):
+            if len(lg) < 2:
+                continue
+            lg = lg.sort_values("context")
+            size, _, dtype, compiled, attention, *_ = key
+            label = f"{size} {dtype}" + (" compiled" if compiled else "") + (
+                f" {attention}" if attention != "naive" else "")
+            ax.plot(lg["context"], lg["step_mean_s"] * 1e3, marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        contexts = sorted(g["context"].unique())
+        ax.set_xticks(contexts, [str(c) for c in contexts])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        if g["step_mean_s"].max() > 4 * g["step_mean_s"].min():  # log only where it helps
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+            ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel("step time (ms, mean)")
+        ax.set_title(mode)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    path, link = ctx.image("sweep_time_vs_context.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return (f"![step time vs context length]({link})\n\nMean step time against context length "
+            "(log scales); one line per size, dtype and compile setting; failed cells are left out.")
+
+
+def _memory(df: pd.DataFrame) -> str | None:
+    t = cmp.peak_memory_grid(df)
+    if t.empty:
+        return None
+    return ("Peak allocated CUDA memory over the measured steps "
+            "(`torch.cuda.max_memory_allocated`, reset after warm-up), MiB.\n\n"
+            + _md(t, _ctx_cols(t, "MiB", 1 / 2**20, ".0f")))
+
+
+def _gemm(df: pd.DataFrame) -> str | None:
+    t = cmp.gemm_grid(df)
+    if t.empty:
+        return None
+    return ("Share of GPU kernel time spent in GEMM kernels per phase, for runs captured under "
+            "nsys.\n\n" + _md(t, {c: (c, 1.0, ".1f") for c in t.columns if str(c).startswith("ctx ")}))
+
+
+def section(ctx: ReportContext) -> str | None:
+    df = cmp.runs_frame(ctx.runs)
+    if df.empty:
+        return None
+    parts = [
+        ("Step time over the grid", _step_grid(df)),
+        ("Warm-up effect", _warmup(df)),
+        ("bf16/fp16 vs fp32", _speedup(df, "dtype", "fp32", "Mixed precision (autocast) vs fp32")),
+        ("Compiled vs eager", _speedup(df, "compile", False, "torch.compile vs eager")),
+        ("Time vs context length", _time_vs_context(ctx, df)),
+        ("Peak memory by context length", _memory(df)),
+        ("GEMM fraction by size and context length", _gemm(df)),
+    ]
+    body = [f"### {title}\n\n{text}" for title, text in parts if text]
+    if not body:
+        return None
+    counts = df["status"].value_counts()
+    head = f"{len(df)} run(s): " + ", ".join(f"{k} {v}" for k, v in counts.items()) + "."
+    return "\n\n".join([head, *body])

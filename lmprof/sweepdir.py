@@ -1,0 +1,89 @@
+"""The sweep directory written by ``capture sweep``, and how ``analyze`` expands it. Torch-free.
+
+Layout::
+
+    <sweep>/sweep.json                 the grid(s): {schema_version, kind: "lmprof-sweep",
+                                       grids: [{grid_hash, axes, fixed}]} (several only with
+                                       --force-mix); no timestamps, so shards write it identically
+    <sweep>/index.json                 per cell: {status, error, config_hash, wall_s, finished_utc};
+                                       a shard writes index.shard-I-of-N.json instead (a summary:
+                                       the cells' run.json files are the truth)
+    <sweep>/cells/<cell>/run.json      a finished cell: an ordinary run directory (any status)
+    <sweep>/.staging/<cell>.<pid>/     a cell in flight; moved into cells/ by one rename when done
+
+A cell's name is its label plus the hash of its full config, so the same config always lands in
+the same directory: a rerun finds it finished, and shards or mixed grids never duplicate it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from lmprof import rundir
+from lmprof.errors import UserError
+
+SCHEMA_VERSION = 1
+SWEEP_FILE = "sweep.json"
+CELLS = "cells"
+STAGING = ".staging"
+CELL_LOG = "cell.log"
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """Hex digest of a config (canonical JSON: sorted keys, no whitespace)."""
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def index_name(shard: tuple[int, int] | None) -> str:
+    return "index.json" if shard is None else f"index.shard-{shard[0]}-of-{shard[1]}.json"
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Atomic write: a temp file beside ``path``, then one rename."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def is_sweep_dir(path: str | Path) -> bool:
+    return (Path(path) / SWEEP_FILE).is_file()
+
+
+def read_sweep(path: str | Path) -> dict[str, Any]:
+    f = Path(path) / SWEEP_FILE
+    try:
+        data = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{str(f)!r} is not a readable sweep.json: {exc}") from None
+    if not isinstance(data, dict) or data.get("kind") != "lmprof-sweep" or not isinstance(
+            data.get("grids"), list):
+        raise UserError(f"{str(f)!r} is not an lmprof sweep.json")
+    return data
+
+
+def cell_dirs(path: str | Path) -> list[Path]:
+    """The finished cells of a sweep directory (those with a run.json), sorted by name."""
+    cells = Path(path) / CELLS
+    if not cells.is_dir():
+        return []
+    return sorted(d for d in cells.iterdir() if (d / rundir.RUN_FILE).is_file())
+
+
+def expand(paths: list[str | Path]) -> list[Path]:
+    """Run directories for ``paths``: a sweep directory stands for its finished cells."""
+    out: list[Path] = []
+    for p in paths:
+        if is_sweep_dir(p):
+            read_sweep(p)
+            cells = cell_dirs(p)
+            if not cells:
+                raise UserError(f"sweep {str(p)!r} has no finished cells yet")
+            out += cells
+        else:
+            out.append(Path(p))
+    return out

@@ -1,0 +1,73 @@
+"""capture precision: exact accumulation results and the autocast dtype table."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import pytest
+import torch
+
+from lmprof import rundir
+from lmprof.capture import precision
+from lmprof.capture.cli import main as capture_main
+from lmprof.reports.tables import benchmark_table
+
+
+def test_accumulation_matches_ieee_and_the_exact_references():
+    rows = {r["case"]: r for r in precision.accumulation(torch.device("cpu"))}
+    fp16 = rows["fp16 accumulator, fp16 values"]
+    assert fp16["result"] == 9.953125 and fp16["accumulator"] == "float16"
+    mixed = rows["fp32 accumulator, fp16 values"]
+    upcast = rows["fp32 accumulator, fp16 values upcast"]
+    # fp16's 0.01 is 0.01000213623046875; a fp32 accumulator adds it a thousand times exactly
+    assert mixed["accumulator"] == "float32"
+    assert mixed["result_exact"] == upcast["result_exact"] == "10.00213623046875"
+    assert mixed["accumulation_error"] == 0 and mixed["representation_error"] > 0
+    fp32 = rows["fp32 accumulator, fp32 values"]
+    assert abs(fp32["result"] - 10) < 1e-3 and fp32["result"] != 10
+    for r in rows.values():
+        assert r["reference_exact"] == "10"
+        total = Fraction(r["result_exact"]) - 10
+        assert float(total) == pytest.approx(r["representation_error"] + r["accumulation_error"])
+        assert Fraction(r["result_exact"]) == Fraction(r["result"])
+
+
+def test_autocast_dtypes_on_cpu_are_recorded():
+    bf16 = precision.autocast_dtypes(torch.device("cpu"), torch.bfloat16)
+    assert bf16["error"] is None
+    rows = bf16["rows"]
+    assert rows["parameter fc1.weight"] == "float32"
+    assert rows["fc1 output"] == "bfloat16" and rows["logits (fc2 output)"] == "bfloat16"
+    assert rows["loss"] == "float32"
+    assert all(v == "float32" for k, v in rows.items() if k.startswith("gradient"))
+    fp16 = precision.autocast_dtypes(torch.device("cpu"), torch.float16)
+    # CPU autocast may or may not take fp16; either way the outcome is recorded
+    assert (fp16["error"] is None and fp16["rows"]["fc1 output"] == "float16") or fp16["error"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_autocast_dtypes_on_cuda():
+    rows = precision.autocast_dtypes(torch.device("cuda"), torch.float16)["rows"]
+    assert rows["fc1 output"] == "float16" and rows["ReLU output"] == "float16"
+    assert rows["LayerNorm output"] == "float32"
+    assert rows["logits (fc2 output)"] == "float16" and rows["loss"] == "float32"
+    assert rows["gradient fc1.weight"] == "float32"
+
+
+def test_cli_writes_a_precision_run_the_report_reads(tmp_path, capsys):
+    capture_main(["precision", "--device", "cpu", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "Accumulation on cpu" in out and "9.953125" in out
+    record = rundir.load_run(tmp_path / "latest")
+    assert record["kind"] == "precision" and record["status"] == "OK"
+    results = json.loads(rundir.artifact_path(record, "precision").read_text())
+    assert len(results["accumulation"]) == 4 and set(results["autocast"]) == {"fp16", "bf16"}
+    assert benchmark_table([record]).empty  # not a benchmark run
+
+    from lmprof.reports.report import build
+
+    text = build([str(tmp_path / "latest")], tmp_path / "rep").read_text()
+    assert "## Mixed precision" in text and "10.00213623046875" in text
+    assert "## End-to-end benchmark" not in text

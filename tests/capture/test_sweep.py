@@ -1,0 +1,340 @@
+"""capture sweep: the grid, bad input, shards, fan-out, and real CPU cells (kept to ~10 processes).
+
+Each cell process costs 2-4 s of torch import, so only the last three tests launch cells.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmprof import rundir, sweepdir
+from lmprof.capture import sweep
+from lmprof.capture.cli import main as capture_main
+from lmprof.capture.runner import FAULT_ENV, RunSpec, _fault_for
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["--model", "tiny", "--warmup", "0", "--steps", "1", "--device", "cpu"]
+
+
+def cli(args: list[str], capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        capture_main(args)
+    out, err = capsys.readouterr()
+    return exc.value.code, out, err
+
+
+def cell_records(root: Path) -> dict[str, dict]:
+    return {d.name: rundir.load_run(d) for d in sweepdir.cell_dirs(root)}
+
+
+def only_sweep(out: Path) -> Path:
+    (root,) = [d for d in out.iterdir() if d.name.startswith("sweep-")]
+    return root
+
+
+# ---------------------------------------------------------------- the grid, without processes
+
+
+def test_cli_lists_make_the_cartesian_grid_and_dry_run_starts_nothing(tmp_path, capsys):
+    rc, out, _ = cli(["sweep", *TINY, "--context-length", "16,32", "--mode", "forward,train",
+                      "--compile", "no,yes", "--out", str(tmp_path / "o"), "--dry-run"], capsys)
+    assert rc == 0
+    assert "8 cells (context-length 2 × mode 2 × compile 2)" in out.splitlines()[0]
+    names = [ln.split()[1] for ln in out.splitlines()[2:]]
+    assert len(names) == len(set(names)) == 8
+    assert sum("compiled" in n for n in names) == 4
+    assert not (tmp_path / "o").exists()
+
+
+def test_grid_files_in_every_format_give_the_same_grid(tmp_path):
+    (tmp_path / "g.yaml").write_text("model: tiny\ncontext-length: [16, 32]\nmode: [forward, train]\n"
+                                     "compile: false\nsteps: 2\nlr: 1e-3\n")
+    (tmp_path / "g.toml").write_text('model = "tiny"\ncontext_length = [16, 32]\n'
+                                     'mode = ["forward", "train"]\ncompile = false\nsteps = 2\n'
+                                     "lr = 0.001\n")
+    (tmp_path / "g.json").write_text(json.dumps({"size": "tiny", "context_length": [16, 32],
+                                                 "mode": ["forward", "train"], "compile": [False],
+                                                 "steps": 2, "lr": 0.001}))
+    grids = [sweep.build_grid(sweep.load_grid_file(tmp_path / f"g.{ext}"), {})
+             for ext in ("yaml", "toml", "json")]
+    assert len({g.grid_hash for g in grids}) == 1
+    cells = grids[0].cells()
+    assert [(c.spec.context_length, c.spec.mode) for c in cells] == [
+        (16, "forward"), (16, "train"), (32, "forward"), (32, "train")]
+    assert all(c.spec.steps == 2 and c.spec.lr == 0.001 for c in cells)
+
+
+def test_command_line_overrides_the_grid_file(tmp_path):
+    (tmp_path / "g.yaml").write_text("model: tiny\ncontext_length: [16, 32]\n")
+    grid = sweep.build_grid(sweep.load_grid_file(tmp_path / "g.yaml"), {"context_length": "64"})
+    assert [c.spec.context_length for c in grid.cells()] == [64]
+
+
+def test_grid_hash_ignores_order_and_names_are_deterministic():
+    a = sweep.build_grid({}, {"context_length": "16,32", "dtype": "fp32,bf16"})
+    b = sweep.build_grid({}, {"dtype": "bf16,fp32", "context_length": "32,16"})
+    c = sweep.build_grid({}, {"context_length": "16,64", "dtype": "fp32,bf16"})
+    assert a.grid_hash == b.grid_hash != c.grid_hash
+    assert sorted(x.name for x in a.cells()) == sorted(x.name for x in b.cells())
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 12, 13])
+def test_shards_are_disjoint_and_cover_the_grid(n):
+    cells = sweep.build_grid({}, {"size": "tiny,small", "context_length": "16,32,64",
+                                  "mode": "forward,train"}).cells()
+    slices = [sweep.shard_cells(cells, (i, n)) for i in range(n)]
+    names = [c.name for s in slices for c in s]
+    assert sorted(names) == sorted(c.name for c in cells)
+    assert len(names) == len(set(names))
+    assert [c.name for c in sweep.shard_cells(cells, (n - 1, n))] == [c.name for c in slices[-1]]
+
+
+def test_shard_dry_run_prints_its_slice(tmp_path, capsys):
+    args = ["sweep", *TINY, "--context-length", "16,32,48,64,80", "--out", str(tmp_path),
+            "--dry-run"]
+    seen = []
+    for i in range(2):
+        rc, out, _ = cli([*args, "--shard", f"{i}/2"], capsys)
+        assert rc == 0 and f"shard {i}/2" in out
+        seen += [ln.split()[1] for ln in out.splitlines()[2:]]
+    _, full, _ = cli(args, capsys)
+    assert sorted(seen) == sorted(ln.split()[1] for ln in full.splitlines()[2:])
+
+
+def _bad_inputs(tmp: Path) -> dict[str, list[str]]:
+    (tmp / "unknown.yaml").write_text("context_length: [16]\nbogus: 1\n")
+    (tmp / "broken.yaml").write_text("context_length: [16, 32\n")
+    (tmp / "list.json").write_text("[1, 2]")
+    (tmp / "a_file").write_text("")
+    (tmp / "empty.toml").write_text("")
+    return {
+        "empty grid file": ["--grid", str(tmp / "empty.toml")],
+        "empty grid": ["--context-length", ","],
+        "repeated value": ["--context-length", "16,16"],
+        "memory on cpu": ["--memory", "yes"],
+        "unknown option in file": ["--grid", str(tmp / "unknown.yaml")],
+        "malformed file": ["--grid", str(tmp / "broken.yaml")],
+        "file not a mapping": ["--grid", str(tmp / "list.json")],
+        "missing file": ["--grid", str(tmp / "nope.toml")],
+        "fixed option as list": ["--steps", "1,2"],
+        "bad bool": ["--compile", "maybe"],
+        "bad int": ["--context-length", "16,abc"],
+        "unwritable out": ["--out", str(tmp / "a_file" / "sub")],
+        "gpu that does not exist": ["--gpus", "99"],
+        "shard out of range": ["--shard", "3/2"],
+        "shard malformed": ["--shard", "two"],
+    }
+
+
+BAD_CASES = ["empty grid file", "empty grid", "repeated value", "memory on cpu", "unknown option in file",
+             "malformed file", "file not a mapping", "missing file", "fixed option as list",
+             "bad bool", "bad int", "unwritable out", "gpu that does not exist",
+             "shard out of range", "shard malformed"]
+
+
+@pytest.mark.parametrize("case", BAD_CASES)
+def test_bad_input_is_one_line_exit_2_and_starts_nothing(case, tmp_path, capsys):
+    extra = _bad_inputs(tmp_path)[case]
+    args = ["sweep", *TINY, "--context-length", "16"]
+    if "--out" not in extra:
+        args += ["--out", str(tmp_path / "out")]
+    rc, out, err = cli([*args, *extra], capsys)
+    assert rc == 2
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_fault_rules_select_cells_by_spec():
+    rules = "oom:context_length=32;segfault:context_length=48,mode=train;hang"
+    assert _fault_for(RunSpec(context_length=32), rules) == "oom"
+    assert _fault_for(RunSpec(context_length=48, mode="forward"), rules) == "hang"
+    assert _fault_for(RunSpec(context_length=48, mode="train"), rules) == "segfault"
+    assert _fault_for(RunSpec(compile=True), "error:compile=true") == "error"
+    assert _fault_for(RunSpec(), "error:compile=true") is None
+    assert _fault_for(RunSpec(), "") is None
+
+
+def test_gpu_slots_run_one_cell_each_at_a_time(monkeypatch):
+    cells = sweep.build_grid({}, {"context_length": "16,32,48,64,80,96"}).cells()
+    both_started = threading.Barrier(2, timeout=30)
+    lock = threading.Lock()
+    busy: dict[int, int] = {0: 0, 1: 0}
+    ran: list[tuple[str, int]] = []
+
+    def launch(cell, slot):
+        with lock:
+            busy[slot] += 1
+            assert busy[slot] == 1, "two cells at once on one GPU"
+            first = not any(s == slot for _, s in ran)
+            ran.append((cell.name, slot))
+        if first:
+            both_started.wait()  # proves the two slots run concurrently
+        with lock:
+            busy[slot] -= 1
+        return {"status": "OK"}
+
+    done = []
+    sweep.run_cells(cells, [0, 1], launch, lambda c, s: None, lambda c, r: done.append(c.name))
+    assert sorted(done) == sorted(c.name for c in cells)
+    assert {s for _, s in ran} == {0, 1}
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert sweep._visible_device(1) == "5"
+    env = sweep.Launcher(Path("."), "h", None)._env(0)
+    assert env["CUDA_VISIBLE_DEVICES"] == "3"
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)
+
+
+# ---------------------------------------------------------------- real cells (CPU, tiny)
+
+
+def test_failed_cells_are_recorded_skipped_on_rerun_and_retried(tmp_path, capsys, monkeypatch):
+    """3 + 2 cell processes: OK, OOM and a segfault; rerun skips all; --retry-failed reruns 2."""
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("model: tiny\ncontext_length: [16, 32, 48]\nwarmup: 0\nsteps: 1\n"
+                    "device: cpu\n")
+    out = tmp_path / "runs"
+    args = ["sweep", "--grid", str(grid), "--out", str(out)]
+    monkeypatch.setenv(FAULT_ENV, "oom:context_length=32;segfault:context_length=48")
+    rc, text, _ = cli(args, capsys)
+    assert rc == 1  # a cell is ERROR
+    assert "3 cells" in text.splitlines()[0]
+    root = only_sweep(out)
+    recs = cell_records(root)
+    by_ctx = {r["config"]["context_length"]: r for r in recs.values()}
+    assert sorted(by_ctx) == [16, 32, 48]
+    assert by_ctx[16]["status"] == "OK" and by_ctx[16]["timings"]["summary"]["step"]["n"] == 1
+    assert by_ctx[32]["status"] == "OOM" and "out of memory" in by_ctx[32]["error"]
+    assert by_ctx[48]["status"] == "ERROR" and "SIGSEGV" in by_ctx[48]["error"]
+    assert by_ctx[48]["model"]["d_model"] == 64  # the stand-in record keeps the config's model
+    for name, rec in recs.items():
+        assert rec["run_id"] == name and rec["sweep"]["cell"] == name
+        assert (root / sweepdir.CELLS / name / sweepdir.CELL_LOG).is_file()
+    index = json.loads((root / "index.json").read_text())["cells"]
+    assert {k: v["status"] for k, v in index.items()} == {k: r["status"] for k, r in recs.items()}
+    before = {n: (root / sweepdir.CELLS / n / "run.json").read_bytes() for n in recs}
+
+    rc, text, _ = cli(args, capsys)  # rerun: everything finished, nothing starts
+    assert rc == 1 and "3 finished, 0 to run" in text
+    assert {n: (root / sweepdir.CELLS / n / "run.json").read_bytes() for n in recs} == before
+
+    monkeypatch.delenv(FAULT_ENV)
+    rc, text, _ = cli([*args, "--retry-failed", "--quiet"], capsys)
+    assert rc == 0 and text == ""
+    after = cell_records(root)
+    assert sorted(after) == sorted(recs)
+    assert {r["status"] for r in after.values()} == {"OK"}
+    ok16 = next(n for n, r in recs.items() if r["config"]["context_length"] == 16)
+    assert (root / sweepdir.CELLS / ok16 / "run.json").read_bytes() == before[ok16]
+
+    # a different grid into the same directory is refused, unless told
+    other = ["sweep", *TINY, "--context-length", "16,64", "--out", str(out), "--name", root.name]
+    rc, _, err = cli(other, capsys)
+    assert rc == 2 and "different grid" in err
+    rc, text, _ = cli([*other, "--force-mix", "--dry-run"], capsys)
+    assert rc == 0 and "1 finished, 1 to run" in text
+
+    # analyze reads the sweep directory as its cells
+    from lmprof.analyze.cli import main as analyze_main
+
+    analyze_main(["runs", str(root), "--format", "json"])
+    rows = json.loads(capsys.readouterr().out)
+    assert sorted(r["context"] for r in rows) == [16, 32, 48]
+
+
+def test_hung_cell_times_out_with_a_record(tmp_path, capsys, monkeypatch):
+    """1 cell process, killed by the per-cell timeout."""
+    monkeypatch.setenv(FAULT_ENV, "hang")
+    rc, _, _ = cli(["sweep", *TINY, "--context-length", "16", "--timeout", "2",
+                    "--out", str(tmp_path)], capsys)
+    assert rc == 1
+    (rec,) = cell_records(only_sweep(tmp_path)).values()
+    assert rec["status"] == "TIMEOUT" and "2 s" in rec["error"]
+    assert rec["config"]["context_length"] == 16 and rec["config"]["device"] == "cpu"
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if text in (d / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(d.name))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and PDEATHSIG")
+def test_sigkill_mid_cell_loses_nothing_and_resume_duplicates_nothing(tmp_path):
+    """4 cell processes: ctx16 finishes, ctx32 hangs and the sweep is SIGKILLed; the resumed
+    sweep runs ctx32 and ctx48 only."""
+    out = tmp_path / "runs"
+    args = [sys.executable, "-m", "lmprof.capture", "sweep", *TINY, "--context-length", "16,32,48",
+            "--out", str(out), "--quiet"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), FAULT_ENV: "hang:context_length=32"}
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            roots = [d for d in out.glob("sweep-*")] if out.is_dir() else []
+            staging = list(roots[0].glob(".staging/*ctx32*/*ctx32*")) if roots else []
+            if roots and len(sweepdir.cell_dirs(roots[0])) == 1 and staging:
+                break
+            assert proc.poll() is None, proc.stderr.read().decode()
+            time.sleep(0.05)
+        else:
+            pytest.fail("the sweep never reached its second cell")
+        # wait until the hanging child is running inside that staging directory
+        while not _processes_mentioning(str(staging[0])) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    root = roots[0]
+    (first,) = sweepdir.cell_dirs(root)
+    first_json = (first / "run.json").read_bytes()
+    assert json.loads(first_json)["config"]["context_length"] == 16
+    # the orphaned cell process died with the sweep (PR_SET_PDEATHSIG)
+    deadline = time.monotonic() + 10
+    while _processes_mentioning(str(staging[0])) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _processes_mentioning(str(staging[0]))
+
+    env.pop(FAULT_ENV)
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    cells = sweepdir.cell_dirs(root)
+    assert len(cells) == 3
+    assert sorted(rundir.load_run(c)["config"]["context_length"] for c in cells) == [16, 32, 48]
+    assert {rundir.load_run(c)["status"] for c in cells} == {"OK"}
+    assert (first / "run.json").read_bytes() == first_json  # finished work untouched
+    assert not any((root / sweepdir.STAGING).iterdir())  # the half-written cell is gone
+    index = json.loads((root / "index.json").read_text())["cells"]
+    assert sorted(index) == sorted(c.name for c in cells)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_cells_record_peak_memory(tmp_path, capsys):
+    rc, _, _ = cli(["sweep", "--model", "tiny", "--context-length", "16,32", "--warmup", "0",
+                    "--steps", "1", "--device", "cuda", "--gpus", "0", "--out", str(tmp_path)],
+                   capsys)
+    assert rc == 0
+    recs = cell_records(only_sweep(tmp_path)).values()
+    assert len(recs) == 2
+    for rec in recs:
+        assert rec["status"] == "OK" and rec["environment"]["device"] == "cuda"
+        assert rec["peak_memory"]["allocated_bytes"] > 0

@@ -1,0 +1,181 @@
+"""The sweep and precision report sections, from synthetic run.json records in a sweep directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lmprof import rundir, sweepdir
+from lmprof.analyze.cli import main as analyze_main
+from lmprof.errors import UserError
+from lmprof.reports import comparisons
+from lmprof.reports.report import ReportContext, build, load_runs
+from lmprof.reports.sections import precision as precision_section
+from lmprof.reports.sections import sweep as sweep_section
+
+DIMS = {"tiny": (64, 256, 2, 4), "small": (768, 3072, 12, 12)}
+
+
+def run_record(size="small", ctx=128, mode="train", dtype="fp32", compile=False, warmup=5,
+               status="OK", step_s=0.1, first_s=None, peak=None, sqlite=False) -> dict:
+    d, f, layers, heads = DIMS[size]
+    rec = {
+        "run_id": f"{size}-ctx{ctx}-{mode}-{dtype}-{int(compile)}-w{warmup}",
+        "created_utc": "2026-01-01T00:00:00Z", "status": status,
+        "error": None if status == "OK" else f"{status}: injected",
+        "config": {"size": size, "batch_size": 4, "context_length": ctx, "warmup": warmup,
+                   "steps": 3, "mode": mode, "dtype": dtype, "compile": compile,
+                   "attention": "naive", "device": "cuda"},
+        "model": {"d_model": d, "d_ff": f, "num_layers": layers, "num_heads": heads},
+        "flops": {}, "environment": {"device": "cuda", "gpu_name": "NVIDIA H100 80GB HBM3"},
+        "timings": {}, "phase_windows": [], "artifacts": {},
+    }
+    if status == "OK":
+        first_measured = first_s if (first_s and warmup == 0) else step_s
+        steps = [first_measured, step_s, step_s]
+        rec["timings"] = {
+            "warmup_steps_s": [first_s or step_s] * warmup, "warmup_s": (first_s or step_s) * warmup,
+            "steps": [{"step": i, "step_s": s} for i, s in enumerate(steps)],
+            "summary": {"step": {"mean_s": sum(steps) / 3, "std_s": 0.0, "median_s": step_s,
+                                 "min_s": step_s, "max_s": max(steps), "n": 3}},
+        }
+        if peak is not None:
+            rec["peak_memory"] = {"allocated_bytes": peak, "reserved_bytes": peak}
+        if sqlite:
+            rec["artifacts"]["nsys_sqlite"] = "report.sqlite"
+    return rec
+
+
+def write_sweep(root: Path, records: list[dict]) -> Path:
+    (root / sweepdir.CELLS).mkdir(parents=True)
+    sweepdir.write_json(root / sweepdir.SWEEP_FILE, {"schema_version": 1, "kind": "lmprof-sweep",
+                                                     "grids": [{"grid_hash": "x"}]})
+    for rec in records:
+        d = root / sweepdir.CELLS / rec["run_id"]
+        d.mkdir()
+        rundir.write_run(d, rec)
+    return root
+
+
+@pytest.fixture
+def grid(tmp_path) -> Path:
+    recs = []
+    for ctx in (128, 256, 512):
+        for dtype, scale in (("fp32", 1.0), ("bf16", 0.5)):
+            for compile_, c_scale in ((False, 1.0), (True, 0.8)):
+                status = "OOM" if (ctx == 512 and dtype == "fp32" and not compile_) else "OK"
+                recs.append(run_record(ctx=ctx, dtype=dtype, compile=compile_, status=status,
+                                       step_s=0.01 * ctx / 128 * scale * c_scale,
+                                       peak=ctx * 2**20))
+    for warmup, first in ((0, 0.9), (1, 0.5), (5, 0.5)):
+        recs.append(run_record(size="tiny", ctx=128, warmup=warmup, step_s=0.02, first_s=first))
+    return write_sweep(tmp_path / "sweep", recs)
+
+
+def section_text(root: Path, out: Path) -> str:
+    ctx = ReportContext(runs=load_runs([str(root)]), out_dir=out)
+    return sweep_section.section(ctx)
+
+
+def test_grid_table_shows_oom_cells_as_such(grid, tmp_path):
+    df = comparisons.step_grid(comparisons.runs_frame(load_runs([str(grid)])))
+    row = df[(df["size"] == "small") & (df["dtype"] == "fp32") & (~df["compile"])].iloc[0]
+    assert row["ctx 512"] == "OOM"
+    assert row["ctx 128"] == pytest.approx(0.01)
+    text = section_text(grid, tmp_path / "r")
+    assert "### Step time over the grid" in text and "OOM" in text
+
+
+def test_warmup_effect_keeps_first_steps(grid):
+    df = comparisons.warmup_effect(comparisons.runs_frame(load_runs([str(grid)])))
+    assert list(df["warmup"]) == [0, 1, 5]
+    w0 = df.iloc[0]
+    assert w0["first_step_s"] == w0["first_measured_step_s"] == 0.9  # includes one-time costs
+    w5 = df.iloc[2]
+    assert w5["first_step_s"] == 0.5 and w5["first_measured_step_s"] == 0.02
+
+
+def test_speedups_pair_runs_equal_in_everything_else(grid):
+    df = comparisons.runs_frame(load_runs([str(grid)]))
+    bf16 = comparisons.speedup(df, "dtype", "fp32")
+    eager128 = bf16[(bf16["context"] == 128) & (~bf16["compile"])].iloc[0]
+    assert eager128["speedup"] == pytest.approx(2.0)
+    oom = bf16[(bf16["context"] == 512) & (~bf16["compile"])].iloc[0]
+    assert oom["status"] == "OOM / OK" and pd.isna(oom["speedup"])
+    comp = comparisons.speedup(df, "compile", False)
+    assert comp[comp["status"] == "OK"]["speedup"].round(6).eq(1.25).all()
+    assert (comp["compared"] == "compiled vs eager").all()
+
+
+def test_section_writes_the_context_plot_and_memory_table(grid, tmp_path):
+    text = section_text(grid, tmp_path / "r")
+    png = tmp_path / "r" / "img" / "sweep_time_vs_context.png"
+    assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
+    assert "img/sweep_time_vs_context.png" in text
+    assert "### Peak memory by context length" in text and "| 256 " in text.replace("256.", "x")
+    assert "### bf16/fp16 vs fp32" in text and "2.00" in text
+    assert "### Compiled vs eager" in text and "1.25" in text
+    assert "GEMM fraction" not in text  # no nsys runs
+
+
+def test_memory_table_only_when_recorded(tmp_path):
+    recs = [run_record(ctx=c) for c in (128, 256)]
+    text = section_text(write_sweep(tmp_path / "s", recs), tmp_path / "r")
+    assert "Peak memory" not in text and "Step time over the grid" in text
+
+
+def test_gemm_fraction_goes_through_the_hook(tmp_path, monkeypatch):
+    recs = [run_record(ctx=c, sqlite=True) for c in (128, 256)]
+    root = write_sweep(tmp_path / "s", recs)
+    seen = []
+
+    def fake(sqlite):
+        seen.append(Path(sqlite).name)
+        return {"forward": 80.0, "backward": 70.0}
+
+    monkeypatch.setattr(comparisons, "gemm_fraction_by_phase", fake)
+    text = section_text(root, tmp_path / "r")
+    assert seen == ["report.sqlite"] * 2
+    assert "### GEMM fraction by size and context length" in text and "80.0" in text
+
+
+def test_single_run_has_no_sweep_section(tmp_path):
+    root = write_sweep(tmp_path / "s", [run_record()])
+    assert section_text(root, tmp_path / "r") is None
+
+
+def test_analyze_runs_and_report_expand_sweep_directories(grid, tmp_path, capsys):
+    analyze_main(["runs", str(grid), "--format", "csv"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 + 15 and sum(",OOM," in ln for ln in lines) == 1
+    report = build([str(grid)], tmp_path / "rep").read_text()
+    assert "## End-to-end benchmark" in report and "## Sweep" in report
+    empty = tmp_path / "empty"
+    write_sweep(empty, [])
+    with pytest.raises(UserError, match="no finished cells"):
+        load_runs([str(empty)])
+
+
+def test_precision_section_renders_recorded_failures(tmp_path):
+    d = tmp_path / "prec"
+    d.mkdir()
+    results = {
+        "device": "cpu", "gpu_name": None, "n_adds": 1000, "addend": "0.01",
+        "accumulation": [{"case": "fp16 accumulator, fp16 values", "accumulator": "float16",
+                          "values": "float16", "result": 9.953125, "result_exact": "9.953125",
+                          "error": -0.046875, "representation_error": 0.00213623046875,
+                          "accumulation_error": -0.04901123046875}],
+        "autocast": {"fp16": {"rows": {}, "error": "RuntimeError: not supported"},
+                     "bf16": {"rows": {"loss": "float32"}, "error": None}},
+    }
+    (d / "precision.json").write_text(json.dumps(results))
+    rundir.write_run(d, {"run_id": "p", "kind": "precision", "status": "OK", "error": None,
+                         "config": {}, "artifacts": {"precision": "precision.json"}})
+    ctx = ReportContext(runs=load_runs([str(d)]), out_dir=tmp_path)
+    text = precision_section.section(ctx)
+    assert "9.953125" in text and "-0.0469" in text
+    assert "autocast fp16 failed on cpu: RuntimeError: not supported" in text
+    assert sweep_section.section(ctx) is None
