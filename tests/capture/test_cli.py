@@ -122,14 +122,23 @@ def test_bf16_refused_where_the_gpu_lacks_it(monkeypatch):
 
 
 def test_nsys_missing_is_one_line(monkeypatch, tmp_path):
-    env_path = str(tmp_path)  # an empty PATH entry: no nsys there
-    import os
+    from lmprof import nsystool
+    from lmprof.errors import UserError
 
-    env = {**os.environ, "PATH": env_path + ":" + os.path.dirname(sys.executable)}
-    env.pop("NSYS", None)
-    proc = subprocess.run([sys.executable, "-m", "lmprof.capture", "run", *TINY, "--nsys"],
-                          capture_output=True, text=True, cwd=ROOT, env=env)
-    assert proc.returncode == 2 and "nsys not found" in proc.stderr
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("NSYS", raising=False)
+    with pytest.raises(UserError, match="nsys not found on PATH; install Nsight Systems"):
+        nsystool.find_nsys(None)
+    with pytest.raises(UserError, match="--nsys-path '/no/nsys' is not an executable nsys"):
+        nsystool.find_nsys("/no/nsys")
+    monkeypatch.setenv("NSYS", str(tmp_path / "nsys"))
+    with pytest.raises(UserError, match=r"\$NSYS"):
+        nsystool.find_nsys(None)
+
+
+def test_nsys_on_cpu_is_refused():
+    proc = cli("run", *TINY, "--nsys")
+    assert proc.returncode == 2 and "needs --device cuda" in proc.stderr
 
 
 def test_analyze_bad_run_dir(tmp_path):
