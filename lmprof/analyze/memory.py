@@ -426,3 +426,77 @@ def category_timeline(con, sid: int, device: int, buckets: int = 2000) -> pd.Dat
 
 def phase_bands(con, sid: int, device: int) -> pd.DataFrame:
     return con.execute(sql_text("memory_phase_bands"), {"snapshot_id": sid, "device": device}).df()
+
+
+def _tidy(df: pd.DataFrame, many_snapshots: bool, many_devices: bool) -> pd.DataFrame:
+    drop = [c for c, keep in (("snapshot", many_snapshots), ("device", many_devices))
+            if c in df and not keep]
+    df = df.drop(columns=drop)
+    for col in df.columns:  # nullable integers: None renders as an empty cell, <NA> would not
+        if isinstance(df[col].dtype, pd.Int64Dtype | pd.Int32Dtype):
+            df[col] = df[col].astype(object).where(df[col].notna(), None)
+    return df
+
+
+def tables(con: duckdb.DuckDBPyConnection, top: int = 10) -> tuple[dict[str, pd.DataFrame],
+                                                                   dict[str, str]]:
+    """Every memory table of the loaded snapshots, and a note per table (markdown only)."""
+    snaps = snapshots(con)
+    pk = peaks(con)
+    many_s = len(snaps) > 1
+    many_d = pk["device"].nunique() > 1 or (pk["device"] != 0).any()
+    sources = sorted(set(snaps["phase_source"]))
+    notes = {
+        "memory_peak": (
+            "Reconstructed from the allocator state at dump time and the recorded trace, so "
+            "memory allocated before recording (parameters, optimizer state) is counted. "
+            "*Allocated* counts allocator blocks, as `torch.cuda.memory_allocated` does (blocks "
+            "freed during the trace are estimated by rounding the request up to 512 B); "
+            "*requested* counts tensor sizes, as pytorch.org/memory_viz does. Phases: "
+            + ", ".join(sources) + "."),
+        "memory_live_at_peak": (
+            f"Allocations alive at the allocated peak, by innermost user frame (top {top}); "
+            "'(allocated before recording)' is memory that predates the trace."),
+        "memory_largest_allocations": (
+            f"The {top} largest allocations per snapshot; identical ones (same size, stack "
+            "and phase) are one row with `times`."),
+        "memory_categories": (
+            "Categories are inferred from phases and lifetimes: before recording and alive at "
+            "dump → parameters + optimizer state; made in backward and outliving it → "
+            "gradients; made in forward and outliving it → activations; freed in the phase "
+            "that made them → temporaries."),
+    }
+    empty = snaps[~snaps["has_trace"]]
+    if len(empty):
+        notes["memory_peak"] += (" No trace entries in " + ", ".join(empty["label"]) + ": "
+                                 "memory history was not recorded (or the trace is empty); the "
+                                 "state at dump time is reported.")
+    out = {
+        "memory_peak": pk,
+        "memory_by_phase": by_phase(con),
+        "memory_live_at_peak": live_at_peak(con, top),
+        "memory_largest_allocations": largest(con, top),
+        "memory_categories": categories(con),
+    }
+    ms = model_state(con)
+    if not ms.empty:
+        out["memory_model_state"] = ms
+        notes["memory_model_state"] = (
+            "Expected from the run config (fp32 parameters: 4 B each; gradients the same; "
+            "AdamW keeps 2 moments) against what the snapshot shows.")
+    if many_s:
+        cmp = compare(con)
+        out["memory_compare"] = cmp
+        pbc = peak_by_context(cmp)
+        if not pbc.empty:
+            out["memory_peak_by_context"] = pbc
+            notes["memory_peak_by_context"] = "Peak allocated memory, one column per mode and dtype."
+    return {k: _tidy(v, many_s, many_d) for k, v in out.items()}, notes
+
+
+def drop_tables(con: duckdb.DuckDBPyConnection) -> None:
+    """Remove this module's tables and views (for a reused --db file)."""
+    for name in _VIEWS:
+        con.execute(f"DROP VIEW IF EXISTS {name}")
+    for name in (*_DERIVED, *_SCHEMAS):
+        con.execute(f"DROP TABLE IF EXISTS {name}")
