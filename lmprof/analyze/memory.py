@@ -124,8 +124,10 @@ def load_memory(con: duckdb.DuckDBPyConnection, snapshot_path: str | Path,
                        ("memory_annotations", flat.annotations),
                        ("memory_phase_windows", windows)):
         _append(con, name, sid, cols)
+    layout = flat.layout
     del flat
-    _append(con, "memory_snapshots", sid, _snapshot_row(path, run_record, phase_source, con, sid))
+    _append(con, "memory_snapshots", sid,
+            _snapshot_row(path, run_record, phase_source, layout, con, sid))
     for name in _DERIVED:
         _derive(con, name, sid)
     for name in _VIEWS:
@@ -145,9 +147,18 @@ def _exists(con: duckdb.DuckDBPyConnection, table: str) -> bool:
                             [table]).fetchall()[0][0])
 
 
+def _array(values: list, type_: pa.DataType) -> pa.Array:
+    if type_ == _STR and len(values) > 1000:  # few distinct strings (actions): encode once
+        codes: dict = {}
+        idx = pa.array(list(map(lambda v: codes.setdefault(v, len(codes)), values)), pa.int32())
+        return pa.DictionaryArray.from_arrays(idx, pa.array(list(codes), _STR)).cast(_STR) \
+            if len(codes) < 1000 else pa.array(values, type_)
+    return pa.array(values, type_)
+
+
 def _append(con: duckdb.DuckDBPyConnection, name: str, sid: int, cols: dict[str, list]) -> None:
     schema = _SCHEMAS[name]
-    table = pa.table({k: pa.array(cols[k], type=t) for k, t in schema.items()})
+    table = pa.table({k: _array(cols[k], t) for k, t in schema.items()})
     con.register("_lmprof_memory_load", table)
     try:
         select = f"SELECT {int(sid)}::INT AS snapshot_id, * FROM _lmprof_memory_load"
@@ -165,11 +176,10 @@ def _derive(con: duckdb.DuckDBPyConnection, name: str, sid: int) -> None:
     con.execute(verb + query, {"snapshot_id": sid})
 
 
-def _snapshot_row(path: Path, run: dict | None, phase_source: str,
+def _snapshot_row(path: Path, run: dict | None, phase_source: str, layout: str,
                   con: duckdb.DuckDBPyConnection, sid: int) -> dict[str, list]:
     n = con.execute("SELECT count(*) FROM memory_trace WHERE snapshot_id = ?",
                     [sid]).fetchall()[0][0]
-    layout = "current"
     c = (run or {}).get("config") or {}
     m = (run or {}).get("model") or {}
     return {
@@ -216,9 +226,9 @@ def _phase_windows(flat: Flat, run: dict | None) -> tuple[dict[str, list], str]:
                 from None
     if cols["phase"]:
         return cols, "run.json phase windows"
-    if any(m is not None for m in flat.trace["user_metadata"]):
+    if flat.has_user_metadata:
         return cols, "user_metadata"
-    if not flat.trace["seq"] or any(t is None for t in flat.trace["time_us"]):
+    if not flat.trace["seq"] or None in flat.trace["time_us"]:
         return cols, "none"
     for w in _infer_windows(flat):
         add(*w, "stacks")
@@ -341,14 +351,16 @@ def bytes_per_element(dtype: str | None) -> int:
             "float16": 2}.get(str(dtype), 4)
 
 
-def model_state(con) -> pd.DataFrame:
+def model_state(con, cats: pd.DataFrame | None = None) -> pd.DataFrame:
     """Expected parameter/gradient/AdamW-state bytes from the run config against the measured.
 
     lmprof keeps parameters (hence gradients and AdamW's two moments) in fp32 whatever
     ``--dtype`` is (bf16/fp16 run under autocast), so each is 4 bytes per parameter.
     """
     snaps = snapshots(con)
-    cats = categories(con)
+    if snaps["n_params"].isna().all():
+        return pd.DataFrame()
+    cats = categories(con) if cats is None else cats
     rows = []
     for s in snaps.itertuples():
         if pd.isna(s.n_params):
@@ -411,7 +423,7 @@ def peak_by_context(cmp: pd.DataFrame) -> pd.DataFrame:
     table = known.pivot_table(index=["size", "context_length"], columns="column",
                               values="peak_allocated_bytes", aggfunc="max")
     table.columns.name = None
-    return table.reset_index()
+    return table.astype("Int64").reset_index()
 
 
 def timeline(con, sid: int, device: int, buckets: int = 2000) -> pd.DataFrame:
@@ -478,7 +490,7 @@ def tables(con: duckdb.DuckDBPyConnection, top: int = 10) -> tuple[dict[str, pd.
         "memory_largest_allocations": largest(con, top),
         "memory_categories": categories(con),
     }
-    ms = model_state(con)
+    ms = model_state(con, out["memory_categories"])
     if not ms.empty:
         out["memory_model_state"] = ms
         notes["memory_model_state"] = (

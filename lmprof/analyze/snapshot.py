@@ -23,6 +23,7 @@ import io
 import lzma
 import pickle
 import re
+from operator import itemgetter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -148,7 +149,8 @@ class Flat:
     annotations: dict[str, list] = field(default_factory=lambda: {
         k: [] for k in ("device", "time_us", "stage", "name")})
     has_trace: bool = False
-    layout: str = "current"
+    has_user_metadata: bool = False
+    layout: str = "current"  # or what older layout it has, e.g. "segments-only list, legacy ..."
     allocator_settings: dict = field(default_factory=dict)
 
 
@@ -164,10 +166,10 @@ class _Interner:
         self.by_frame_obj: dict[int, int] = {}
         self.by_frame_key: dict[tuple, int] = {}
         self.by_list_obj: dict[int, int] = {}
-        self.by_id_key: dict[tuple, int] = {}
+        self.by_id_key: dict[tuple, list] = {}
         self.by_content: dict[tuple, int] = {}
         self.stacks: list[_Stack] = []
-        self._keep: list = []  # objects whose id() we cached stay alive
+        # ids of snapshot objects are cached: valid because the snapshot outlives flatten()
 
     def frame(self, f: dict) -> int:
         fid = self.by_frame_obj.get(id(f))
@@ -186,7 +188,6 @@ class _Interner:
             cols["line"].append(line if isinstance(line, int) else None)
             cols["is_user"].append(is_user_frame(filename))
         self.by_frame_obj[id(f)] = fid
-        self._keep.append(f)
         return fid
 
     def stack(self, frames) -> int:
@@ -195,18 +196,38 @@ class _Interner:
         sid = self.by_list_obj.get(id(frames))
         if sid is not None:
             return sid
-        id_key = tuple(map(id, frames))
-        sid = self.by_id_key.get(id_key)
+        # A cheap key (length and three frame identities) picks candidates; list equality then
+        # confirms, which is fast because equal stacks share their frame dicts (identity).
+        n = len(frames)
+        key = (n, id(frames[0]), id(frames[n // 2]), id(frames[-1])) if n else (0,)
+        candidates = self.by_id_key.get(key)
+        sid = None
+        if candidates is None:
+            candidates = self.by_id_key[key] = []
+        else:
+            for rep, rep_sid in candidates:
+                if rep == frames:
+                    sid = rep_sid
+                    break
         if sid is None:
             content = tuple(self.frame(f) for f in frames)
             sid = self.by_content.get(content)
             if sid is None:
                 sid = self._new_stack(content)
                 self.by_content[content] = sid
-            self.by_id_key[id_key] = sid
+            candidates.append((frames, sid))
         self.by_list_obj[id(frames)] = sid
-        self._keep.append(frames)
         return sid
+
+    def stacks_of(self, frame_lists: list) -> list[int]:
+        """Stack ids of many frame lists: dictionary hits by identity at C speed, misses here."""
+        get = self.by_list_obj.get
+        ids = list(map(get, map(id, frame_lists)))
+        stack = self.stack
+        for i, sid in enumerate(ids):
+            if sid is None:
+                ids[i] = stack(frame_lists[i])
+        return ids
 
     def _new_stack(self, frame_ids: tuple[int, ...]) -> int:
         sid = len(self.stacks)
@@ -291,7 +312,6 @@ def flatten(data: Any, source: str) -> Flat:
             cols["time_us"].append(a["time_us"])
             cols["stage"].append(str(a.get("stage", "")))
             cols["name"].append(str(a.get("name", "")))
-    interner._keep.clear()
     return flat
 
 
@@ -314,7 +334,8 @@ def _flatten_segments(segments: list, flat: Flat, interner: _Interner, source: s
             elif "history" in b and b["history"]:  # torch 2.0: frames/real_size in history
                 frames = b["history"][0].get("frames") or ()
                 req = b.get("requested_size") or b["history"][0].get("real_size", size)
-                flat.layout = "legacy block history"
+                if "legacy block history" not in flat.layout:
+                    flat.layout += ", legacy block history"
             else:
                 frames, req = (), b.get("requested_size", size)
             state = str(b.get("state", "inactive"))
@@ -340,30 +361,42 @@ def _flatten_segments(segments: list, flat: Flat, interner: _Interner, source: s
         seg_cols["stack_id"].append(interner.stack(seg.get("frames") or ()))
 
 
+def _column(entries: list, key: str, default=None) -> list:
+    """One field of every entry; C-speed ``itemgetter`` when all have it, ``.get`` otherwise."""
+    try:
+        return list(map(itemgetter(key), entries))
+    except KeyError:
+        return [e.get(key, default) for e in entries]
+
+
 def _flatten_traces(traces: list, flat: Flat, interner: _Interner, source: str) -> None:
     cols = flat.trace
-    c_device, c_seq, c_time, c_action = (cols["device"], cols["seq"], cols["time_us"],
-                                         cols["action"])
-    c_addr, c_bytes, c_stream, c_stack = cols["addr"], cols["bytes"], cols["stream"], cols["stack_id"]
-    c_meta, c_free = cols["user_metadata"], cols["device_free_bytes"]
-    stack = interner.stack
     for device, entries in enumerate(traces):
         if not isinstance(entries, list):
             raise UserError(f"{source}: unrecognised snapshot layout: device_traces[{device}] "
                             "is not a list")
-        for seq, e in enumerate(entries):
-            try:
-                action = e["action"]
-                c_addr.append(e.get("addr", 0))
-                c_bytes.append(e.get("size", 0))
-            except (TypeError, KeyError):
-                raise UserError(f"{source}: unrecognised snapshot layout: trace entry {seq} of "
-                                f"device {device} has no 'action'") from None
-            c_device.append(device)
-            c_seq.append(seq)
-            c_action.append(action)
-            c_time.append(e.get("time_us"))
-            c_stream.append(e.get("stream", 0))
-            c_stack.append(stack(e.get("frames")))
-            c_meta.append(e.get("user_metadata") or None)
-            c_free.append(e.get("device_free"))
+        try:
+            if not all(type(e) is dict for e in entries):
+                raise TypeError
+            actions = list(map(itemgetter("action"), entries))
+        except (TypeError, KeyError):
+            bad = next(i for i, e in enumerate(entries)
+                       if not isinstance(e, dict) or "action" not in e)
+            raise UserError(f"{source}: unrecognised snapshot layout: trace entry {bad} of "
+                            f"device {device} has no 'action'") from None
+        n = len(entries)
+        cols["device"] += [device] * n
+        cols["seq"] += range(n)
+        cols["action"] += actions
+        cols["addr"] += _column(entries, "addr", 0)
+        cols["bytes"] += _column(entries, "size", 0)
+        cols["time_us"] += _column(entries, "time_us")
+        cols["stream"] += _column(entries, "stream", 0)
+        cols["stack_id"] += interner.stacks_of(_column(entries, "frames"))
+        meta = _column(entries, "user_metadata")
+        if any(meta):
+            flat.has_user_metadata = True
+            cols["user_metadata"] += [m or None for m in meta]
+        else:
+            cols["user_metadata"] += [None] * n
+        cols["device_free_bytes"] += _column(entries, "device_free")

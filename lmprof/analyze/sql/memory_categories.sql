@@ -8,6 +8,9 @@
 --   max_bytes            BIGINT  most allocated (block) bytes of the category alive at once
 --   at_peak_bytes        BIGINT  allocated bytes of the category alive at the allocated peak
 --   at_dump_bytes        BIGINT  allocated bytes of the category alive at dump time
+-- The running sums use one ordered window with a sum per category (the categories are the fixed
+-- set memory_allocations.sql assigns): much faster in DuckDB than a window partitioned by
+-- category.
 WITH changes AS (
     SELECT snapshot_id, device, category, coalesce(alloc_seq, -1) AS seq, block_bytes AS d
     FROM memory_allocations
@@ -15,13 +18,23 @@ WITH changes AS (
     SELECT snapshot_id, device, category, free_seq, -block_bytes FROM memory_allocations
     WHERE free_seq IS NOT NULL
 ),
-per_seq AS (
-    SELECT snapshot_id, device, category, seq, sum(d) AS d FROM changes GROUP BY ALL
-),
 levels AS (
-    SELECT *, sum(d) OVER (PARTITION BY snapshot_id, device, category ORDER BY seq
-                           ROWS UNBOUNDED PRECEDING) AS level
-    FROM per_seq
+    SELECT snapshot_id, device,
+        sum(CASE WHEN category = 'parameters + optimizer state' THEN d ELSE 0 END) OVER w AS c1,
+        sum(CASE WHEN category = 'optimizer state' THEN d ELSE 0 END) OVER w AS c2,
+        sum(CASE WHEN category = 'gradients' THEN d ELSE 0 END) OVER w AS c3,
+        sum(CASE WHEN category = 'activations' THEN d ELSE 0 END) OVER w AS c4,
+        sum(CASE WHEN category = 'temporaries' THEN d ELSE 0 END) OVER w AS c5,
+        sum(CASE WHEN category = 'other' THEN d ELSE 0 END) OVER w AS c6
+    FROM changes
+    WINDOW w AS (PARTITION BY snapshot_id, device ORDER BY seq ROWS UNBOUNDED PRECEDING)
+),
+maxima AS (
+    UNPIVOT (SELECT snapshot_id, device, max(c1) AS "parameters + optimizer state",
+                 max(c2) AS "optimizer state", max(c3) AS gradients, max(c4) AS activations,
+                 max(c5) AS temporaries, max(c6) AS other
+             FROM levels GROUP BY snapshot_id, device)
+    ON COLUMNS(* EXCLUDE (snapshot_id, device)) INTO NAME category VALUE max_bytes
 ),
 at_peak AS (
     SELECT a.snapshot_id, a.device, a.category, sum(a.block_bytes) AS bytes
@@ -37,11 +50,10 @@ counts AS (
     FROM memory_allocations GROUP BY ALL
 )
 SELECT c.snapshot_id, c.device, c.category, c.allocations,
-    max(l.level)::BIGINT AS max_bytes,
-    coalesce(any_value(p.bytes), 0)::BIGINT AS at_peak_bytes,
-    any_value(c.at_dump_bytes)::BIGINT AS at_dump_bytes
+    m.max_bytes::BIGINT AS max_bytes,
+    coalesce(p.bytes, 0)::BIGINT AS at_peak_bytes,
+    c.at_dump_bytes::BIGINT AS at_dump_bytes
 FROM counts c
-JOIN levels l USING (snapshot_id, device, category)
+JOIN maxima m USING (snapshot_id, device, category)
 LEFT JOIN at_peak p USING (snapshot_id, device, category)
-GROUP BY c.snapshot_id, c.device, c.category, c.allocations
 ORDER BY c.snapshot_id, c.device, max_bytes DESC

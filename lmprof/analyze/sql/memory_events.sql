@@ -88,6 +88,9 @@ leaf AS (
 steps AS (
     SELECT step, start_us, end_us FROM memory_phase_windows
     WHERE snapshot_id = $snapshot_id AND phase = 'step'
+),
+flags AS (
+    SELECT count(*) > 0 AS has_windows FROM leaf
 )
 SELECT
     $snapshot_id AS snapshot_id, l.device, l.seq, l.time_us, l.action, l.addr, l.bytes,
@@ -96,7 +99,7 @@ SELECT
         WHEN l.time_us <= w.end_us THEN w.phase
         WHEN l.time_us <= s.end_us THEN 'step'
         WHEN l.user_metadata IS NOT NULL THEN l.user_metadata
-        WHEN EXISTS (SELECT 1 FROM leaf) THEN 'other'
+        WHEN flags.has_windows THEN 'other'
         ELSE 'unknown'
     END AS phase,
     CASE WHEN l.time_us <= w.end_us THEN w.step WHEN l.time_us <= s.end_us THEN s.step END AS step,
@@ -104,6 +107,6 @@ SELECT
     l.requested_bytes::BIGINT AS requested_bytes,
     l.reserved_bytes::BIGINT AS reserved_bytes
 FROM leveled l
+CROSS JOIN flags
 ASOF LEFT JOIN leaf w ON l.time_us >= w.start_us
 ASOF LEFT JOIN steps s ON l.time_us >= s.start_us
-ORDER BY l.device, l.seq
