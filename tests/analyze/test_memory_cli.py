@@ -109,3 +109,24 @@ def test_several_runs_compare(tmp_path):
     assert pbc[1:] == ["small,128,,2899810304", "small,256,2899810304,"]
     res = CliRunner().invoke(analyze, ["memory", *dirs, "--run", dirs[0]])
     assert res.exit_code != 0
+
+
+def test_report_gains_memory_section(tmp_path):
+    from lmprof.reports.report import build
+
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "memory.pickle.xz").write_bytes(FIXTURE.read_bytes())
+    (d / "run.json").write_text(json.dumps({
+        "schema_version": 1, "run_id": "r1", "status": "OK",
+        "config": {"size": "small", "context_length": 256, "batch_size": 4, "mode": "train",
+                   "dtype": "fp32"},
+        "model": {"d_model": 768, "num_layers": 12, "n_params": 128_625_408},
+        "artifacts": {"memory_snapshot": "memory.pickle.xz"}}))
+    target = build([str(d)], tmp_path / "rep")
+    text = target.read_text()
+    assert "## Memory" in text and "What is alive at the peak" in text
+    assert "residual stream" in text and "3.000" in text  # 4 × 256 × 768 × 4 B = 3 MiB
+    imgs = sorted(p.name for p in (tmp_path / "rep" / "img").iterdir())
+    assert imgs == ["memory_0_dev0_categories.png", "memory_0_dev0_timeline.png"]
+    assert "](img/memory_0_dev0_timeline.png)" in text

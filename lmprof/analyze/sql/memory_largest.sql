@@ -23,7 +23,8 @@ WITH a AS (
 ),
 grouped AS (
     SELECT a.snapshot_id, a.device, a.bytes, max(a.block_bytes) AS block_bytes,
-        coalesce(CASE WHEN s.n_frames > 0 THEN s.site END, '(allocated before recording)') AS site,
+        CASE WHEN a.origin <> 'trace' AND coalesce(s.n_frames, 0) = 0
+        THEN '(allocated before recording)' ELSE s.site END AS site,
         a.phase, a.category,
         count(*) AS times,
         count(*) FILTER (WHERE is_live) AS live_at_peak,

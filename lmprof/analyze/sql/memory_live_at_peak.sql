@@ -5,7 +5,8 @@
 --   snapshot_id, device  INT
 --   site                 TEXT    file:line function of the innermost user frame;
 --                                '(allocated before recording)' without a recorded stack,
---                                '(autograd) <Node>' for autograd-thread allocations
+--                                '(autograd) <Node>' for autograd-thread allocations (stacks=all),
+--                                '(no stack recorded)' when the entry has no frames
 --   category             TEXT    memory_allocations.category (several joined by ', ')
 --   phase                TEXT    phase(s) the allocations were made in
 --   allocations          BIGINT  live allocations from that site
@@ -20,7 +21,8 @@ WITH live AS (
       AND (a.free_seq IS NULL OR a.free_seq > coalesce(p.peak_seq, 9223372036854775807))
 )
 SELECT l.snapshot_id, l.device,
-    coalesce(CASE WHEN s.n_frames > 0 THEN s.site END, '(allocated before recording)') AS site,
+    CASE WHEN l.origin <> 'trace' AND coalesce(s.n_frames, 0) = 0
+        THEN '(allocated before recording)' ELSE s.site END AS site,
     string_agg(DISTINCT l.category, ', ' ORDER BY l.category) AS category,
     string_agg(DISTINCT l.phase, ', ' ORDER BY l.phase) AS phase,
     count(*) AS allocations,
