@@ -52,3 +52,12 @@ def report_cmd(run_dirs: tuple[str, ...], out: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     run_cli(analyze, argv)
+
+
+def _register() -> None:
+    from lmprof.analyze.memory_cli import memory_cmd
+
+    analyze.add_command(memory_cmd)
+
+
+_register()

@@ -38,10 +38,14 @@ Section = Callable[[ReportContext], "str | None"]
 
 
 def _sections() -> list[tuple[str, Section]]:
-    from lmprof.reports.sections import benchmark, precision, sweep
+    from lmprof.reports.sections import benchmark, memory, precision, sweep
 
-    return [("End-to-end benchmark", benchmark.section), ("Sweep", sweep.section),
-            ("Mixed precision", precision.section)]
+    return [
+        ("End-to-end benchmark", benchmark.section),
+        ("Sweep", sweep.section),
+        ("Memory", memory.section),
+        ("Mixed precision", precision.section),
+    ]
 
 
 def load_runs(paths: list[str]) -> list[dict[str, Any]]:

@@ -1,0 +1,53 @@
+"""``analyze memory``: peak, per-phase and live-at-peak tables and timeline plots of snapshots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from lmprof.analyze.cli import format_option, out_option
+
+
+@click.command("memory")
+@click.argument("inputs", nargs=-1, required=True, metavar="SNAPSHOT_OR_RUN...")
+@click.option("--run", "run_dir", type=click.Path(), default=None,
+              help="Run directory whose run.json (config, phase windows) belongs to the one raw "
+                   "snapshot given; by default a run.json beside the snapshot is used.")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Rows of the live-at-peak and largest-allocation tables per snapshot.")
+@format_option
+@out_option
+@click.option("--plots", type=click.Path(file_okay=False), default=None,
+              help="Write timeline PNGs here (default: --out, if given; else no plots).")
+@click.option("--db", type=click.Path(dir_okay=False), default=None,
+              help="Keep the DuckDB database in this file (its memory_* tables are replaced) "
+                   "for 'analyze sql'.")
+def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
+               out: str | None, plots: str | None, db: str | None) -> None:
+    """Memory tables of CUDA memory snapshots (memory.pickle[.xz|.gz|.zst]) or run directories.
+
+    Several inputs give comparison tables (peak by context length, mode and dtype). Snapshots
+    are unpickled admitting plain data only; input files are never modified.
+    """
+    from lmprof.analyze import memory
+    from lmprof.analyze.db import connect
+    from lmprof.errors import UserError
+    from lmprof.render import emit
+
+    if run_dir and len(inputs) != 1:
+        raise UserError("--run pairs one raw snapshot with its run.json; give exactly one input")
+    refs = [memory.resolve(arg, run_dir) for arg in inputs]
+    con = connect(db)
+    if db:
+        memory.drop_tables(con)
+    for ref in refs:
+        memory.load_memory(con, ref.path, ref.run)
+    tables, notes = memory.tables(con, top)
+    click.echo(emit(tables, fmt, out, shorten={"site": 70}, notes=notes))
+    plot_dir = plots or out
+    if plot_dir:
+        from lmprof.reports.memory_plots import write_plots
+
+        for path in write_plots(con, Path(plot_dir)):
+            click.echo(f"wrote {path}", err=True)

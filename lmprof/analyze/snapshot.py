@@ -1,0 +1,402 @@
+"""Reading CUDA memory snapshots (``torch.cuda.memory._dump_snapshot``) safely, without torch.
+
+A snapshot is a pickle, and a pickle from someone else can run code when loaded: every class
+or callable a pickle uses is looked up by name through ``find_class``. :func:`read_snapshot`
+loads with an unpickler whose ``find_class`` refuses every name, so only what pickle builds by
+opcodes alone comes back (dict, list, tuple, str, int, float, bool, None — and the inert
+bytes/set, which no snapshot uses); a pickle that names ``os.system`` or any class fails with
+a one-line error naming it, before anything is called. Compressed files (xz, gzip, zstd,
+bz2) are recognised by their magic bytes, whatever their suffix.
+
+:func:`flatten` turns the nested snapshot into column lists for DuckDB: trace events, interned
+frames and stacks (a stack is a frame list; identical ones share an id), segments and blocks.
+Layouts that torch's own viewer (``_memory_viz.py``, ``MemoryViz.js``) still reads load too:
+a bare list of segments (no trace), blocks whose frames live in ``history`` with ``real_size``,
+blocks without ``address``/``requested_size``, trace entries without ``frames`` or ``time_us``.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import lzma
+import pickle
+import re
+from operator import itemgetter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from lmprof.errors import UserError
+
+_MAGIC = (
+    (b"\xfd7zXZ\x00", "xz"),
+    (b"\x1f\x8b", "gzip"),
+    (b"\x28\xb5\x2f\xfd", "zstd"),
+    (b"BZh", "bz2"),
+)
+
+# Allocation-state names of blocks that still hold memory.
+ACTIVE_STATES = ("active_allocated", "active_pending_free")
+
+
+class _DataOnlyUnpickler(pickle.Unpickler):
+    """Resolves no global at all: classes, functions and extension codes are refused."""
+
+    def find_class(self, module: str, name: str):  # noqa: D401 — pickle's hook
+        raise _Refused(f"{module}.{name}")
+
+    def persistent_load(self, pid):
+        raise _Refused(f"persistent id {str(pid)[:60]!r}")
+
+
+class _Refused(Exception):
+    pass
+
+
+def _open(path: Path) -> tuple[BinaryIO, str]:
+    try:
+        f = open(path, "rb")
+    except (FileNotFoundError, NotADirectoryError):
+        raise UserError(f"no such file: {str(path)!r}") from None
+    except IsADirectoryError:
+        raise UserError(f"{str(path)!r} is a directory, not a memory snapshot") from None
+    except PermissionError:
+        raise UserError(f"permission denied: {str(path)!r}") from None
+    head = f.read(8)
+    f.seek(0)
+    for magic, kind in _MAGIC:
+        if head.startswith(magic):
+            if kind == "xz":
+                return lzma.open(f), kind
+            if kind == "gzip":
+                return gzip.open(f), kind
+            if kind == "bz2":
+                return bz2.open(f), kind
+            import zstandard
+
+            return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(f)), kind
+    return f, "pickle"
+
+
+def read_snapshot(path: str | Path) -> Any:
+    """Unpickle ``path`` (maybe compressed) admitting plain data only; UserError otherwise."""
+    path = Path(path)
+    stream, kind = _open(path)
+    what = f"{str(path)!r}" + ("" if kind == "pickle" else f" ({kind})")
+    try:
+        with stream:
+            return _DataOnlyUnpickler(stream).load()
+    except _Refused as exc:
+        raise UserError(f"{what}: refused to unpickle {exc}: a memory snapshot holds plain data "
+                        "only, and loading this could run code") from None
+    except EOFError:
+        raise UserError(f"{what} is truncated or empty (pickle ended early)") from None
+    except (pickle.UnpicklingError, ValueError, TypeError, IndexError, KeyError,
+            AttributeError, UnicodeDecodeError, MemoryError, RecursionError) as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "truncated" in msg or "ran out of input" in msg.lower():
+            raise UserError(f"{what} is truncated (pickle ended early)") from None
+        raise UserError(f"{what} is not a readable pickle: {msg}") from None
+    except (lzma.LZMAError, OSError, EOFError) as exc:
+        raise UserError(f"{what} cannot be decompressed: {exc}") from None
+    except Exception as exc:  # zstandard.ZstdError and other decoder errors
+        if type(exc).__module__.startswith("zstd"):
+            raise UserError(f"{what} cannot be decompressed: {exc}") from None
+        raise
+
+
+# --- flattening ------------------------------------------------------------------------------
+
+_TORCH_PATH = re.compile(r"(/|^)(site-packages|dist-packages|lib/python\d[\d.]*)/|<frozen |^<")
+_BACKWARD_NODE = re.compile(r"torch::autograd::generated::(\w+Backward\d*)")
+
+
+def is_user_frame(filename: str) -> bool:
+    """A Python source line of the user's program: a .py file outside installed packages."""
+    return filename.endswith(".py") and not _TORCH_PATH.search(filename)
+
+
+@dataclass
+class _Stack:
+    frame_ids: tuple[int, ...]
+    user_frame_id: int | None
+    site: str
+    kind: str | None  # inferred phase class: "backward", "optimizer", "forward", None
+
+
+@dataclass
+class Flat:
+    """Column lists ready for DuckDB (one snapshot); see lmprof.analyze.memory for the tables."""
+
+    trace: dict[str, list] = field(default_factory=lambda: {
+        k: [] for k in ("device", "seq", "time_us", "action", "addr", "bytes", "stream",
+                        "stack_id", "user_metadata", "device_free_bytes")})
+    frames: dict[str, list] = field(default_factory=lambda: {
+        k: [] for k in ("frame_id", "name", "filename", "line", "is_user")})
+    stacks: dict[str, list] = field(default_factory=lambda: {
+        k: [] for k in ("stack_id", "n_frames", "user_frame_id", "site", "kind")})
+    stack_frames: dict[str, list] = field(default_factory=lambda: {
+        k: [] for k in ("stack_id", "depth", "frame_id")})
+    segments: dict[str, list] = field(default_factory=lambda: {
+        k: [] for k in ("device", "address", "total_bytes", "allocated_bytes", "active_bytes",
+                        "requested_bytes", "stream", "segment_type", "is_expandable",
+                        "stack_id")})
+    blocks: dict[str, list] = field(default_factory=lambda: {
+        k: [] for k in ("device", "segment_address", "address", "bytes", "requested_bytes",
+                        "state", "stack_id")})
+    annotations: dict[str, list] = field(default_factory=lambda: {
+        k: [] for k in ("device", "time_us", "stage", "name")})
+    has_trace: bool = False
+    has_user_metadata: bool = False
+    layout: str = "current"  # or what older layout it has, e.g. "segments-only list, legacy ..."
+    allocator_settings: dict = field(default_factory=dict)
+
+
+class _Interner:
+    """Frames and stacks get small integer ids; identical content shares one id.
+
+    torch shares frame dicts (and many frame lists) between entries, which pickle preserves,
+    so object identity is tried first and content only for objects not seen before.
+    """
+
+    def __init__(self, flat: Flat):
+        self.flat = flat
+        self.by_frame_obj: dict[int, int] = {}
+        self.by_frame_key: dict[tuple, int] = {}
+        self.by_list_obj: dict[int, int] = {}
+        self.by_id_key: dict[tuple, list] = {}
+        self.by_content: dict[tuple, int] = {}
+        self.stacks: list[_Stack] = []
+        # ids of snapshot objects are cached: valid because the snapshot outlives flatten()
+
+    def frame(self, f: dict) -> int:
+        fid = self.by_frame_obj.get(id(f))
+        if fid is not None:
+            return fid
+        name, filename, line = str(f.get("name", "")), str(f.get("filename", "")), f.get("line")
+        key = (name, filename, line)
+        fid = self.by_frame_key.get(key)
+        if fid is None:
+            fid = len(self.by_frame_key)
+            self.by_frame_key[key] = fid
+            cols = self.flat.frames
+            cols["frame_id"].append(fid)
+            cols["name"].append(name)
+            cols["filename"].append(filename)
+            cols["line"].append(line if isinstance(line, int) else None)
+            cols["is_user"].append(is_user_frame(filename))
+        self.by_frame_obj[id(f)] = fid
+        return fid
+
+    def stack(self, frames) -> int:
+        if not frames:
+            frames = ()
+        sid = self.by_list_obj.get(id(frames))
+        if sid is not None:
+            return sid
+        # A cheap key (length and three frame identities) picks candidates; list equality then
+        # confirms, which is fast because equal stacks share their frame dicts (identity).
+        n = len(frames)
+        key = (n, id(frames[0]), id(frames[n // 2]), id(frames[-1])) if n else (0,)
+        candidates = self.by_id_key.get(key)
+        sid = None
+        if candidates is None:
+            candidates = self.by_id_key[key] = []
+        else:
+            for rep, rep_sid in candidates:
+                if rep == frames:
+                    sid = rep_sid
+                    break
+        if sid is None:
+            content = tuple(self.frame(f) for f in frames)
+            sid = self.by_content.get(content)
+            if sid is None:
+                sid = self._new_stack(content)
+                self.by_content[content] = sid
+            candidates.append((frames, sid))
+        self.by_list_obj[id(frames)] = sid
+        return sid
+
+    def stacks_of(self, frame_lists: list) -> list[int]:
+        """Stack ids of many frame lists: dictionary hits by identity at C speed, misses here."""
+        get = self.by_list_obj.get
+        ids = list(map(get, map(id, frame_lists)))
+        stack = self.stack
+        for i, sid in enumerate(ids):
+            if sid is None:
+                ids[i] = stack(frame_lists[i])
+        return ids
+
+    def _new_stack(self, frame_ids: tuple[int, ...]) -> int:
+        sid = len(self.stacks)
+        f = self.flat.frames
+        user = next((i for i in frame_ids if f["is_user"][i]), None)
+        if user is not None:
+            site = f"{f['filename'][user]}:{f['line'][user]} {f['name'][user]}"
+        elif not frame_ids:
+            site = "(no stack recorded)"
+        else:
+            node = next((m.group(1) for i in frame_ids
+                         if (m := _BACKWARD_NODE.search(f["name"][i]))), None)
+            py = next((i for i in frame_ids if f["filename"][i].endswith(".py")), None)
+            if node:
+                site = f"(autograd) {node}"
+            elif py is not None:
+                site = f"{f['filename'][py]}:{f['line'][py]} {f['name'][py]}"
+            else:
+                site = "(C++ only) " + f["name"][frame_ids[0]][:80]
+        self.stacks.append(_Stack(frame_ids, user, site, _stack_kind(frame_ids, f)))
+        cols = self.flat.stacks
+        cols["stack_id"].append(sid)
+        cols["n_frames"].append(len(frame_ids))
+        cols["user_frame_id"].append(user)
+        cols["site"].append(site)
+        cols["kind"].append(self.stacks[-1].kind)
+        sf = self.flat.stack_frames
+        for depth, fid in enumerate(frame_ids):
+            sf["stack_id"].append(sid)
+            sf["depth"].append(depth)
+            sf["frame_id"].append(fid)
+        return sid
+
+
+def _stack_kind(frame_ids: tuple[int, ...], f: dict[str, list]) -> str | None:
+    """Which training phase a call stack belongs to, judged from its frames alone."""
+    if not frame_ids:
+        return None
+    for i in frame_ids:
+        name, filename = f["name"][i], f["filename"][i]
+        if "autograd::Engine" in name or "/torch/autograd/" in filename or (
+                name == "backward" and filename.endswith("torch/_tensor.py")):
+            return "backward"
+        if "/torch/optim/" in filename:
+            return "optimizer"
+    return "forward"
+
+
+def _int(v, default=None):
+    return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+
+def flatten(data: Any, source: str) -> Flat:
+    """Snapshot object → columns. Raises UserError for layouts nobody can read."""
+    flat = Flat()
+    if isinstance(data, list):  # torch < 2.1 `_snapshot()` segments-only list, as _memory_viz reads
+        data = {"segments": data}
+        flat.layout = "segments-only list"
+    if not isinstance(data, dict):
+        raise UserError(f"{source} is not a CUDA memory snapshot: it holds a "
+                        f"{type(data).__name__}, not a dict with 'segments'")
+    if "segments" not in data:
+        keys = ", ".join(sorted(map(str, data))[:6])
+        raise UserError(f"{source} is not a CUDA memory snapshot: no 'segments' key "
+                        f"(keys: {keys or 'none'})")
+    segments = data["segments"]
+    traces = data.get("device_traces")
+    if not isinstance(segments, list) or (traces is not None and not isinstance(traces, list)):
+        raise UserError(f"{source}: unrecognised snapshot layout ('segments'/'device_traces' "
+                        "are not lists)")
+    settings = data.get("allocator_settings")
+    flat.allocator_settings = settings if isinstance(settings, dict) else {}
+    interner = _Interner(flat)
+    _flatten_segments(segments, flat, interner, source)
+    if traces:
+        _flatten_traces(traces, flat, interner, source)
+    flat.has_trace = bool(flat.trace["seq"])
+    for a in data.get("external_annotations") or []:
+        if isinstance(a, dict) and _int(a.get("time_us")) is not None:
+            cols = flat.annotations
+            cols["device"].append(_int(a.get("device"), 0))
+            cols["time_us"].append(a["time_us"])
+            cols["stage"].append(str(a.get("stage", "")))
+            cols["name"].append(str(a.get("name", "")))
+    return flat
+
+
+def _flatten_segments(segments: list, flat: Flat, interner: _Interner, source: str) -> None:
+    seg_cols, blk_cols = flat.segments, flat.blocks
+    for n, seg in enumerate(segments):
+        if not isinstance(seg, dict) or "total_size" not in seg or "blocks" not in seg:
+            raise UserError(f"{source}: unrecognised snapshot layout: segment {n} has no "
+                            "'total_size'/'blocks'")
+        device = _int(seg.get("device"), 0)
+        addr = _int(seg.get("address"), 0)
+        blocks = seg["blocks"]
+        stream = _int(seg.get("stream"), 0)
+        requested = 0
+        cursor = addr
+        for b in blocks:
+            size = _int(b.get("size"), 0)
+            if "frames" in b:
+                frames, req = b["frames"], b.get("requested_size", size)
+            elif "history" in b and b["history"]:  # torch 2.0: frames/real_size in history
+                frames = b["history"][0].get("frames") or ()
+                req = b.get("requested_size") or b["history"][0].get("real_size", size)
+                if "legacy block history" not in flat.layout:
+                    flat.layout += ", legacy block history"
+            else:
+                frames, req = (), b.get("requested_size", size)
+            state = str(b.get("state", "inactive"))
+            blk_cols["device"].append(device)
+            blk_cols["segment_address"].append(addr)
+            blk_cols["address"].append(_int(b.get("address"), cursor))
+            blk_cols["bytes"].append(size)
+            blk_cols["requested_bytes"].append(_int(req, size))
+            blk_cols["state"].append(state)
+            blk_cols["stack_id"].append(interner.stack(frames))
+            if state in ACTIVE_STATES:
+                requested += _int(req, size)
+            cursor += size
+        seg_cols["device"].append(device)
+        seg_cols["address"].append(addr)
+        seg_cols["total_bytes"].append(_int(seg.get("total_size"), 0))
+        seg_cols["allocated_bytes"].append(_int(seg.get("allocated_size"), 0))
+        seg_cols["active_bytes"].append(_int(seg.get("active_size"), 0))
+        seg_cols["requested_bytes"].append(_int(seg.get("requested_size"), requested))
+        seg_cols["stream"].append(stream)
+        seg_cols["segment_type"].append(str(seg.get("segment_type", "")))
+        seg_cols["is_expandable"].append(bool(seg.get("is_expandable", False)))
+        seg_cols["stack_id"].append(interner.stack(seg.get("frames") or ()))
+
+
+def _column(entries: list, key: str, default=None) -> list:
+    """One field of every entry; C-speed ``itemgetter`` when all have it, ``.get`` otherwise."""
+    try:
+        return list(map(itemgetter(key), entries))
+    except KeyError:
+        return [e.get(key, default) for e in entries]
+
+
+def _flatten_traces(traces: list, flat: Flat, interner: _Interner, source: str) -> None:
+    cols = flat.trace
+    for device, entries in enumerate(traces):
+        if not isinstance(entries, list):
+            raise UserError(f"{source}: unrecognised snapshot layout: device_traces[{device}] "
+                            "is not a list")
+        try:
+            if not all(type(e) is dict for e in entries):
+                raise TypeError
+            actions = list(map(itemgetter("action"), entries))
+        except (TypeError, KeyError):
+            bad = next(i for i, e in enumerate(entries)
+                       if not isinstance(e, dict) or "action" not in e)
+            raise UserError(f"{source}: unrecognised snapshot layout: trace entry {bad} of "
+                            f"device {device} has no 'action'") from None
+        n = len(entries)
+        cols["device"] += [device] * n
+        cols["seq"] += range(n)
+        cols["action"] += actions
+        cols["addr"] += _column(entries, "addr", 0)
+        cols["bytes"] += _column(entries, "size", 0)
+        cols["time_us"] += _column(entries, "time_us")
+        cols["stream"] += _column(entries, "stream", 0)
+        cols["stack_id"] += interner.stacks_of(_column(entries, "frames"))
+        meta = _column(entries, "user_metadata")
+        if any(meta):
+            flat.has_user_metadata = True
+            cols["user_metadata"] += [m or None for m in meta]
+        else:
+            cols["user_metadata"] += [None] * n
+        cols["device_free_bytes"] += _column(entries, "device_free")

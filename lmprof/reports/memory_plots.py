@@ -1,0 +1,144 @@
+"""Memory plots (matplotlib, Agg, PNG) drawn from the DuckDB memory tables.
+
+- the allocated-memory timeline with phase bands, reserved memory and the peak marked — the
+  picture people screenshot from pytorch.org/memory_viz, made from data;
+- allocated memory stacked by inferred category (parameters + optimizer state, gradients,
+  activations, temporaries, ...).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from lmprof.analyze import memory
+
+MIB = 2**20
+PHASE_COLORS = {
+    "forward": "#4e79a7", "inference": "#76b7b2", "backward": "#f28e2c", "optimizer": "#59a14f",
+    "step": "#bab0ab", "other": "#dddddd", "unknown": "#eeeeee",
+}
+CATEGORY_COLORS = {
+    "parameters + optimizer state": "#4e79a7", "optimizer state": "#59a14f",
+    "gradients": "#f28e2c", "activations": "#e15759", "temporaries": "#edc949",
+    "other": "#bab0ab",
+}
+CATEGORY_ORDER = tuple(CATEGORY_COLORS)
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def _x_label(has_time: bool) -> tuple[str, float]:
+    return ("time since first recorded entry (ms)", 1e-3) if has_time else ("trace entry", 1.0)
+
+
+def _bands(ax, con, sid: int, device: int, scale: float) -> None:
+    bands = memory.phase_bands(con, sid, device)
+    seen = set()
+    for b in bands.itertuples():
+        if b.phase in ("unknown",):
+            continue
+        color = PHASE_COLORS.get(b.phase, "#cccccc")
+        label = b.phase if b.phase not in seen else None
+        seen.add(b.phase)
+        ax.axvspan(b.start_us * scale, max(b.end_us, b.start_us + 1) * scale, color=color,
+                   alpha=0.18, lw=0, label=label)
+
+
+def timeline_png(con: duckdb.DuckDBPyConnection, sid: int, device: int, path: Path,
+                 title: str) -> Path | None:
+    """Allocated (band between each bucket's low and high) and reserved memory over time."""
+    tl = memory.timeline(con, sid, device)
+    if tl.empty:
+        return None
+    has_time = bool(tl["has_time"].iloc[0])
+    xlabel, scale = _x_label(has_time)
+    peak = con.execute("SELECT peak_allocated_bytes, peak_time_us - first_time_us, peak_seq, "
+                       "peak_phase, peak_step FROM memory_peaks WHERE snapshot_id = ? AND "
+                       "device = ?", [sid, device]).fetchall()[0]
+    fig = Figure(figsize=(11, 4.8))
+    ax = fig.add_subplot()
+    _bands(ax, con, sid, device, scale)
+    x0 = tl["since_start_us"] * scale
+    x1 = tl["since_start_end_us"] * scale
+    xs = [v for pair in zip(x0, x1) for v in pair]
+    lo = [v / MIB for v in tl["min_allocated_bytes"] for _ in (0, 1)]
+    hi = [v / MIB for v in tl["max_allocated_bytes"] for _ in (0, 1)]
+    res = [v / MIB for v in tl["max_reserved_bytes"] for _ in (0, 1)]
+    ax.fill_between(xs, 0, lo, color="#4e79a7", alpha=0.55, lw=0)
+    ax.fill_between(xs, lo, hi, color="#4e79a7", alpha=0.9, lw=0, label="allocated")
+    ax.plot(xs, res, color="#333333", lw=1.0, ls="--", label="reserved")
+    peak_bytes, peak_at, peak_seq, phase, step = peak
+    if peak_at is not None or not has_time:
+        px = (peak_at if has_time else max(peak_seq, 0)) * scale
+        where = phase + (f", step {step}" if step is not None else "")
+        ax.plot([px], [peak_bytes / MIB], marker="v", color="#e15759", ms=9, zorder=5)
+        ax.annotate(f"peak {peak_bytes / MIB:,.1f} MiB ({where})", (px, peak_bytes / MIB),
+                    xytext=(8, 6), textcoords="offset points", color="#b0303a", fontsize=9)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("MiB")
+    ax.set_ylim(0, max(max(res, default=0), peak_bytes / MIB) * 1.12 or 1)
+    ax.set_xlim(xs[0], xs[-1])
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="lower right", fontsize=8, ncol=4, framealpha=0.9)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def categories_png(con: duckdb.DuckDBPyConnection, sid: int, device: int, path: Path,
+                   title: str) -> Path | None:
+    """Allocated memory stacked by inferred category; None when nothing but one category."""
+    df = memory.category_timeline(con, sid, device)
+    if df.empty or df["category"].nunique() < 2:
+        return None
+    has_time = bool(con.execute("SELECT count(time_us) = count(*) FROM memory_events WHERE "
+                                "snapshot_id = ? AND device = ?", [sid, device]).fetchall()[0][0])
+    xlabel, scale = _x_label(has_time)
+    wide = df.pivot_table(index="since_start_us", columns="category", values="bytes",
+                          aggfunc="max").fillna(0).sort_index()
+    cats = [c for c in CATEGORY_ORDER if c in wide] + [c for c in wide if c not in
+                                                        CATEGORY_ORDER]
+    fig = Figure(figsize=(11, 4.8))
+    ax = fig.add_subplot()
+    _bands(ax, con, sid, device, scale)
+    ax.stackplot(wide.index * scale, *[wide[c] / MIB for c in cats], labels=cats,
+                 colors=[CATEGORY_COLORS.get(c, "#999999") for c in cats], alpha=0.9, lw=0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("MiB")
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-." else "-" for c in text).strip("-")[:60]
+
+
+def write_plots(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
+    """Timeline and category PNGs for every loaded snapshot and device; returns the paths."""
+    rows = con.execute("SELECT p.snapshot_id, p.device, s.label, p.events FROM memory_peaks p "
+                       "JOIN memory_snapshots s USING (snapshot_id) "
+                       "ORDER BY p.snapshot_id, p.device").fetchall()
+    single = len(rows) == 1
+    written = []
+    for sid, device, label, events in rows:
+        if not events:
+            continue
+        suffix = "" if single else f"_{sid}_{_slug(label)}_dev{device}"
+        title = f"{label} — cuda:{device}"
+        for kind, fn in (("timeline", timeline_png), ("categories", categories_png)):
+            path = fn(con, sid, device, out_dir / f"memory_{kind}{suffix}.png", title)
+            if path is not None:
+                written.append(path)
+    return written

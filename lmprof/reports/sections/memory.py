@@ -1,0 +1,61 @@
+"""Memory section: peak tables, timeline images, what is alive at the peak, largest allocations.
+
+Runs with a memory snapshot (``artifacts.memory_snapshot``) are loaded together into one DuckDB
+database; the section shows the same tables as ``analyze memory`` plus the residual-stream
+activation size of each config (batch × context × d_model × bytes per element).
+"""
+
+from __future__ import annotations
+
+from lmprof import rundir
+from lmprof.reports.report import ReportContext
+from lmprof.render import to_markdown
+
+_TOP = 10
+
+
+def section(ctx: ReportContext) -> str | None:
+    from lmprof.analyze import memory
+    from lmprof.analyze.db import connect
+    from lmprof.reports.memory_plots import categories_png, timeline_png
+
+    runs = [(r, rundir.artifact_path(r, "memory_snapshot")) for r in ctx.runs]
+    runs = [(r, p) for r, p in runs if p is not None and p.is_file()]
+    if not runs:
+        return None
+    con = connect()
+    for record, path in runs:
+        memory.load_memory(con, path, record)
+    tables, notes = memory.tables(con, _TOP)
+    parts = []
+    for name, title in (("memory_peak", "Peak memory"),
+                        ("memory_compare", "Peak memory by configuration"),
+                        ("memory_peak_by_context", "Peak allocated memory by context length"),
+                        ("memory_by_phase", "Peak and churn per phase"),
+                        ("memory_model_state", "Parameters, gradients and optimizer state"),
+                        ("memory_live_at_peak", "What is alive at the peak"),
+                        ("memory_largest_allocations", "Largest allocations"),
+                        ("memory_categories", "Memory by inferred category")):
+        df = tables.get(name)
+        if df is None or df.empty:
+            continue
+        parts += [f"### {title}", ""]
+        if name in notes:
+            parts += [notes[name], ""]
+        parts += [to_markdown(df, shorten={"site": 60, "snapshot": 40}), ""]
+    for sid, device, label, events in con.execute(
+            "SELECT p.snapshot_id, p.device, s.label, p.events FROM memory_peaks p "
+            "JOIN memory_snapshots s USING (snapshot_id) ORDER BY 1, 2").fetchall():
+        if not events:
+            continue
+        slug = f"memory_{sid}_dev{device}"
+        title = f"{label} — cuda:{device}"
+        links = []
+        for kind, fn in (("timeline", timeline_png), ("categories", categories_png)):
+            path, link = ctx.image(f"{slug}_{kind}.png")
+            if fn(con, sid, device, path, title) is not None:
+                links.append(f"![{kind} of {label}]({link})")
+        if links:
+            parts += [f"#### {label} (cuda:{device})", "", *links, ""]
+    return "\n".join(parts)
+

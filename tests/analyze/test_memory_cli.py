@@ -1,0 +1,132 @@
+"""``analyze memory`` end to end: exit codes, torch never imported, plots, run dirs, layouts."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from lmprof.analyze.cli import analyze
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT / "tests" / "data" / "h200-small-fp32" / "memory.pickle.xz"
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "lmprof.analyze", "memory", *map(str, args)],
+                          cwd=ROOT, capture_output=True, text=True)
+
+
+def test_cli_without_torch_writes_tables_and_plots(tmp_path):
+    out = tmp_path / "out"
+    code = ("import sys; from lmprof.analyze.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    assert not e.code\n"
+            "assert 'torch' not in sys.modules, 'analyze imported torch'\n")
+    proc = subprocess.run([sys.executable, "-c", code, "memory", str(FIXTURE), "--out", str(out),
+                           "--top", "5"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "## memory live at peak" in proc.stdout and "tlm.py:25 forward" in proc.stdout
+    for name in ("memory_peak.md", "memory_live_at_peak.md", "memory_timeline.png",
+                 "memory_categories.png"):
+        assert (out / name).is_file()
+    assert (out / "memory_timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_json_format_and_db(tmp_path):
+    db = tmp_path / "m.duckdb"
+    res = CliRunner().invoke(analyze, ["memory", str(FIXTURE), "--format", "json", "--db",
+                                       str(db)], catch_exceptions=False)
+    assert res.exit_code == 0
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT count(*) FROM memory_events").fetchall()[0][0] == 12819
+
+
+def test_bad_inputs_exit_2_one_line(tmp_path):
+    notpickle = tmp_path / "x.pickle"
+    notpickle.write_text("hello")
+    for arg in (tmp_path / "missing.pickle", notpickle, tmp_path):
+        proc = _run(arg)
+        assert proc.returncode == 2, (arg, proc.stderr)
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def _write(tmp_path, name, data):
+    f = tmp_path / name
+    f.write_bytes(pickle.dumps(data))
+    return f
+
+
+def test_snapshot_without_history_reports_dump_state(tmp_path):
+    snap = pickle.loads(lzma.decompress(FIXTURE.read_bytes()))
+    snap["device_traces"] = [[]]
+    f = _write(tmp_path, "notrace.pickle", snap)
+    proc = _run(f, "--format", "md")
+    assert proc.returncode == 0, proc.stderr
+    assert "No trace entries" in proc.stdout and "at dump (no trace)" in proc.stdout
+    assert "1558.438" in proc.stdout  # allocated at dump, MiB
+
+
+def test_multi_device_snapshot_is_per_device(tmp_path):
+    snap = pickle.loads(lzma.decompress(FIXTURE.read_bytes()))
+    seg1 = dict(snap["segments"][0], device=1)
+    seg1["blocks"] = [dict(b, state="active_allocated") for b in seg1["blocks"]]
+    snap["segments"].append(seg1)
+    snap["device_traces"].append([])
+    f = _write(tmp_path, "two.pickle", snap)
+    res = CliRunner().invoke(analyze, ["memory", str(f), "--format", "json"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0
+    peak = json.loads(res.output.split("# memory_by_phase")[0].split("# memory_peak\n")[1])
+    assert [r["device"] for r in peak] == [0, 1]
+    assert peak[1]["peak_allocated_bytes"] == seg1["blocks"][0]["size"]
+
+
+def test_several_runs_compare(tmp_path):
+    dirs = []
+    for ctx, mode in ((128, "train"), (256, "forward")):
+        d = tmp_path / f"run{ctx}"
+        d.mkdir()
+        (d / "memory.pickle.xz").write_bytes(FIXTURE.read_bytes())
+        (d / "run.json").write_text(json.dumps({
+            "schema_version": 1, "run_id": f"r{ctx}", "status": "OK",
+            "config": {"size": "small", "context_length": ctx, "batch_size": 4, "mode": mode,
+                       "dtype": "fp32"},
+            "model": {"d_model": 768, "n_params": 1000},
+            "artifacts": {"memory_snapshot": "memory.pickle.xz"}}))
+        dirs.append(str(d))
+    res = CliRunner().invoke(analyze, ["memory", *dirs, "--format", "csv", "--out",
+                                       str(tmp_path / "o")], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    pbc = (tmp_path / "o" / "memory_peak_by_context.csv").read_text().split()
+    assert pbc[0] == "size,context_length,forward_fp32_peak_bytes,train_fp32_peak_bytes"
+    assert pbc[1:] == ["small,128,,2899810304", "small,256,2899810304,"]
+    res = CliRunner().invoke(analyze, ["memory", *dirs, "--run", dirs[0]])
+    assert res.exit_code != 0
+
+
+def test_report_gains_memory_section(tmp_path):
+    from lmprof.reports.report import build
+
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "memory.pickle.xz").write_bytes(FIXTURE.read_bytes())
+    (d / "run.json").write_text(json.dumps({
+        "schema_version": 1, "run_id": "r1", "status": "OK",
+        "config": {"size": "small", "context_length": 256, "batch_size": 4, "mode": "train",
+                   "dtype": "fp32"},
+        "model": {"d_model": 768, "num_layers": 12, "n_params": 128_625_408},
+        "artifacts": {"memory_snapshot": "memory.pickle.xz"}}))
+    target = build([str(d)], tmp_path / "rep")
+    text = target.read_text()
+    assert "## Memory" in text and "What is alive at the peak" in text
+    assert "residual stream" in text and "3.000" in text  # 4 × 256 × 768 × 4 B = 3 MiB
+    imgs = sorted(p.name for p in (tmp_path / "rep" / "img").iterdir())
+    assert imgs == ["memory_0_dev0_categories.png", "memory_0_dev0_timeline.png"]
+    assert "](img/memory_0_dev0_timeline.png)" in text

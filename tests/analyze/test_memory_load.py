@@ -1,0 +1,136 @@
+"""Snapshot loading: only plain data is unpickled; bad files give one-line errors."""
+
+from __future__ import annotations
+
+import gzip
+import lzma
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lmprof.analyze.snapshot import flatten, read_snapshot
+from lmprof.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT / "tests" / "data" / "h200-small-fp32" / "memory.pickle.xz"
+
+
+class _SystemCall:
+    """Unpickling this calls os.system — the attack the loader must refuse."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_malicious_reduce_is_refused_before_running(tmp_path):
+    marker = tmp_path / "pwned"
+    bad = tmp_path / "memory.pickle"
+    bad.write_bytes(pickle.dumps({"segments": [], "x": _SystemCall(marker)}))
+    with pytest.raises(UserError) as err:
+        read_snapshot(bad)
+    msg = str(err.value)
+    assert "refused" in msg and ("posix.system" in msg or "os.system" in msg)
+    assert "\n" not in msg
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("protocol", [0, 2, pickle.HIGHEST_PROTOCOL])
+def test_class_instance_is_refused_at_every_protocol(tmp_path, protocol):
+    bad = tmp_path / "snap.pickle"
+    bad.write_bytes(pickle.dumps({"segments": [], "p": Path("/etc")}, protocol=protocol))
+    with pytest.raises(UserError, match="refused to unpickle pathlib"):
+        read_snapshot(bad)
+
+
+def test_cli_refuses_malicious_pickle_exit_2(tmp_path):
+    marker = tmp_path / "pwned"
+    bad = tmp_path / "memory.pickle.gz"
+    bad.write_bytes(gzip.compress(pickle.dumps([_SystemCall(marker)])))
+    proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", "memory", str(bad)],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "refused" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not marker.exists()
+
+
+def test_compressed_variants_load_the_same(tmp_path):
+    import zstandard
+
+    raw = lzma.decompress(FIXTURE.read_bytes())
+    plain = read_snapshot(FIXTURE)
+    for name, blob in (("a.pickle", raw), ("b.pickle.gz", gzip.compress(raw)),
+                       ("c.pickle.zst", zstandard.ZstdCompressor().compress(raw)),
+                       ("d.bin", lzma.compress(raw))):
+        (tmp_path / name).write_bytes(blob)
+        assert read_snapshot(tmp_path / name) == plain
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "truncated or empty"),
+    (b"hello, not a pickle at all", "not a readable pickle"),
+    (b"\xfd7zXZ\x00garbage", "cannot be decompressed"),
+])
+def test_bad_files(tmp_path, content, message):
+    f = tmp_path / "x.pickle"
+    f.write_bytes(content)
+    with pytest.raises(UserError, match=message):
+        read_snapshot(f)
+
+
+def test_truncated_pickle(tmp_path):
+    raw = lzma.decompress(FIXTURE.read_bytes())
+    f = tmp_path / "cut.pickle"
+    f.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(UserError, match="truncated"):
+        read_snapshot(f)
+
+
+def test_missing_file_and_directory(tmp_path):
+    with pytest.raises(UserError, match="no such file"):
+        read_snapshot(tmp_path / "nope.pickle")
+    with pytest.raises(UserError, match="is a directory"):
+        read_snapshot(tmp_path)
+
+
+def test_input_file_is_not_modified(tmp_path):
+    from lmprof.analyze import memory
+    from lmprof.analyze.db import connect
+
+    f = tmp_path / "memory.pickle.xz"
+    f.write_bytes(FIXTURE.read_bytes())
+    before = (f.read_bytes(), f.stat().st_mtime_ns)
+    memory.load_memory(connect(), f)
+    assert (f.read_bytes(), f.stat().st_mtime_ns) == before
+
+
+def test_not_a_snapshot_layouts():
+    with pytest.raises(UserError, match="no 'segments' key"):
+        flatten({"foo": 1}, "x")
+    with pytest.raises(UserError, match="holds a int"):
+        flatten(3, "x")
+    with pytest.raises(UserError, match="has no 'action'"):
+        flatten({"segments": [], "device_traces": [[{"addr": 1}]]}, "x")
+
+
+def test_legacy_layouts_are_read():
+    """torch 2.0-style blocks (frames in history, real_size, no address) and a bare list."""
+    seg = {"device": 0, "address": 4096, "total_size": 2048, "stream": 0,
+           "blocks": [{"size": 1024, "state": "active_allocated",
+                       "history": [{"real_size": 1000, "frames": [
+                           {"filename": "/home/me/model.py", "line": 3, "name": "f"}]}]},
+                      {"size": 1024, "state": "inactive"}]}
+    flat = flatten([seg], "x")
+    assert flat.layout.startswith("segments-only list") and not flat.has_trace
+    assert "legacy block history" in flat.layout
+    assert flat.blocks["address"] == [4096, 5120]
+    assert flat.blocks["requested_bytes"] == [1000, 1024]
+    site = flat.stacks["site"][flat.blocks["stack_id"][0]]
+    assert site == "/home/me/model.py:3 f"
