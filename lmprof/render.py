@@ -42,7 +42,14 @@ def _split_unit(col: str) -> tuple[str, str | None, float]:
     return col, None, 1.0
 
 
+# Names people write their own way (no title-casing of symbols and acronyms).
+_DISPLAY = {"d_model": "d_model", "d_ff": "d_ff", "d_head": "d_head", "mfu_pct": "MFU (%)",
+            "achieved_tflops": "TFLOP/s", "warmup": "Warm-up", "warmup_total_s": "Warm-up total (ms)"}
+
+
 def display_name(col: str) -> str:
+    if col in _DISPLAY:
+        return _DISPLAY[col]
     base, unit, _ = _split_unit(col)
     text = base.replace("_", " ")
     text = text[:1].upper() + text[1:]
@@ -69,7 +76,9 @@ def to_markdown(df: pd.DataFrame, shorten: dict[str, int] | None = None,
                 floatfmt: str = ".3f") -> str:
     if df.empty:
         return "_no data_"
-    return for_display(df, shorten).to_markdown(index=False, floatfmt=floatfmt, missingval="")
+    view = for_display(df, shorten)
+    view = view.astype(object).where(view.notna(), None)  # NaN/NA print as empty cells
+    return view.to_markdown(index=False, floatfmt=floatfmt, missingval="")
 
 
 def _json_safe(v):
