@@ -1,0 +1,47 @@
+-- The documented views of a loaded nsys export (``analyze sql --schema`` lists them).
+--
+-- kernels      one row per kernel: op_id, name (demangled), short_name, kernel_class, start_ns,
+--              end_ns, dur_ns, device_id, stream_id, correlation_id, pid, launch_api,
+--              launch_start_ns, launch_tid, range_id, range_name (innermost attributed NVTX
+--              range), phase, phase_range_id, step_range_id, grid_x/y/z, block_x/y/z,
+--              registers_per_thread, static_smem_bytes, dynamic_smem_bytes
+-- memops       one row per memcpy/memset: op_id, kind, name ('[CUDA memcpy Device-to-Host]'),
+--              bytes, start_ns, end_ns, dur_ns, device_id, stream_id, correlation_id, pid,
+--              launch_api, launch_start_ns, launch_tid, range_id, range_name, phase
+-- runtime      one row per CUDA runtime/driver call: correlation_id, api, start_ns, end_ns,
+--              dur_ns, pid, tid
+-- gpu_ops, op_ranges, nvtx_ranges, kernel_names, gpus, session: tables (see their .sql files)
+
+CREATE OR REPLACE VIEW kernels AS
+SELECT g.op_id, n.name, n.short_name, n.kernel_class, g.start_ns, g.end_ns, g.dur_ns,
+       g.device_id, g.stream_id, g.correlation_id, g.pid, a.value AS launch_api,
+       g.launch_start_ns, g.launch_tid, g.range_id, r.name AS range_name, g.phase,
+       g.phase_range_id, g.step_range_id,
+       k.grid_x, k.grid_y, k.grid_z, k.block_x, k.block_y, k.block_z, k.registers_per_thread,
+       k.static_smem_bytes, k.dynamic_smem_bytes
+FROM gpu_ops g
+JOIN _kernels k ON k.rowid = g.op_id
+JOIN kernel_names n ON n.name_id = g.name_id
+LEFT JOIN _strings a ON a.id = g.launch_api_id
+LEFT JOIN nvtx_ranges r ON r.range_id = g.range_id
+WHERE g.kind = 'kernel';
+
+CREATE OR REPLACE VIEW memops AS
+SELECT g.op_id, g.kind,
+       CASE WHEN g.kind = 'memset' THEN '[CUDA memset]'
+            ELSE '[CUDA memcpy ' || coalesce(c.label, 'Unknown') || ']' END AS name,
+       g.bytes, g.start_ns, g.end_ns, g.dur_ns, g.device_id, g.stream_id, g.correlation_id,
+       g.pid, a.value AS launch_api, g.launch_start_ns, g.launch_tid, g.range_id,
+       r.name AS range_name, g.phase
+FROM gpu_ops g
+LEFT JOIN _memcpy m ON g.kind = 'memcpy' AND m.rowid = g.op_id - (SELECT count(*) FROM _kernels)
+LEFT JOIN _memcpy_kinds c ON c.id = m.copy_kind
+LEFT JOIN _strings a ON a.id = g.launch_api_id
+LEFT JOIN nvtx_ranges r ON r.range_id = g.range_id
+WHERE g.kind <> 'kernel';
+
+CREATE OR REPLACE VIEW runtime AS
+SELECT r.correlation_id, s.value AS api, r.start_ns, r.end_ns, r.end_ns - r.start_ns AS dur_ns,
+       CAST((r.global_tid >> 24) & 16777215 AS INTEGER) AS pid,
+       CAST(r.global_tid & 16777215 AS INTEGER) AS tid
+FROM _runtime r LEFT JOIN _strings s ON s.id = r.name_id;
