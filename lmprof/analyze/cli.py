@@ -48,5 +48,15 @@ def report_cmd(run_dirs: tuple[str, ...], out: str) -> None:
     click.echo(str(build(list(run_dirs), out)))
 
 
+def _register() -> None:
+    from lmprof.analyze.kernels_cli import kernels_cmd, sql_cmd
+
+    analyze.add_command(kernels_cmd)
+    analyze.add_command(sql_cmd)
+
+
+_register()
+
+
 def main(argv: list[str] | None = None) -> None:
     run_cli(analyze, argv)

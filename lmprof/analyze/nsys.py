@@ -195,7 +195,7 @@ def _load_table(sq: sqlite3.Connection, duck: duckdb.DuckDBPyConnection, target:
             raise UserError(f"{str(path)!r}: cannot read table {source}: {exc}") from None
     try:
         duck.execute(f"CREATE OR REPLACE TABLE {target} AS SELECT * FROM _arrow_src")
-    except (sqlite3.DatabaseError, duckdb.InvalidInputException) as exc:
+    except (sqlite3.DatabaseError, duckdb.Error) as exc:
         raise UserError(f"{str(path)!r}: cannot read table {source}: {exc}") from None
     finally:
         duck.unregister("_arrow_src")
@@ -247,3 +247,43 @@ def _load_session(sq: sqlite3.Connection, duck: duckdb.DuckDBPyConnection, prese
     duck.execute("INSERT INTO session VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                  [str(path.resolve()), version, utc, start, stop, types["NvtxPushPopRange"],
                   types["NvtxStartEndRange"], types["NvtxDomainCreate"]])
+
+
+def _sqlite_for_rep(rep: Path, nsys_path: str | None) -> Path:
+    """The SQLite export of a ``.nsys-rep``: the cached one beside it, else exported with nsys."""
+    from lmprof.nsystool import export_sqlite, find_nsys
+
+    cached = rep.with_suffix(".sqlite")
+    if cached.is_file() and cached.stat().st_mtime_ns >= rep.stat().st_mtime_ns:
+        return cached
+    try:
+        nsys = find_nsys(nsys_path)
+    except UserError:
+        raise UserError(f"{str(rep)!r} is an nsys report and nsys is not available to export it: "
+                        f"run 'nsys export --type=sqlite {rep}' and pass the .sqlite, or put "
+                        "nsys on PATH (or give --nsys-path)") from None
+    return export_sqlite(nsys, rep, cached)
+
+
+def resolve_report(arg: str | Path, nsys_path: str | None = None) -> tuple[Path, dict | None]:
+    """A REPORT argument (SQLite export, ``.nsys-rep``, or run directory) -> (SQLite, run.json)."""
+    from lmprof import rundir
+
+    p = Path(arg)
+    if not p.exists():
+        raise UserError(f"no such file or directory: {str(p)!r}")
+    if p.is_dir() or p.name == rundir.RUN_FILE:
+        if not (p / rundir.RUN_FILE).is_file() and p.name != rundir.RUN_FILE:
+            raise UserError(f"{str(p)!r} is a directory, not an nsys export or a run directory")
+        record = rundir.load_run(p)
+        sqlite = rundir.artifact_path(record, "nsys_sqlite")
+        rep = rundir.artifact_path(record, "nsys_rep")
+        if sqlite is not None and sqlite.is_file():
+            return sqlite, record
+        if rep is not None and rep.is_file():
+            return _sqlite_for_rep(rep, nsys_path), record
+        raise UserError(f"run directory {record['run_dir']!r} has no nsys export "
+                        "(capture it with 'capture run --nsys')")
+    if p.suffix == ".nsys-rep" or p.name.endswith(".qdrep"):
+        return _sqlite_for_rep(p, nsys_path), rundir.find_run_for(p)
+    return p, rundir.find_run_for(p)
