@@ -38,9 +38,9 @@ Section = Callable[[ReportContext], "str | None"]
 
 
 def _sections() -> list[tuple[str, Section]]:
-    from lmprof.reports.sections import benchmark
+    from lmprof.reports.sections import benchmark, kernels
 
-    return [("End-to-end benchmark", benchmark.section)]
+    return [("End-to-end benchmark", benchmark.section), ("GPU kernels (nsys)", kernels.section)]
 
 
 def load_runs(paths: list[str]) -> list[dict[str, Any]]:
