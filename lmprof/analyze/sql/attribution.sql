@@ -52,17 +52,20 @@ FROM ops o
 LEFT JOIN _runtime r
   ON r.correlation_id = o.correlation_id AND (r.global_tid >> 24) = (o.global_pid >> 24);
 
+-- a separate statement: in one query the optimizer would push the equality into the join
+CREATE OR REPLACE TEMP TABLE _range_candidates AS
+SELECT o.op_id, o.launch_global_tid, n.range_id, n.global_tid
+FROM gpu_ops o
+JOIN nvtx_ranges n
+  ON o.launch_start_ns >= n.start_ns AND o.launch_start_ns < n.end_ns;
+
 CREATE OR REPLACE TABLE op_ranges AS
-WITH candidates AS MATERIALIZED (
-    SELECT o.op_id, o.launch_global_tid, n.range_id, n.global_tid
-    FROM gpu_ops o
-    JOIN nvtx_ranges n
-      ON o.launch_start_ns >= n.start_ns AND o.launch_start_ns < n.end_ns
-)
 SELECT op_id, range_id
-FROM candidates
+FROM _range_candidates
 WHERE (launch_global_tid >> 24) = (global_tid >> 24)
   AND (NOT $thread_rule OR launch_global_tid = global_tid);
+
+DROP TABLE _range_candidates;
 
 CREATE OR REPLACE TEMP TABLE _op_attrib AS
 WITH ranked AS (
