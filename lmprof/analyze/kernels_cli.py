@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 from pathlib import Path
 
 import click
@@ -60,14 +62,27 @@ def _options(attribution: str, phase_ranges: tuple[str, ...], softmax_ranges: tu
     return Options(attribution=attribution, phase_ranges=tuple(pairs), **kwargs)
 
 
+@contextlib.contextmanager
 def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: str | None):
-    """Load every REPORT into one DuckDB (schema main for one report, r1..rN for several)."""
+    """Load every REPORT into one DuckDB (schema main for one report, r1..rN for several);
+    yields (connection, traces) and closes the connection and its spill directory after."""
     from lmprof.analyze import db as dbmod
     from lmprof.analyze.nsys import resolve_report
-    from lmprof.analyze.trace import prepare
+    from lmprof.analyze.trace import configure
 
     resolved = [resolve_report(r, nsys_path) for r in reports]
-    con = dbmod.connect(db)
+    with tempfile.TemporaryDirectory(prefix="lmprof-duckdb-") as spill:
+        con = dbmod.connect(db)
+        try:
+            configure(con, spill)
+            yield con, _prepare_all(con, resolved, options)
+        finally:
+            con.close()
+
+
+def _prepare_all(con, resolved, options):
+    from lmprof.analyze.trace import prepare
+
     traces = []
     for i, (path, record) in enumerate(resolved, 1):
         schema = "main" if len(resolved) == 1 else f"r{i}"
@@ -78,7 +93,7 @@ def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: st
                     "label VARCHAR)")
         con.executemany("INSERT INTO main.reports VALUES (?, ?, ?)",
                         [(t.schema, str(t.path), t.label) for t in traces])
-    return con, traces
+    return traces
 
 
 @click.command("kernels", epilog=_REPORTS_HELP)
@@ -107,8 +122,7 @@ def kernels_cmd(reports, attribution, phase_ranges, softmax_ranges, matmul_range
 
     options = _options(attribution, phase_ranges, softmax_ranges, matmul_ranges)
     names = tuple(table_names) or kernels.DEFAULT_TABLES
-    con, traces = open_traces(reports, options, db, nsys_path)
-    try:
+    with open_traces(reports, options, db, nsys_path) as (_, traces):
         if len(traces) == 1:
             tables, notes = kernels.tables(traces[0], names, top)
         else:
@@ -124,8 +138,6 @@ def kernels_cmd(reports, attribution, phase_ranges, softmax_ranges, matmul_range
                       for n, dfs in per_run.items()}
             tables.update(kernels.cross_run(traces))
         click.echo(emit(tables, fmt, out, shorten={"name": 70}, notes=notes))
-    finally:
-        con.close()
 
 
 def _is_duckdb(path: Path) -> bool:
@@ -164,20 +176,19 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, nsys_path, fmt,
     if not show_schema and not query:
         raise UserError("give a QUERY (or --schema to list the tables)")
     path = Path(file)
-    if path.is_file() and _is_duckdb(path):
-        try:
-            con = duckdb.connect(str(path), read_only=True)
-        except duckdb.Error as exc:
-            raise UserError(f"cannot open DuckDB file {file!r}: {str(exc).splitlines()[0]}") \
-                from None
-    else:
-        con, _ = open_traces((file,), _options(attribution, phase_ranges, (), ()), None,
-                             nsys_path)
-    try:
+    with contextlib.ExitStack() as stack:
+        if path.is_file() and _is_duckdb(path):
+            try:
+                con = duckdb.connect(str(path), read_only=True)
+            except duckdb.Error as exc:
+                raise UserError(f"cannot open DuckDB file {file!r}: {str(exc).splitlines()[0]}") \
+                    from None
+            stack.callback(con.close)
+        else:
+            con, _ = stack.enter_context(open_traces(
+                (file,), _options(attribution, phase_ranges, (), ()), None, nsys_path))
         try:
             df = con.execute(SCHEMA_SQL if show_schema else query).df()
         except duckdb.Error as exc:
             raise UserError(f"query failed: {' '.join(str(exc).split())}") from None
         click.echo(emit({"schema" if show_schema else "result": df}, fmt, out))
-    finally:
-        con.close()

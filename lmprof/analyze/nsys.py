@@ -36,7 +36,7 @@ from lmprof.errors import UserError
 SQLITE_MAGIC = b"SQLite format 3\x00"
 # Tables every nsys export has, whatever was traced; their absence means "not an nsys export".
 REQUIRED_TABLES = ("StringIds", "ANALYSIS_DETAILS")
-BATCH_ROWS = 262_144
+BATCH_ROWS = 65_536
 
 # NVTX event types (ENUM_NSYS_EVENT_TYPE); used when the enum table is absent.
 _NVTX_TYPES_DEFAULT = {"NvtxPushPopRange": 59, "NvtxStartEndRange": 60, "NvtxDomainCreate": 75}
@@ -72,10 +72,13 @@ TABLES: dict[str, tuple[str, list[Column], str]] = {
         _c("static_smem_bytes", "staticSharedMemory", I32),
         _c("dynamic_smem_bytes", "dynamicSharedMemory", I32),
     ], ""),
+    # Only calls that can launch GPU work (kernel launches, graph launches, memcpy, memset):
+    # about half of all runtime/driver calls, and the only ones attribution needs.
     "_runtime": ("CUPTI_ACTIVITY_KIND_RUNTIME", [
-        _c("start_ns", "start"), _c("end_ns", "end"), _c("global_tid", "globalTid"),
+        _c("start_ns", "start"), _c("global_tid", "globalTid"),
         _c("correlation_id", "correlationId"), _c("name_id", "nameId"),
-    ], ""),
+    ], "nameId IN (SELECT id FROM StringIds WHERE value LIKE '%Launch%' "
+       "OR value LIKE '%emcpy%' OR value LIKE '%emset%')"),
     "_memcpy": ("CUPTI_ACTIVITY_KIND_MEMCPY", [
         _c("start_ns", "start"), _c("end_ns", "end"), _c("device_id", "deviceId", I32),
         _c("stream_id", "streamId", I32), _c("correlation_id", "correlationId"),

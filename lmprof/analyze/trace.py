@@ -39,6 +39,9 @@ class Options:
         if self.attribution not in ATTRIBUTIONS:
             raise UserError(f"unknown attribution {self.attribution!r}; choose one of "
                             f"{', '.join(ATTRIBUTIONS)}")
+        names = [name for name, _ in self.phase_ranges]
+        if len(set(names)) != len(names):
+            raise UserError("a range name can mark only one phase")
         for _, phase in self.phase_ranges:
             if phase not in (STEP, *PHASES):
                 raise UserError(f"unknown phase {phase!r}; choose one of "
@@ -69,6 +72,19 @@ class Trace:
 
     def count(self, table: str) -> int:
         return self.use().execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
+
+
+# DuckDB may use this much memory before it spills to its temp directory; keeps a x1000 export
+# (4.3M kernels) under 1.3 GB peak at no measured cost in time.
+MEMORY_LIMIT = "1GB"
+
+
+def configure(con: duckdb.DuckDBPyConnection, temp_dir: str | Path | None) -> None:
+    """Bound DuckDB's memory (spilling to ``temp_dir``, never beside the user's files)."""
+    con.execute("SET preserve_insertion_order = false")
+    con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+    if temp_dir is not None:
+        con.execute("SET temp_directory = ?", [str(temp_dir)])
 
 
 def _classify_names(con: duckdb.DuckDBPyConnection) -> None:

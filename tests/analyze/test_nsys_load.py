@@ -16,7 +16,11 @@ def test_loads_every_row_of_the_needed_tables():
     con = duckdb.connect()
     export = nsys.load(con, REPORT)
     assert export.rows["_kernels"] == source_count("CUPTI_ACTIVITY_KIND_KERNEL")
-    assert export.rows["_runtime"] == source_count("CUPTI_ACTIVITY_KIND_RUNTIME")
+    # runtime: the calls that launched GPU work (kernels, copies, sets), and only those
+    assert export.rows["_runtime"] == source_count(
+        "CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId IN (SELECT correlationId FROM "
+        "CUPTI_ACTIVITY_KIND_KERNEL UNION SELECT correlationId FROM CUPTI_ACTIVITY_KIND_MEMCPY "
+        "UNION SELECT correlationId FROM CUPTI_ACTIVITY_KIND_MEMSET)")
     assert export.rows["_memcpy"] == source_count("CUPTI_ACTIVITY_KIND_MEMCPY")
     assert export.rows["_memset"] == source_count("CUPTI_ACTIVITY_KIND_MEMSET")
     assert export.rows["_nvtx_events"] == source_count("NVTX_EVENTS")
@@ -33,8 +37,11 @@ def test_views_resolve_names_and_launches(process_trace):
     assert dict(zip(m["name"], m["n"])) == {
         "[CUDA memcpy Device-to-Device]": source_count("CUPTI_ACTIVITY_KIND_MEMCPY"),
         "[CUDA memset]": source_count("CUPTI_ACTIVITY_KIND_MEMSET")}
-    r = process_trace.df("SELECT count(*) AS n FROM runtime")
-    assert r["n"][0] == source_count("CUPTI_ACTIVITY_KIND_RUNTIME")
+    r = process_trace.df("SELECT count(*) AS n, count(DISTINCT api) AS apis FROM runtime")
+    assert r["n"][0] == source_count("CUPTI_ACTIVITY_KIND_KERNEL") + \
+        source_count("CUPTI_ACTIVITY_KIND_MEMCPY") + source_count("CUPTI_ACTIVITY_KIND_MEMSET")
+    launched = process_trace.df("SELECT count(*) AS n FROM gpu_ops WHERE launch_start_ns IS NULL")
+    assert launched["n"][0] == 0
 
 
 def test_registered_nvtx_strings_load_like_inline_text(tmp_path, process_trace):

@@ -20,7 +20,7 @@ WITH part_ranges AS (
     FROM op_ranges o JOIN part_ranges p USING (range_id)
     GROUP BY ALL
 ), part_kernels AS (
-    SELECT coalesce(g.phase, '(none)') AS phase, p.part, count(DISTINCT p.range_id) AS ranges,
+    SELECT coalesce(CAST(g.phase AS VARCHAR), '(none)') AS phase, p.part, count(DISTINCT p.range_id) AS ranges,
            count(*) AS kernels, CAST(sum(g.dur_ns) AS BIGINT) AS dur_ns
     FROM part_ops p JOIN gpu_ops g USING (op_id)
     WHERE g.kind = 'kernel'

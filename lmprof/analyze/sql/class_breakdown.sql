@@ -7,7 +7,7 @@
 --   time_pct       DOUBLE   share of the phase's kernel time (%)
 
 WITH k AS (
-    SELECT coalesce(g.phase, '(none)') AS phase, n.kernel_class, g.dur_ns
+    SELECT coalesce(CAST(g.phase AS VARCHAR), '(none)') AS phase, n.kernel_class, g.dur_ns
     FROM gpu_ops g JOIN kernel_names n USING (name_id)
     WHERE g.kind = 'kernel'
 ), tagged AS (

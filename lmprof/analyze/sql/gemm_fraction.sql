@@ -8,7 +8,8 @@
 --   gemm_pct       DOUBLE   gemm_ns / kernel_ns (%)
 
 WITH k AS (
-    SELECT g.phase, g.step_range_id, g.dur_ns, n.kernel_class = 'gemm' AS is_gemm
+    SELECT CAST(g.phase AS VARCHAR) AS phase, g.step_range_id, g.dur_ns,
+           n.kernel_class = 'gemm' AS is_gemm
     FROM gpu_ops g JOIN kernel_names n USING (name_id)
     WHERE g.kind = 'kernel'
 ), tagged AS (

@@ -12,7 +12,7 @@
 -- $exclude_class: a class to leave out (e.g. 'gemm'), or NULL. $top: rows per phase, or NULL.
 
 WITH k AS (
-    SELECT coalesce(phase, '(none)') AS phase, name_id, dur_ns
+    SELECT coalesce(CAST(phase AS VARCHAR), '(none)') AS phase, name_id, dur_ns
     FROM gpu_ops g
     WHERE kind = 'kernel'
 ), tagged AS (

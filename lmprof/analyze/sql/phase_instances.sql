@@ -14,20 +14,24 @@
 
 CREATE OR REPLACE TABLE phase_instances AS
 WITH instances AS (
-    SELECT r.range_id, p.phase, r.dur_ns AS cpu_ns
-    FROM nvtx_ranges r
-    JOIN _phase_names p ON p.range_name = regexp_replace(r.name, '_[0-9]+$', '')
+    SELECT range_id, phase, dur_ns AS cpu_ns FROM nvtx_ranges WHERE phase IS NOT NULL
 ), ops AS (
     SELECT phase_range_id AS range_id, kind, start_ns, end_ns, dur_ns
     FROM gpu_ops WHERE phase_range_id IS NOT NULL
     UNION ALL
     SELECT step_range_id, kind, start_ns, end_ns, dur_ns
     FROM gpu_ops WHERE step_range_id IS NOT NULL
+), running AS (
+    -- a running maximum (streamed) and lag share one sort; a frame ending at 1 PRECEDING would
+    -- need a segment tree
+    SELECT range_id, kind, start_ns, end_ns, dur_ns,
+           max(end_ns) OVER w AS covered_through, row_number() OVER w AS i
+    FROM ops
+    WINDOW w AS (PARTITION BY range_id ORDER BY start_ns, end_ns ROWS UNBOUNDED PRECEDING)
 ), ordered AS (
     SELECT range_id, kind, start_ns, end_ns, dur_ns,
-           max(end_ns) OVER (PARTITION BY range_id ORDER BY start_ns, end_ns
-                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS covered_until
-    FROM ops
+           lag(covered_through) OVER (PARTITION BY range_id ORDER BY i) AS covered_until
+    FROM running
 ), per_instance AS (
     SELECT range_id,
            count(*) AS gpu_ops,

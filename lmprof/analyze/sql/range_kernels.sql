@@ -17,7 +17,8 @@ WITH attributed AS (
     FROM op_ranges o JOIN nvtx_ranges r USING (range_id) JOIN gpu_ops g USING (op_id)
     WHERE g.kind = 'kernel'
     UNION ALL
-    SELECT '', '', g.pid, g.launch_tid, NULL, g.name_id, g.dur_ns
+    SELECT '', '', CAST((g.launch_global_tid >> 24) & 16777215 AS INTEGER),
+           CAST(g.launch_global_tid & 16777215 AS INTEGER), NULL, g.name_id, g.dur_ns
     FROM gpu_ops g
     WHERE g.kind = 'kernel' AND g.range_id IS NULL
 )

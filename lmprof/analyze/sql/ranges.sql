@@ -11,6 +11,8 @@
 --   pid, tid      INTEGER  OS process and thread id
 --   level         INTEGER  push/pop nesting depth on its thread, 0 = outermost; NULL for start/end
 --   parent_id     BIGINT   range_id of the enclosing push/pop range on the same thread, or NULL
+--   phase         VARCHAR  the phase this range marks (its name, less a _<digits> suffix, is
+--                          in _phase_names), or NULL
 --
 -- Nesting comes from a running count of opens and closes per thread (push/pop ranges on one
 -- thread form a stack), and the parent from an ASOF join on (thread, level - 1): no self-join.
@@ -62,10 +64,11 @@ WITH leveled AS (
 )
 SELECT c.range_id, c.name, c.domain, c.style, c.start_ns, c.end_ns,
        c.end_ns - c.start_ns AS dur_ns, c.global_tid, c.pid, c.tid, c.level,
-       p.range_id AS parent_id
+       p.range_id AS parent_id, ph.phase
 FROM leveled c
 ASOF LEFT JOIN leveled p
   ON p.global_tid = c.global_tid AND p.level = c.level - 1 AND p.start_ns <= c.start_ns
+LEFT JOIN _phase_names ph ON ph.range_name = regexp_replace(c.name, '_[0-9]+$', '')
 ORDER BY c.range_id;
 
 DROP TABLE _ranges_flat;

@@ -3,6 +3,8 @@ and the cross-run tables when several runs have an nsys export."""
 
 from __future__ import annotations
 
+import tempfile
+
 from lmprof import rundir
 from lmprof.errors import UserError
 from lmprof.render import to_markdown
@@ -27,13 +29,15 @@ _INTRO = (
 
 def section(ctx: ReportContext) -> str | None:
     from lmprof.analyze import db, kernels
-    from lmprof.analyze.trace import Options, prepare
+    from lmprof.analyze.trace import Options, configure, prepare
 
     with_nsys = [(r, rundir.artifact_path(r, "nsys_sqlite")) for r in ctx.runs]
     with_nsys = [(r, p) for r, p in with_nsys if p is not None and p.is_file()]
     if not with_nsys:
         return None
+    spill = tempfile.TemporaryDirectory(prefix="lmprof-duckdb-")
     con = db.connect()
+    configure(con, spill.name)
     parts, traces, problems = [_INTRO], [], []
     try:
         for i, (record, path) in enumerate(with_nsys, 1):
@@ -54,6 +58,7 @@ def section(ctx: ReportContext) -> str | None:
                 parts += [f"**{name.replace('_', ' ').capitalize()}.**", to_markdown(df)]
     finally:
         con.close()
+        spill.cleanup()
     if problems:
         parts.append("Runs whose nsys export could not be read:\n" + "\n".join(problems))
     return "\n\n".join(parts)
