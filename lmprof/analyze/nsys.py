@@ -46,15 +46,25 @@ I64, I32, STR, F64 = pa.int64(), pa.int32(), pa.string(), pa.float64()
 
 @dataclass(frozen=True)
 class Column:
-    """One loaded column: its DuckDB name, the source columns to try in order, its Arrow type."""
+    """One loaded column: its DuckDB name, the source columns to try in order, its Arrow type;
+    or, with ``pack``, an SQLite expression over all of ``sources`` (NULL if one is absent)."""
 
     name: str
     sources: tuple[str, ...]
     type: pa.DataType
+    pack: str | None = None
 
 
 def _c(name: str, sources: str, type_: pa.DataType = I64) -> Column:
     return Column(name, tuple(sources.split("|")), type_)
+
+
+def _packed(name: str, fields: list[tuple[str, int]]) -> Column:
+    """Several small integer columns in one BIGINT: each (column, bit offset); the ``kernels``
+    view unpacks them. Every Python object sqlite3 creates costs time: 9 values a kernel row
+    load about 40% faster than 17."""
+    expr = " + ".join(f'("{col}" << {shift})' if shift else f'"{col}"' for col, shift in fields)
+    return Column(name, tuple(col for col, _ in fields), I64, pack=expr)
 
 
 # target table -> (source table, columns, WHERE clause or ""). Column sources separated by "|"
@@ -62,16 +72,21 @@ def _c(name: str, sources: str, type_: pa.DataType = I64) -> Column:
 TABLES: dict[str, tuple[str, list[Column], str]] = {
     "_strings": ("StringIds", [_c("id", "id"), _c("value", "value", STR)], ""),
     "_kernels": ("CUPTI_ACTIVITY_KIND_KERNEL", [
-        _c("start_ns", "start"), _c("end_ns", "end"), _c("device_id", "deviceId", I32),
-        _c("stream_id", "streamId", I32), _c("correlation_id", "correlationId"),
-        _c("global_pid", "globalPid"), _c("name_id", "demangledName"),
-        _c("short_name_id", "shortName"),
-        _c("grid_x", "gridX", I32), _c("grid_y", "gridY", I32), _c("grid_z", "gridZ", I32),
-        _c("block_x", "blockX", I32), _c("block_y", "blockY", I32), _c("block_z", "blockZ", I32),
-        _c("registers_per_thread", "registersPerThread", I32),
-        _c("static_smem_bytes", "staticSharedMemory", I32),
-        _c("dynamic_smem_bytes", "dynamicSharedMemory", I32),
+        _c("start_ns", "start"), _c("end_ns", "end"),
+        _packed("device_stream", [("deviceId", 0), ("streamId", 16)]),
+        _c("correlation_id", "correlationId"), _c("global_pid", "globalPid"),
+        _c("name_id", "demangledName"),
+        # CUDA limits: grid x < 2^31, y and z < 2^16; block x, y <= 1024, z <= 64;
+        # <= 255 registers, static shared memory < 2^24 B, dynamic < 2^31 B
+        _packed("grid", [("gridX", 0), ("gridY", 31), ("gridZ", 47)]),
+        _packed("block", [("blockX", 0), ("blockY", 11), ("blockZ", 22)]),
+        _packed("resources", [("registersPerThread", 0), ("staticSharedMemory", 8),
+                              ("dynamicSharedMemory", 32)]),
     ], ""),
+    # short names per distinct kernel name: SQLite scans, Python sees hundreds of rows
+    "_kernel_short_names": ("CUPTI_ACTIVITY_KIND_KERNEL", [
+        _c("name_id", "demangledName"), _c("short_name_id", "shortName"),
+    ], "1 GROUP BY 1"),
     # Only calls that can launch GPU work (kernel launches, graph launches, memcpy, memset):
     # about half of all runtime/driver calls, and the only ones attribution needs.
     "_runtime": ("CUPTI_ACTIVITY_KIND_RUNTIME", [
@@ -187,6 +202,9 @@ def _load_table(sq: sqlite3.Connection, duck: duckdb.DuckDBPyConnection, target:
         have = _columns(sq, source)
         exprs = []
         for c in columns:
+            if c.pack is not None:
+                exprs.append(c.pack if all(s in have for s in c.sources) else "NULL")
+                continue
             src = next((s for s in c.sources if s in have), None)
             exprs.append(f'"{src}"' if src else "NULL")
         sql = f'SELECT {", ".join(exprs)} FROM "{source}"' + (f" WHERE {where}" if where else "")

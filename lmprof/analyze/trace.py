@@ -91,8 +91,8 @@ def _classify_names(con: duckdb.DuckDBPyConnection) -> None:
     from lmprof.analyze.classify import classify
 
     names = con.execute(
-        "SELECT DISTINCT k.name_id, s.value AS name, sh.value AS short_name "
-        "FROM _kernels k LEFT JOIN _strings s ON s.id = k.name_id "
+        "SELECT k.name_id, s.value AS name, sh.value AS short_name "
+        "FROM _kernel_short_names k LEFT JOIN _strings s ON s.id = k.name_id "
         "LEFT JOIN _strings sh ON sh.id = k.short_name_id").df()
     names["name"] = names["name"].fillna("")
     names["kernel_class"] = [classify(n) for n in names["name"]]

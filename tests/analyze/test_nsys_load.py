@@ -121,3 +121,24 @@ def test_corrupt_pages(tmp_path):
         fh.write(b"\xff" * page)
     with pytest.raises(UserError, match="malformed|corrupt|not a readable"):
         nsys.load(duckdb.connect(), path)
+
+
+def test_launch_configuration_round_trips(process_trace):
+    """Grid, block, registers and shared memory are packed on load; the view gives them back."""
+    import sqlite3
+
+    from nsys_data import REPORT as report
+
+    cols = ["gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ", "registersPerThread",
+            "staticSharedMemory", "dynamicSharedMemory", "deviceId", "streamId"]
+    con = sqlite3.connect(f"{report.as_uri()}?mode=ro&immutable=1", uri=True)
+    theirs = sorted(con.execute(f"SELECT start, {', '.join(cols)} FROM "
+                                "CUPTI_ACTIVITY_KIND_KERNEL").fetchall())
+    con.close()
+    mine = process_trace.df(
+        "SELECT start_ns, grid_x, grid_y, grid_z, block_x, block_y, block_z, "
+        "registers_per_thread, static_smem_bytes, dynamic_smem_bytes, device_id, stream_id "
+        "FROM kernels ORDER BY ALL")
+    assert [tuple(int(v) for v in row) for row in mine.itertuples(index=False)] == theirs
+    short = process_trace.df("SELECT count(*) AS n, count(short_name) AS s FROM kernel_names")
+    assert short["n"][0] == short["s"][0] > 0

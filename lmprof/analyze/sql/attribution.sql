@@ -27,8 +27,9 @@
 -- join, which becomes a hash join on pid with a per-pair inequality check: about 100x slower.
 
 CREATE OR REPLACE TEMP TABLE _ops AS
-SELECT rowid AS op_id, 'kernel' AS kind, name_id, start_ns, end_ns, device_id, stream_id,
-       correlation_id, global_pid
+SELECT rowid AS op_id, 'kernel' AS kind, name_id, start_ns, end_ns,
+       CAST(device_stream & 65535 AS INTEGER) AS device_id,
+       CAST(device_stream >> 16 AS INTEGER) AS stream_id, correlation_id, global_pid
 FROM _kernels
 UNION ALL
 SELECT rowid + (SELECT count(*) FROM _kernels), 'memcpy', NULL, start_ns, end_ns, device_id,

@@ -19,8 +19,15 @@ SELECT g.op_id, n.name, n.short_name, n.kernel_class, g.start_ns, g.end_ns, g.du
        g.launch_start_ns, CAST(g.launch_global_tid & 16777215 AS INTEGER) AS launch_tid,
        g.range_id, r.name AS range_name, CAST(g.phase AS VARCHAR) AS phase,
        g.phase_range_id, g.step_range_id,
-       k.grid_x, k.grid_y, k.grid_z, k.block_x, k.block_y, k.block_z, k.registers_per_thread,
-       k.static_smem_bytes, k.dynamic_smem_bytes
+       CAST(k.grid & 2147483647 AS INTEGER) AS grid_x,
+       CAST((k.grid >> 31) & 65535 AS INTEGER) AS grid_y,
+       CAST((k.grid >> 47) & 65535 AS INTEGER) AS grid_z,
+       CAST(k.block & 2047 AS INTEGER) AS block_x,
+       CAST((k.block >> 11) & 2047 AS INTEGER) AS block_y,
+       CAST((k.block >> 22) & 2047 AS INTEGER) AS block_z,
+       CAST(k.resources & 255 AS INTEGER) AS registers_per_thread,
+       CAST((k.resources >> 8) & 16777215 AS INTEGER) AS static_smem_bytes,
+       CAST(k.resources >> 32 AS INTEGER) AS dynamic_smem_bytes
 FROM gpu_ops g
 JOIN _kernels k ON k.rowid = g.op_id
 JOIN kernel_names n ON n.name_id = g.name_id
