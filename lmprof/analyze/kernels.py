@@ -139,7 +139,8 @@ TABLES: dict[str, tuple[Callable[..., pd.DataFrame], bool, str]] = {
     "ranges": (range_summary, True, "Every NVTX range name with the GPU work attributed to it."),
     "range_kernels": (range_kernels, True, "Kernels per NVTX range name (like nvtx_kern_sum)."),
 }
-DEFAULT_TABLES = tuple(t for t in TABLES if t != "range_kernels")
+# (a)-(f) of the kernel analysis; the nsys-style per-range tables are asked for by name.
+DEFAULT_TABLES = tuple(t for t in TABLES if t not in ("ranges", "range_kernels"))
 
 
 def tables(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | None = 10

@@ -106,7 +106,8 @@ def _prepare_all(con, resolved, options):
               help="Kernels per phase in the top-kernel tables.")
 @click.option("--table", "table_names", multiple=True,
               type=click.Choice(tuple(TABLES)),
-              help="Only these tables (repeatable); default: all but range_kernels.")
+              help="Only these tables (repeatable); default: all but the per-range tables ranges and "
+                   "range_kernels (nsys nvtx_gpu_proj_sum / nvtx_kern_sum look-alikes).")
 @db_option
 @nsys_option
 @format_option
