@@ -82,6 +82,7 @@ MEMORY_LIMIT = "1GB"
 def configure(con: duckdb.DuckDBPyConnection, temp_dir: str | Path | None) -> None:
     """Bound DuckDB's memory (spilling to ``temp_dir``, never beside the user's files)."""
     con.execute("SET preserve_insertion_order = false")
+    con.execute("SET enable_progress_bar = false")
     con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
     if temp_dir is not None:
         con.execute("SET temp_directory = ?", [str(temp_dir)])
