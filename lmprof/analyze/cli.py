@@ -50,14 +50,17 @@ def report_cmd(run_dirs: tuple[str, ...], out: str) -> None:
     click.echo(str(build(list(run_dirs), out)))
 
 
-def main(argv: list[str] | None = None) -> None:
-    run_cli(analyze, argv)
-
-
 def _register() -> None:
+    """Commands defined in their own modules (each imports only what it needs, on use)."""
+    from lmprof.analyze.kernels_cli import kernels_cmd, sql_cmd
     from lmprof.analyze.memory_cli import memory_cmd
 
-    analyze.add_command(memory_cmd)
+    for command in (kernels_cmd, sql_cmd, memory_cmd):
+        analyze.add_command(command)
 
 
 _register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_cli(analyze, argv)

@@ -1,0 +1,116 @@
+"""``analyze kernels`` against ``nsys stats`` on the same export (run where nsys is installed).
+
+For each export (default: the fixture and a x100 repeat of it, built by bench_kernels.py), times
+in fresh processes:
+
+1. ``nsys stats -r cuda_gpu_kern_sum,nvtx_kern_sum,nvtx_gpu_proj_sum -f csv`` on a copy of the
+   export (nsys may add its own tables to an export it reads);
+2. ``analyze kernels --attribution thread`` producing the same three summaries (top_kernels,
+   range_kernels, ranges), and ``analyze kernels`` with every default table (a)-(f).
+
+It also checks that the numbers agree (kernel totals and instances, per-range kernel counts and
+times, per-range GPU-op counts). Target: analyze >= 10x faster than nsys stats. Prints and
+appends one row per export to bench/results/nsys_stats_compare.md.
+
+    source .gpu/nsys-env.sh && python bench/nsys_stats_compare.py [--factors 1 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_kernels import FIXTURE, ROOT, environment, make_export  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results" / "nsys_stats_compare.md"
+REPORTS = ("cuda_gpu_kern_sum", "nvtx_kern_sum", "nvtx_gpu_proj_sum")
+
+
+def timed(cmd: list[str]) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed: {(proc.stderr or proc.stdout)[-800:]}")
+    return time.perf_counter() - t0
+
+
+def check(nsys_dir: Path, ours: Path) -> str:
+    """Compare the three nsys CSVs with ours; return 'ok' or what differs."""
+    problems = []
+    kern = pd.read_csv(nsys_dir / "s_cuda_gpu_kern_sum.csv").set_index("Name")
+    top = pd.read_csv(ours / "top_kernels.csv")
+    top = top[top["phase"] == "all"].set_index("name")
+    if not (top.loc[kern.index, "total_ns"].values == kern["Total Time (ns)"].values).all() or \
+            not (top.loc[kern.index, "instances"].values == kern["Instances"].values).all():
+        problems.append("cuda_gpu_kern_sum")
+    nk = pd.read_csv(nsys_dir / "s_nvtx_kern_sum.csv", keep_default_na=False)
+    rk = pd.read_csv(ours / "range_kernels.csv", keep_default_na=False)
+    key_n = ["NVTX Range", "Style", "PID", "TID", "Kernel Name"]
+    key_o = ["range", "style", "pid", "tid", "name"]
+    m = nk.merge(rk, left_on=key_n, right_on=key_o, how="outer", indicator=True)
+    if not ((m["_merge"] == "both").all() and (m["Kern Inst"] == m["instances"]).all()
+            and (m["Total Time (ns)"] == m["total_ns"]).all()):
+        problems.append("nvtx_kern_sum")
+    gp = pd.read_csv(nsys_dir / "s_nvtx_gpu_proj_sum.csv").set_index("Range")
+    rs = pd.read_csv(ours / "ranges.csv").set_index("range")
+    if not (rs.loc[gp.index, "gpu_ops"].values == gp["Total GPU Ops"].values).all():
+        problems.append("nvtx_gpu_proj_sum")
+    return "ok" if not problems else "differs: " + ", ".join(problems)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--factors", type=int, nargs="+", default=[1, 100])
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/lmprof-kernels-bench"))
+    ap.add_argument("--nsys", default=shutil.which("nsys"), help="nsys executable")
+    args = ap.parse_args()
+    if not args.nsys:
+        raise SystemExit("nsys not found: source .gpu/nsys-env.sh first (or pass --nsys)")
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    version = subprocess.run([args.nsys, "--version"], capture_output=True, text=True
+                             ).stdout.strip()
+    if not RESULTS.exists():
+        RESULTS.write_text(
+            "# analyze kernels vs nsys stats (same export)\n\n"
+            "nsys stats: cuda_gpu_kern_sum + nvtx_kern_sum + nvtx_gpu_proj_sum, csv. analyze "
+            "(same 3): `--attribution thread` top_kernels, range_kernels, ranges. analyze (all): "
+            "default tables (a)-(f). Whole-process wall seconds. Target: >= 10x faster.\n\n"
+            "| date | machine | nsys | export | nsys stats (s) | analyze same 3 (s) | speed-up | "
+            "analyze all (s) | speed-up | results agree |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n")
+    for factor in args.factors:
+        src = FIXTURE if factor == 1 else make_export(factor, args.workdir / f"x{factor}.sqlite")
+        copy = args.workdir / f"nsys-stats-x{factor}.sqlite"
+        shutil.copyfile(src, copy)
+        nsys_dir = args.workdir / f"nsys-stats-x{factor}"
+        nsys_dir.mkdir(exist_ok=True)
+        t_nsys = timed([args.nsys, "stats", "-q", "--force-export=false", "-r", ",".join(REPORTS),
+                        "-f", "csv", "--force-overwrite=true", "-o", str(nsys_dir / "s"),
+                        str(copy)])
+        ours = args.workdir / f"ours-x{factor}"
+        t_same = timed([sys.executable, "-m", "lmprof.analyze", "kernels", str(src),
+                        "--attribution", "thread", "--table", "top_kernels", "--table",
+                        "range_kernels", "--table", "ranges", "--top", "1000000", "--format",
+                        "csv", "--out", str(ours)])
+        t_all = timed([sys.executable, "-m", "lmprof.analyze", "kernels", str(src), "--format",
+                       "csv", "--out", str(args.workdir / f"all-x{factor}")])
+        agree = check(nsys_dir, ours)
+        line = (f"| {dt.date.today()} | {environment()} | {version} | x{factor} | {t_nsys:.2f} | "
+                f"{t_same:.2f} | {t_nsys / t_same:.1f}x | {t_all:.2f} | {t_nsys / t_all:.1f}x | "
+                f"{agree} |")
+        print(line, flush=True)
+        with RESULTS.open("a") as fh:
+            fh.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""``analyze kernels`` and ``analyze sql``: kernel tables and free SQL over nsys exports."""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from pathlib import Path
+
+import click
+import duckdb
+
+from lmprof import annotate
+from lmprof.analyze.cli import format_option, out_option
+from lmprof.analyze.kernels import TABLES
+from lmprof.errors import UserError
+
+_REPORTS_HELP = ("REPORT: an nsys SQLite export, a .nsys-rep (exported with nsys when available, "
+                 "cached beside it) or a run directory (its run.json names the export).")
+
+attribution_option = click.option(
+    "--attribution", type=click.Choice(("process", "thread")), default="process",
+    show_default=True,
+    help="Which NVTX ranges a GPU op belongs to: those open in the launching process when the "
+         "launching CUDA call started (process), or only those on the launching thread (thread, "
+         "the rule of nsys's nvtx_kern_sum; PyTorch's backward then looks empty).")
+phase_option = click.option(
+    "--phase-range", "phase_ranges", multiple=True, metavar="PHASE=NAME",
+    help="Range NAME (optionally with a _N suffix) marks PHASE (step, forward, backward, "
+         "optimizer, inference); replaces the default name of that phase. Repeatable.")
+softmax_option = click.option(
+    "--softmax-range", "softmax_ranges", multiple=True, metavar="NAME",
+    help=f"Range(s) whose kernels are the attention softmax [default: {annotate.ATTN_SOFTMAX!r}].")
+matmul_option = click.option(
+    "--matmul-range", "matmul_ranges", multiple=True, metavar="NAME",
+    help=f"Range(s) each holding one attention matmul [default: {annotate.ATTN_SCORES!r}, "
+         f"{annotate.ATTN_FINAL!r}].")
+nsys_option = click.option("--nsys-path", default=None,
+                           help="nsys executable or its folder, to export a .nsys-rep.")
+db_option = click.option(
+    "--db", type=click.Path(dir_okay=False), default=None,
+    help="Persist the DuckDB database to this file (query it later with 'analyze sql').")
+
+
+def _options(attribution: str, phase_ranges: tuple[str, ...], softmax_ranges: tuple[str, ...],
+             matmul_ranges: tuple[str, ...]):
+    from lmprof.analyze.trace import Options
+
+    defaults = dict(Options().phase_ranges)
+    given: dict[str, list[str]] = {}
+    for item in phase_ranges:
+        phase, sep, name = item.partition("=")
+        if not sep or not name:
+            raise UserError(f"--phase-range wants PHASE=NAME, got {item!r}")
+        given.setdefault(phase.strip(), []).append(name)
+    pairs = [(name, phase) for name, phase in defaults.items() if phase not in given]
+    pairs += [(name, phase) for phase, names in given.items() for name in names]
+    kwargs = {}
+    if softmax_ranges:
+        kwargs["softmax_ranges"] = tuple(softmax_ranges)
+    if matmul_ranges:
+        kwargs["matmul_ranges"] = tuple(matmul_ranges)
+    return Options(attribution=attribution, phase_ranges=tuple(pairs), **kwargs)
+
+
+@contextlib.contextmanager
+def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: str | None):
+    """Load every REPORT into one DuckDB (schema main for one report, r1..rN for several);
+    yields (connection, traces) and closes the connection and its spill directory after."""
+    from lmprof.analyze import db as dbmod
+    from lmprof.analyze.nsys import resolve_report
+    from lmprof.analyze.trace import configure
+
+    resolved = [resolve_report(r, nsys_path) for r in reports]
+    with tempfile.TemporaryDirectory(prefix="lmprof-duckdb-") as spill:
+        con = dbmod.connect(db)
+        try:
+            configure(con, spill)
+            yield con, _prepare_all(con, resolved, options)
+        finally:
+            con.close()
+
+
+def _prepare_all(con, resolved, options):
+    from lmprof.analyze.trace import prepare
+
+    traces = []
+    for i, (path, record) in enumerate(resolved, 1):
+        schema = "main" if len(resolved) == 1 else f"r{i}"
+        traces.append(prepare(con, path, options, schema=schema, record=record))
+    if len(traces) > 1:
+        con.execute("USE main")
+        con.execute("CREATE OR REPLACE TABLE main.reports (schema_name VARCHAR, source VARCHAR, "
+                    "label VARCHAR)")
+        con.executemany("INSERT INTO main.reports VALUES (?, ?, ?)",
+                        [(t.schema, str(t.path), t.label) for t in traces])
+    return traces
+
+
+@click.command("kernels", epilog=_REPORTS_HELP)
+@click.argument("reports", nargs=-1, required=True)
+@attribution_option
+@phase_option
+@softmax_option
+@matmul_option
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Kernels per phase in the top-kernel tables.")
+@click.option("--table", "table_names", multiple=True,
+              type=click.Choice(tuple(TABLES)),
+              help="Only these tables (repeatable); default: all but the per-range tables ranges and "
+                   "range_kernels (nsys nvtx_gpu_proj_sum / nvtx_kern_sum look-alikes).")
+@db_option
+@nsys_option
+@format_option
+@out_option
+def kernels_cmd(reports, attribution, phase_ranges, softmax_ranges, matmul_ranges, top,
+                table_names, db, nsys_path, fmt, out) -> None:
+    """Kernel tables of one or more nsys REPORTs: phase timing, top kernels, GEMM fraction,
+    softmax vs matmul, class breakdown, GPU idle gaps; cross-run tables for several reports."""
+    import pandas as pd
+
+    from lmprof.analyze import kernels
+    from lmprof.render import emit
+
+    options = _options(attribution, phase_ranges, softmax_ranges, matmul_ranges)
+    names = tuple(table_names) or kernels.DEFAULT_TABLES
+    with open_traces(reports, options, db, nsys_path) as (_, traces):
+        if len(traces) == 1:
+            tables, notes = kernels.tables(traces[0], names, top)
+        else:
+            per_run: dict[str, list[pd.DataFrame]] = {n: [] for n in names}
+            notes = {}
+            for tr in traces:
+                t, n = kernels.tables(tr, names, top)
+                notes.update(n)
+                for name, df in t.items():
+                    if not df.empty:
+                        per_run[name].append(df.assign(run=tr.label)[["run", *df.columns]])
+            tables = {n: (pd.concat(dfs, ignore_index=True) if dfs else pd.DataFrame())
+                      for n, dfs in per_run.items()}
+            tables.update(kernels.cross_run(traces))
+        click.echo(emit(tables, fmt, out, shorten={"name": 70}, notes=notes))
+
+
+def _is_duckdb(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(12)[8:12] == b"DUCK"
+    except OSError:
+        return False
+
+
+SCHEMA_SQL = ("SELECT table_schema AS schema, table_name AS name, table_type AS kind, "
+              "string_agg(column_name || ' ' || data_type, ', ' ORDER BY ordinal_position) "
+              "AS columns FROM information_schema.columns c JOIN information_schema.tables t "
+              "USING (table_catalog, table_schema, table_name) "
+              "WHERE table_name NOT LIKE '\\_%' ESCAPE '\\' GROUP BY ALL ORDER BY 1, 2")
+
+
+@click.command("sql", epilog=_REPORTS_HELP + " FILE may also be a DuckDB file written with --db. "
+               "Views: kernels, memops, runtime; tables: gpu_ops, op_ranges, nvtx_ranges, "
+               "phase_instances, kernel_names, gpus, session (see --schema). Times are ns on the "
+               "nsys session clock.")
+@click.argument("file")
+@click.argument("query", required=False)
+@click.option("--schema", "show_schema", is_flag=True,
+              help="List the tables and views with their columns, then exit.")
+@attribution_option
+@phase_option
+@nsys_option
+@format_option
+@out_option
+def sql_cmd(file, query, show_schema, attribution, phase_ranges, nsys_path, fmt, out) -> None:
+    """Run your own SQL QUERY over the tables and views of an nsys export (or --db file)."""
+    from lmprof.analyze import db as dbmod
+    from lmprof.render import emit
+
+    if not show_schema and not query:
+        raise UserError("give a QUERY (or --schema to list the tables)")
+    path = Path(file)
+    with contextlib.ExitStack() as stack:
+        if path.is_file() and _is_duckdb(path):
+            try:
+                con = duckdb.connect(str(path), read_only=True)
+            except duckdb.Error as exc:
+                raise UserError(f"cannot open DuckDB file {file!r}: {str(exc).splitlines()[0]}") \
+                    from None
+            stack.callback(con.close)
+        else:
+            con, _ = stack.enter_context(open_traces(
+                (file,), _options(attribution, phase_ranges, (), ()), None, nsys_path))
+        try:
+            df = con.execute(SCHEMA_SQL if show_schema else query).df()
+        except duckdb.Error as exc:
+            raise UserError(f"query failed: {' '.join(str(exc).split())}") from None
+        click.echo(emit({"schema" if show_schema else "result": df}, fmt, out))

@@ -1,0 +1,52 @@
+-- phase_instances: one row per phase range instance (a range whose name marks a phase, see
+-- _phase_names; 'step' included), with the GPU work attributed to it.
+--
+--   range_id        BIGINT   nvtx_ranges.range_id of the instance
+--   phase           VARCHAR  step | forward | backward | optimizer | inference
+--   cpu_ns          BIGINT   wall-clock duration of the NVTX range (ns)
+--   gpu_ops         BIGINT   kernels + memcpy + memset attributed to it
+--   kernels         BIGINT   kernels attributed to it
+--   kernel_ns       BIGINT   summed kernel durations (ns)
+--   gpu_span_ns     BIGINT   first GPU op start to last GPU op end (ns), NULL without ops
+--   gpu_busy_ns     BIGINT   union of GPU op intervals (ns): time some op was running
+--   gaps            BIGINT   idle gaps between GPU ops inside the span
+--   max_gap_ns      BIGINT   the longest of them (ns)
+
+CREATE OR REPLACE TABLE phase_instances AS
+WITH instances AS (
+    SELECT range_id, phase, dur_ns AS cpu_ns FROM nvtx_ranges WHERE phase IS NOT NULL
+), ops AS (
+    SELECT phase_range_id AS range_id, kind, start_ns, end_ns, dur_ns
+    FROM gpu_ops WHERE phase_range_id IS NOT NULL
+    UNION ALL
+    SELECT step_range_id, kind, start_ns, end_ns, dur_ns
+    FROM gpu_ops WHERE step_range_id IS NOT NULL
+), running AS (
+    -- a running maximum (streamed) and lag share one sort; a frame ending at 1 PRECEDING would
+    -- need a segment tree
+    SELECT range_id, kind, start_ns, end_ns, dur_ns,
+           max(end_ns) OVER w AS covered_through, row_number() OVER w AS i
+    FROM ops
+    WINDOW w AS (PARTITION BY range_id ORDER BY start_ns, end_ns ROWS UNBOUNDED PRECEDING)
+), ordered AS (
+    SELECT range_id, kind, start_ns, end_ns, dur_ns,
+           lag(covered_through) OVER (PARTITION BY range_id ORDER BY i) AS covered_until
+    FROM running
+), per_instance AS (
+    SELECT range_id,
+           count(*) AS gpu_ops,
+           count(*) FILTER (WHERE kind = 'kernel') AS kernels,
+           CAST(coalesce(sum(dur_ns) FILTER (WHERE kind = 'kernel'), 0) AS BIGINT) AS kernel_ns,
+           max(end_ns) - min(start_ns) AS gpu_span_ns,
+           CAST(coalesce(sum(greatest(start_ns - covered_until, 0)), 0) AS BIGINT) AS idle_ns,
+           count(*) FILTER (WHERE start_ns > covered_until) AS gaps,
+           coalesce(max(start_ns - covered_until) FILTER (WHERE start_ns > covered_until), 0)
+               AS max_gap_ns
+    FROM ordered
+    GROUP BY range_id
+)
+SELECT i.range_id, i.phase, i.cpu_ns,
+       coalesce(o.gpu_ops, 0) AS gpu_ops, coalesce(o.kernels, 0) AS kernels,
+       coalesce(o.kernel_ns, 0) AS kernel_ns, o.gpu_span_ns,
+       o.gpu_span_ns - o.idle_ns AS gpu_busy_ns, coalesce(o.gaps, 0) AS gaps, o.max_gap_ns
+FROM instances i LEFT JOIN per_instance o USING (range_id);

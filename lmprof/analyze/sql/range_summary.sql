@@ -1,0 +1,29 @@
+-- Per NVTX range name: wall time and the GPU work attributed to it (every enclosing range
+-- counts, as in nsys's nvtx_gpu_proj_sum; under --attribution thread its GPU-op counts match).
+--
+--   range          VARCHAR  domain:name, as nsys prints it (':name' in the default domain)
+--   style          VARCHAR  PushPop | StartEnd
+--   instances      BIGINT   range instances
+--   cpu_total_ns   BIGINT   summed wall-clock duration (ns)
+--   cpu_mean_ns    DOUBLE   mean wall-clock duration (ns)
+--   avg_level      DOUBLE   mean push/pop nesting depth (0 = outermost)
+--   gpu_ops        BIGINT   kernels + memcpy + memset attributed to its instances
+--   kernels        BIGINT   kernels attributed to its instances
+--   kernel_ns      BIGINT   their summed duration (ns)
+
+WITH ops AS (
+    SELECT r.domain || ':' || r.name AS range, r.style, count(*) AS gpu_ops,
+           count(*) FILTER (WHERE g.kind = 'kernel') AS kernels,
+           CAST(coalesce(sum(g.dur_ns) FILTER (WHERE g.kind = 'kernel'), 0) AS BIGINT) AS kernel_ns
+    FROM op_ranges o JOIN nvtx_ranges r USING (range_id) JOIN gpu_ops g USING (op_id)
+    GROUP BY ALL
+), ranges AS (
+    SELECT domain || ':' || name AS range, style, count(*) AS instances,
+           CAST(sum(dur_ns) AS BIGINT) AS cpu_total_ns, avg(dur_ns) AS cpu_mean_ns, avg(level) AS avg_level
+    FROM nvtx_ranges GROUP BY ALL
+)
+SELECT r.range, r.style, r.instances, r.cpu_total_ns, r.cpu_mean_ns, r.avg_level,
+       coalesce(o.gpu_ops, 0) AS gpu_ops, coalesce(o.kernels, 0) AS kernels,
+       coalesce(o.kernel_ns, 0) AS kernel_ns
+FROM ranges r LEFT JOIN ops o USING (range, style)
+ORDER BY r.cpu_total_ns DESC, r.range;

@@ -1,0 +1,134 @@
+"""One nsys export, loaded and attributed in DuckDB: the state every kernel analysis reads.
+
+``prepare`` loads the export (``lmprof.analyze.nsys``), classifies the distinct kernel names in
+Python (hundreds of names, not millions of kernels) and joins the classes back in DuckDB, builds
+the NVTX range table and attributes every GPU operation to ranges (``sql/attribution.sql``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pandas as pd
+
+from lmprof import annotate, rundir
+from lmprof.analyze import nsys, sqlfile
+from lmprof.errors import UserError
+
+ATTRIBUTIONS = ("process", "thread")
+PHASES = annotate.PHASES  # forward, backward, optimizer, inference
+STEP = annotate.STEP
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Options:
+    """How ranges are read: the attribution rule, which range names mean which phase."""
+
+    attribution: str = "process"
+    # (range name, phase): a range named NAME or NAME_<digits> marks that phase.
+    phase_ranges: tuple[tuple[str, str], ...] = tuple((p, p) for p in (STEP, *PHASES))
+    softmax_ranges: tuple[str, ...] = (annotate.ATTN_SOFTMAX,)
+    matmul_ranges: tuple[str, ...] = (annotate.ATTN_SCORES, annotate.ATTN_FINAL)
+
+    def __post_init__(self) -> None:
+        if self.attribution not in ATTRIBUTIONS:
+            raise UserError(f"unknown attribution {self.attribution!r}; choose one of "
+                            f"{', '.join(ATTRIBUTIONS)}")
+        names = [name for name, _ in self.phase_ranges]
+        if len(set(names)) != len(names):
+            raise UserError("a range name can mark only one phase")
+        for _, phase in self.phase_ranges:
+            if phase not in (STEP, *PHASES):
+                raise UserError(f"unknown phase {phase!r}; choose one of "
+                                f"{', '.join((STEP, *PHASES))}")
+
+
+@dataclass
+class Trace:
+    """A prepared export: the connection, the DuckDB schema holding its tables, its run.json."""
+
+    con: duckdb.DuckDBPyConnection
+    schema: str
+    path: Path
+    options: Options
+    record: dict[str, Any] | None
+    export: nsys.Export
+    label: str = field(default="")
+
+    def use(self) -> duckdb.DuckDBPyConnection:
+        self.con.execute(f"USE {self.schema}")
+        return self.con
+
+    def df(self, sql: str, params: list | None = None) -> pd.DataFrame:
+        return self.use().execute(sql, params).df()
+
+    def query(self, module: str, **params: Any) -> pd.DataFrame:
+        return sqlfile.query(self.use(), module, **params)
+
+    def count(self, table: str) -> int:
+        return self.use().execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
+
+
+# DuckDB may use this much memory before it spills to its temp directory; keeps a x1000 export
+# (4.3M kernels) under 1.3 GB peak at no measured cost in time.
+MEMORY_LIMIT = "1GB"
+
+
+def configure(con: duckdb.DuckDBPyConnection, temp_dir: str | Path | None) -> None:
+    """Bound DuckDB's memory (spilling to ``temp_dir``, never beside the user's files)."""
+    con.execute("SET preserve_insertion_order = false")
+    con.execute("SET enable_progress_bar = false")
+    con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+    if temp_dir is not None:
+        con.execute("SET temp_directory = ?", [str(temp_dir)])
+
+
+def _classify_names(con: duckdb.DuckDBPyConnection) -> None:
+    from lmprof.analyze.classify import classify
+
+    names = con.execute(
+        "SELECT k.name_id, s.value AS name, sh.value AS short_name "
+        "FROM _kernel_short_names k LEFT JOIN _strings s ON s.id = k.name_id "
+        "LEFT JOIN _strings sh ON sh.id = k.short_name_id").df()
+    names["name"] = names["name"].fillna("")
+    names["kernel_class"] = [classify(n) for n in names["name"]]
+    con.register("_names_df", names)
+    try:
+        con.execute("CREATE OR REPLACE TABLE kernel_names AS "
+                    "SELECT CAST(name_id AS BIGINT) AS name_id, CAST(name AS VARCHAR) AS name, "
+                    "CAST(short_name AS VARCHAR) AS short_name, "
+                    "CAST(kernel_class AS VARCHAR) AS kernel_class FROM _names_df").fetchall()
+    finally:
+        con.unregister("_names_df")
+
+
+def _phase_table(con: duckdb.DuckDBPyConnection, options: Options) -> None:
+    con.execute("CREATE OR REPLACE TABLE _phase_names (range_name VARCHAR, phase VARCHAR)")
+    if options.phase_ranges:
+        con.executemany("INSERT INTO _phase_names VALUES (?, ?)", list(options.phase_ranges))
+
+
+def prepare(con: duckdb.DuckDBPyConnection, path: Path, options: Options, schema: str = "main",
+            record: dict[str, Any] | None = None) -> Trace:
+    """Load ``path`` (an nsys SQLite export) into ``schema`` and attribute its GPU work."""
+    if not _SCHEMA_NAME.match(schema):
+        raise ValueError(f"bad schema name {schema!r}")
+    con.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+    con.execute(f"USE {schema}")
+    export = nsys.load(con, path)
+    _classify_names(con)
+    _phase_table(con, options)
+    sqlfile.run(con, "ranges")
+    sqlfile.run(con, "attribution", thread_rule=options.attribution == "thread")
+    sqlfile.run(con, "phase_instances")
+    sqlfile.run(con, "views")
+    if record is None:
+        record = rundir.find_run_for(path)
+    label = rundir.run_label(record) if record else path.parent.name or path.name
+    return Trace(con=con, schema=schema, path=path, options=options, record=record,
+                 export=export, label=label)

@@ -1,0 +1,78 @@
+"""Shared helpers for the nsys tests: the fixture export, its nsys-stats CSVs, small exports."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import pytest
+
+from lmprof.analyze import trace
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "h200-small-fp32"
+REPORT = DATA / "report.sqlite"
+STATS = DATA / "nsys-stats"
+
+
+def stats(name: str) -> pd.DataFrame:
+    return pd.read_csv(STATS / f"{name}.csv", keep_default_na=False, na_values=[])
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def source_count(table: str) -> int:
+    con = sqlite3.connect(f"{REPORT.as_uri()}?mode=ro&immutable=1", uri=True)
+    try:
+        return con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    finally:
+        con.close()
+
+
+def writable_copy(tmp_path: Path, name: str = "report.sqlite") -> Path:
+    dst = tmp_path / name
+    shutil.copyfile(REPORT, dst)
+    dst.chmod(0o644)
+    return dst
+
+
+def edit(path: Path, *statements: str) -> Path:
+    con = sqlite3.connect(path)
+    for s in statements:
+        con.execute(s)
+    con.commit()
+    con.close()
+    return path
+
+
+def write_run_json(run_dir: Path, size: str = "small", context_length: int = 128,
+                   batch_size: int = 4, d_model: int = 768, num_heads: int = 12,
+                   sqlite_name: str = "report.sqlite", summary: dict | None = None) -> Path:
+    record = {
+        "schema_version": 1, "run_id": f"test-{size}-ctx{context_length}", "status": "OK",
+        "config": {"size": size, "context_length": context_length, "batch_size": batch_size,
+                   "mode": "train", "dtype": "fp32", "compile": False, "attention": "naive"},
+        "model": {"d_model": d_model, "d_ff": 4 * d_model, "num_layers": 12,
+                  "num_heads": num_heads, "vocab_size": 10000, "context_length": context_length,
+                  "d_head": d_model // num_heads},
+        "timings": {"summary": summary or {}},
+        "artifacts": {"nsys_sqlite": sqlite_name},
+    }
+    (run_dir / "run.json").write_text(json.dumps(record))
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def process_trace() -> trace.Trace:
+    return trace.prepare(duckdb.connect(), REPORT, trace.Options())
+
+
+@pytest.fixture(scope="session")
+def thread_trace() -> trace.Trace:
+    return trace.prepare(duckdb.connect(), REPORT, trace.Options(attribution="thread"))

@@ -1,0 +1,218 @@
+"""``analyze kernels`` and ``analyze sql`` end to end, on the fixture and on edited copies."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from lmprof.analyze.cli import main
+from nsys_data import REPORT, edit, sha256, source_count, stats, write_run_json, writable_copy
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    """Run ``analyze`` in-process through its real entry point (errors: one line, exit 2)."""
+    with CliRunner().isolation() as (out, err, _):
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+        return code, out.getvalue().decode(), err.getvalue().decode()
+
+
+def run_proc(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "lmprof.analyze", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+
+
+def table(out_dir: Path, name: str) -> pd.DataFrame:
+    return pd.read_csv(out_dir / f"{name}.csv", keep_default_na=False, na_values=[""])
+
+
+def test_whole_report_totals_equal_cuda_gpu_kern_sum(tmp_path):
+    code, out, _ = run("kernels", str(REPORT), "--table", "top_kernels", "--top", "100000",
+                       "--format", "csv", "--out", str(tmp_path))
+    assert code == 0
+    mine = table(tmp_path, "top_kernels")
+    mine = mine[mine["phase"] == "all"].set_index("name")
+    theirs = stats("cuda_gpu_kern_sum").set_index("Name")
+    assert set(mine.index) == set(theirs.index)
+    mine = mine.loc[theirs.index]
+    assert (mine["total_ns"] == theirs["Total Time (ns)"]).all()
+    assert (mine["instances"] == theirs["Instances"]).all()
+    assert (mine["min_ns"] == theirs["Min (ns)"]).all()
+    assert (mine["max_ns"] == theirs["Max (ns)"]).all()
+    np.testing.assert_allclose(mine["avg_ns"], theirs["Avg (ns)"], atol=0.051)
+    np.testing.assert_allclose(mine["med_ns"], theirs["Med (ns)"], atol=0.051)
+    np.testing.assert_allclose(mine["std_ns"], theirs["StdDev (ns)"], atol=0.051)
+    np.testing.assert_allclose(mine["time_pct"], theirs["Time (%)"], atol=0.051)
+
+
+def test_phase_tables_are_consistent_with_the_kernels(tmp_path):
+    code, _, _ = run("kernels", str(REPORT), "--format", "csv", "--out", str(tmp_path))
+    assert code == 0
+    top = table(tmp_path, "top_kernels")
+    non_gemm = table(tmp_path, "top_non_gemm_kernels")
+    classes = table(tmp_path, "class_breakdown")
+    gemm = table(tmp_path, "gemm_fraction").set_index("phase")
+    timing = table(tmp_path, "phase_timing").set_index("phase")
+    idle = table(tmp_path, "gpu_idle").set_index("phase")
+    assert "gemm" not in set(non_gemm["kernel_class"])
+    assert (top.groupby("phase").size() <= 10).all()
+    by_class = classes.pivot_table(index="phase", columns="kernel_class", values="total_ns",
+                                   aggfunc="sum", fill_value=0)
+    for phase in ("forward", "backward", "optimizer", "inference", "all"):
+        assert gemm.loc[phase, "kernel_ns"] == by_class.loc[phase].sum()
+        assert gemm.loc[phase, "gemm_ns"] == by_class.loc[phase].get("gemm", 0)
+    kern_total = stats("cuda_gpu_kern_sum")["Total Time (ns)"].sum()
+    assert gemm.loc["all", "kernel_ns"] == kern_total
+    assert gemm.loc["all", "kernels"] == stats("cuda_gpu_kern_sum")["Instances"].sum()
+    nvtx = stats("nvtx_sum").set_index("Range")
+    for phase in ("forward", "backward", "optimizer"):
+        assert timing.loc[phase, "cpu_mean_ns"] == pytest.approx(nvtx.loc[f":{phase}", "Avg (ns)"],
+                                                                 abs=0.051)
+        assert 0 < timing.loc[phase, "gpu_busy_pct"] <= 100
+        assert idle.loc[phase, "idle_ns"] == idle.loc[phase, "gpu_span_ns"] - \
+            idle.loc[phase, "gpu_busy_ns"]
+
+
+def test_softmax_vs_matmul_uses_run_json_flops(tmp_path):
+    report = writable_copy(tmp_path)
+    write_run_json(tmp_path, context_length=256, batch_size=4, d_model=768, num_heads=12,
+                   summary={"forward": {"mean_s": 0.015}, "step": {"mean_s": 0.035}})
+    code, _, err = run("kernels", str(report), "--format", "csv", "--out", str(tmp_path / "o"),
+                       "--table", "softmax_vs_matmul", "--table", "phase_timing")
+    assert code == 0, err
+    attn = table(tmp_path / "o", "softmax_vs_matmul").set_index("phase")
+    nvtx = stats("nvtx_sum").set_index("Range")
+    fwd = attn.loc["forward"]
+    # softmax ≈ 5·T² FLOPs per (batch, head) against 2·T²·d_head per matmul
+    assert fwd["flop_ratio"] == pytest.approx(5 / (2 * 64) * fwd["softmax_ranges"]
+                                              / fwd["matmul_ranges"])
+    assert fwd["softmax_ranges"] + attn.loc["inference", "softmax_ranges"] == \
+        nvtx.loc[":computing softmax", "Instances"]
+    assert fwd["softmax_tflops"] == pytest.approx(
+        fwd["softmax_ranges"] * 4 * 12 * 5 * 256**2 / (fwd["softmax_ns"] / 1e9) / 1e12)
+    assert fwd["time_ratio"] > fwd["flop_ratio"]  # softmax costs more time than its FLOPs say
+    timing = table(tmp_path / "o", "phase_timing").set_index("phase")
+    assert timing.loc["forward", "runner_mean_ns"] == pytest.approx(0.015e9)
+    assert np.isnan(timing.loc["backward", "runner_mean_ns"])
+
+
+def test_several_reports_and_run_directories(tmp_path):
+    runs = []
+    for size, ctx in (("small", 128), ("medium", 256)):
+        d = tmp_path / f"{size}-{ctx}"
+        d.mkdir()
+        writable_copy(d)
+        write_run_json(d, size=size, context_length=ctx)
+        runs.append(str(d))
+    code, out, err = run("kernels", *runs, "--format", "json", "--out", str(tmp_path / "o"),
+                         "--table", "gemm_fraction")
+    assert code == 0, err
+    cross = json.loads((tmp_path / "o" / "gemm_fraction_by_run.json").read_text())
+    assert [(r["size"], r["context_length"]) for r in cross] == [("medium", 256), ("small", 128)]
+    assert all(r["run"].startswith(r["size"]) for r in cross)
+    attn = json.loads((tmp_path / "o" / "softmax_vs_matmul_by_run.json").read_text())
+    assert {r["phase"] for r in attn} == {"forward", "inference"}
+    per_run = json.loads((tmp_path / "o" / "gemm_fraction.json").read_text())
+    assert {r["run"] for r in per_run} == {r["run"] for r in cross}
+
+
+def test_db_persists_and_sql_queries_it(tmp_path):
+    db = tmp_path / "k.duckdb"
+    code, _, err = run("kernels", str(REPORT), "--db", str(db), "--table", "gemm_fraction")
+    assert code == 0, err
+    code, out, err = run("sql", str(db), "SELECT count(*) AS n FROM kernels", "--format", "csv")
+    assert code == 0, err
+    assert pd.read_csv(io.StringIO(out))["n"][0] == source_count("CUPTI_ACTIVITY_KIND_KERNEL")
+    code, out, _ = run("sql", str(REPORT), "--schema", "--format", "csv")
+    names = set(pd.read_csv(io.StringIO(out))["name"])
+    assert {"kernels", "memops", "runtime", "nvtx_ranges", "op_ranges", "gpu_ops"} <= names
+    code, _, err = run("sql", str(REPORT), "SELEC nonsense")
+    assert code == 2 and err.startswith("error: query failed") and err.count("\n") == 1
+
+
+def test_export_without_nvtx_keeps_kernel_tables(tmp_path):
+    path = edit(writable_copy(tmp_path), "DROP TABLE NVTX_EVENTS")
+    code, out, err = run("kernels", str(path), "--format", "md")
+    assert code == 0, err
+    assert "No NVTX ranges in this report" in out
+    code, out, _ = run("kernels", str(path), "--format", "csv", "--table", "top_kernels",
+                       "--top", "1000")
+    top = pd.read_csv(io.StringIO(out))
+    assert set(top["phase"]) == {"all", "(none)"}
+    assert top[top["phase"] == "all"]["instances"].sum() == \
+        stats("cuda_gpu_kern_sum")["Instances"].sum()
+
+
+def test_export_without_kernels(tmp_path):
+    path = edit(writable_copy(tmp_path), "DROP TABLE CUPTI_ACTIVITY_KIND_KERNEL")
+    code, out, err = run("kernels", str(path))
+    assert code == 0, err
+    assert "_no data_" in out
+
+
+def test_input_checksum_unchanged_by_cli(tmp_path):
+    report = writable_copy(tmp_path)
+    before = sha256(report)
+    assert run("kernels", str(report), "--db", str(tmp_path / "x.duckdb"))[0] == 0
+    assert sha256(report) == before
+
+
+@pytest.mark.parametrize("arg, message", [
+    ("missing.sqlite", "no such file"), (".", "is a directory"), ("notes.txt", "not an SQLite"),
+    ("trace.nsys-rep", "nsys is not available"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, arg, message):
+    (tmp_path / "notes.txt").write_text("not a database")
+    (tmp_path / "trace.nsys-rep").write_bytes(b"\0" * 64)
+    proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", "kernels", arg], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin",
+                               "NSYS": ""},
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: ") and message in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_nsys_rep_is_exported_once_and_cached(tmp_path):
+    rep = tmp_path / "trace.nsys-rep"
+    rep.write_bytes(b"\0" * 64)
+    fake = tmp_path / "bin" / "nsys"
+    fake.parent.mkdir()
+    # a stand-in for 'nsys export --type=sqlite --output=OUT REP': copies the fixture to OUT
+    fake.write_text(f"#!{sys.executable}\nimport shutil, sys\n"
+                    "out = [a.split('=', 1)[1] for a in sys.argv if a.startswith('--output=')][0]\n"
+                    f"shutil.copyfile({str(REPORT)!r}, out)\n"
+                    "open(out + '.calls', 'a').write('x')\n")
+    fake.chmod(0o755)
+    for _ in range(2):
+        code, _, err = run("kernels", str(rep), "--nsys-path", str(fake), "--table",
+                           "gemm_fraction")
+        assert code == 0, err
+    assert (tmp_path / "trace.sqlite").is_file()
+    assert (tmp_path / "trace.sqlite.calls").read_text() == "x"  # exported once
+
+
+def test_analyze_never_imports_torch(tmp_path):
+    code = ("import sys\nfrom lmprof.analyze.cli import main\n"
+            f"try:\n    main(['kernels', {str(REPORT)!r}, '--table', 'gemm_fraction'])\n"
+            "except SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\nprint('no torch')\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("no torch")

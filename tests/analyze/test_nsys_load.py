@@ -1,0 +1,144 @@
+"""Loading nsys SQLite exports: schema differences, absent tables, bad files, read-only access."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import duckdb
+import pytest
+
+from lmprof.analyze import nsys, trace
+from lmprof.errors import UserError
+from nsys_data import REPORT, edit, process_trace, sha256, source_count, writable_copy  # noqa: F401
+
+
+def test_loads_every_row_of_the_needed_tables():
+    con = duckdb.connect()
+    export = nsys.load(con, REPORT)
+    assert export.rows["_kernels"] == source_count("CUPTI_ACTIVITY_KIND_KERNEL")
+    # runtime: the calls that launched GPU work (kernels, copies, sets), and only those
+    assert export.rows["_runtime"] == source_count(
+        "CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId IN (SELECT correlationId FROM "
+        "CUPTI_ACTIVITY_KIND_KERNEL UNION SELECT correlationId FROM CUPTI_ACTIVITY_KIND_MEMCPY "
+        "UNION SELECT correlationId FROM CUPTI_ACTIVITY_KIND_MEMSET)")
+    assert export.rows["_memcpy"] == source_count("CUPTI_ACTIVITY_KIND_MEMCPY")
+    assert export.rows["_memset"] == source_count("CUPTI_ACTIVITY_KIND_MEMSET")
+    assert export.rows["_nvtx_events"] == source_count("NVTX_EVENTS")
+    session = con.execute("SELECT * FROM session").df()
+    assert session["session_start_utc_ns"][0] > 1.6e18
+
+
+def test_views_resolve_names_and_launches(process_trace):
+    k = process_trace.df("SELECT count(*) AS n, count(name) AS named, count(launch_api) AS api, "
+                         "count(grid_x) AS grid FROM kernels")
+    n = source_count("CUPTI_ACTIVITY_KIND_KERNEL")
+    assert list(k.iloc[0]) == [n, n, n, n]
+    m = process_trace.df("SELECT name, count(*) AS n FROM memops GROUP BY 1 ORDER BY 1")
+    assert dict(zip(m["name"], m["n"])) == {
+        "[CUDA memcpy Device-to-Device]": source_count("CUPTI_ACTIVITY_KIND_MEMCPY"),
+        "[CUDA memset]": source_count("CUPTI_ACTIVITY_KIND_MEMSET")}
+    r = process_trace.df("SELECT count(*) AS n, count(DISTINCT api) AS apis FROM runtime")
+    assert r["n"][0] == source_count("CUPTI_ACTIVITY_KIND_KERNEL") + \
+        source_count("CUPTI_ACTIVITY_KIND_MEMCPY") + source_count("CUPTI_ACTIVITY_KIND_MEMSET")
+    launched = process_trace.df("SELECT count(*) AS n FROM gpu_ops WHERE launch_start_ns IS NULL")
+    assert launched["n"][0] == 0
+
+
+def test_registered_nvtx_strings_load_like_inline_text(tmp_path, process_trace):
+    """Other exports keep NVTX text in StringIds (textId); the range table must not change."""
+    path = edit(writable_copy(tmp_path),
+                "INSERT INTO StringIds (id, value) SELECT 100000 + rowid, text FROM NVTX_EVENTS "
+                "WHERE eventType = 59",
+                "UPDATE NVTX_EVENTS SET textId = 100000 + rowid, text = NULL WHERE eventType = 59")
+    tr = trace.prepare(duckdb.connect(), path, trace.Options())
+    cols = "name, style, start_ns, end_ns, level, parent_id"
+    assert tr.df(f"SELECT {cols} FROM nvtx_ranges ORDER BY range_id").equals(
+        process_trace.df(f"SELECT {cols} FROM nvtx_ranges ORDER BY range_id"))
+
+
+def test_older_schema_without_optional_columns(tmp_path):
+    """A column some nsys versions lack (textId, domainId, greenContextId) loads as NULL."""
+    path = edit(writable_copy(tmp_path), "ALTER TABLE NVTX_EVENTS DROP COLUMN textId",
+                "ALTER TABLE NVTX_EVENTS DROP COLUMN domainId",
+                "DROP TABLE ENUM_NSYS_EVENT_TYPE")
+    tr = trace.prepare(duckdb.connect(), path, trace.Options())
+    assert tr.count("nvtx_ranges") == source_count("NVTX_EVENTS WHERE eventType = 59")
+
+
+def test_absent_tables_are_empty_not_errors(tmp_path):
+    path = edit(writable_copy(tmp_path), "DROP TABLE CUPTI_ACTIVITY_KIND_MEMSET",
+                "DROP TABLE CUPTI_ACTIVITY_KIND_MEMCPY", "DROP TABLE TARGET_INFO_GPU")
+    tr = trace.prepare(duckdb.connect(), path, trace.Options())
+    assert tr.count("memops") == 0
+    assert tr.count("kernels") == source_count("CUPTI_ACTIVITY_KIND_KERNEL")
+
+
+def test_input_is_never_modified(tmp_path):
+    path = writable_copy(tmp_path)
+    before = sha256(path)
+    names_before = sorted(p.name for p in tmp_path.iterdir())
+    trace.prepare(duckdb.connect(), path, trace.Options())
+    assert sha256(path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == names_before  # no -journal/-wal left
+
+
+def test_read_only_file_opens(tmp_path):
+    path = writable_copy(tmp_path)
+    path.chmod(0o444)
+    assert nsys.load(duckdb.connect(), path).rows["_kernels"] > 0
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p / "missing.sqlite", "no such file"),
+    (lambda p: p, "directory"),
+    (lambda p: (p / "x.txt").write_text("hello") and p / "x.txt", "not an SQLite file"),
+    (lambda p: edit(p / "other.sqlite", "CREATE TABLE foo (x)"),
+     "missing table(s) StringIds, ANALYSIS_DETAILS"),
+])
+def test_bad_inputs_are_one_line_user_errors(tmp_path, make, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        nsys.load(duckdb.connect(), make(tmp_path))
+
+
+@pytest.mark.parametrize("cut", [4096, 500_000])
+def test_truncated_export(tmp_path, cut):
+    path = writable_copy(tmp_path)
+    with open(path, "r+b") as fh:
+        fh.truncate(cut)
+    with pytest.raises(UserError):
+        nsys.load(duckdb.connect(), path)
+
+
+def test_corrupt_pages(tmp_path):
+    path = writable_copy(tmp_path)
+    con = sqlite3.connect(path)
+    page = con.execute("PRAGMA page_size").fetchone()[0]
+    root = con.execute("SELECT rootpage FROM sqlite_master "
+                       "WHERE name = 'CUPTI_ACTIVITY_KIND_KERNEL'").fetchone()[0]
+    con.close()
+    with open(path, "r+b") as fh:  # scribble over the kernel table's b-tree root page
+        fh.seek((root - 1) * page)
+        fh.write(b"\xff" * page)
+    with pytest.raises(UserError, match="malformed|corrupt|not a readable"):
+        nsys.load(duckdb.connect(), path)
+
+
+def test_launch_configuration_round_trips(process_trace):
+    """Grid, block, registers and shared memory are packed on load; the view gives them back."""
+    import sqlite3
+
+    from nsys_data import REPORT as report
+
+    cols = ["gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ", "registersPerThread",
+            "staticSharedMemory", "dynamicSharedMemory", "deviceId", "streamId"]
+    con = sqlite3.connect(f"{report.as_uri()}?mode=ro&immutable=1", uri=True)
+    theirs = sorted(con.execute(f"SELECT start, {', '.join(cols)} FROM "
+                                "CUPTI_ACTIVITY_KIND_KERNEL").fetchall())
+    con.close()
+    mine = process_trace.df(
+        "SELECT start_ns, grid_x, grid_y, grid_z, block_x, block_y, block_z, "
+        "registers_per_thread, static_smem_bytes, dynamic_smem_bytes, device_id, stream_id "
+        "FROM kernels ORDER BY ALL")
+    assert [tuple(int(v) for v in row) for row in mine.itertuples(index=False)] == theirs
+    short = process_trace.df("SELECT count(*) AS n, count(short_name) AS s FROM kernel_names")
+    assert short["n"][0] == short["s"][0] > 0
