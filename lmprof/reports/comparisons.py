@@ -127,21 +127,17 @@ def peak_memory_grid(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def gemm_fraction_by_phase(sqlite: str | Path) -> dict[str, float] | None:
-    """HOOK: GEMM share of GPU kernel time (percent) per NVTX phase of one nsys SQLite export.
-
-    Delegates to the kernel analysis (``lmprof.analyze.trace.prepare`` then
-    ``lmprof.analyze.kernels.gemm_fraction``, columns ``phase`` and ``gemm_pct``) when that
-    package is present; returns None when it is not, and the report leaves the GEMM table out.
-    """
-    try:
-        from lmprof.analyze import kernels, trace
-    except ImportError:
-        return None
+    """GEMM share of GPU kernel time (percent) per phase of one nsys SQLite export, from the
+    kernel analysis; None when the export cannot be read (the GPU kernels section says why)."""
+    from lmprof.analyze import kernels, trace
     from lmprof.analyze.db import connect
+    from lmprof.errors import UserError
 
     con = connect()
     try:
         df = kernels.gemm_fraction(trace.prepare(con, Path(sqlite), trace.Options()))
+    except UserError:
+        return None
     finally:
         con.close()
     return {str(p): float(v) for p, v in zip(df["phase"], df["gemm_pct"]) if pd.notna(v)}
