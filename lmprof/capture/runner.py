@@ -101,7 +101,7 @@ def prepare(spec: RunSpec) -> Prepared:
     if spec.attention == "flash":
         from lmprof.kernels import check_flash_available
 
-        check_flash_available(device)
+        check_flash_available(device, cfg.d_head)
     if spec.memory and device.type != "cuda":
         raise UserError("--memory records CUDA memory history and needs --device cuda")
     return Prepared(spec, cfg, device, dtype)

@@ -164,14 +164,15 @@ def _store(ptrs, x, rows, n_rows, cols, n_cols, MASK_COLS: tl.constexpr):
         tl.store(ptrs, x, mask=rows[:, None] < n_rows)
 
 
-@triton.jit
-def _mma(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
-    """acc + a @ b with fp32 accumulation.
+# INTERPRET_BF16 is set only under the Triton interpreter with bf16 inputs, to work around two
+# interpreter bugs (Triton 3.9) so that it computes what the GPU does: its ``tl.dot`` multiplies
+# the raw uint16 storage of bf16 values (we upcast first: bf16 → fp32 is exact), and its fp32 → bf16
+# cast truncates instead of rounding to nearest even (we round first, as the GPU does).
 
-    UPCAST_DOT is set only under the Triton interpreter for bf16, whose ``tl.dot`` multiplies the
-    raw uint16 storage of bf16 values (Triton 3.9); bf16 → fp32 is exact, so the result is the same.
-    """
-    if UPCAST_DOT:
+@triton.jit
+def _mma(a, b, acc, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr):
+    """acc + a @ b with fp32 accumulation."""
+    if INTERPRET_BF16:
         out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
         out = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
@@ -179,17 +180,29 @@ def _mma(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
 
 
 @triton.jit
+def _to(x, dtype: tl.constexpr, INTERPRET_BF16: tl.constexpr):
+    """x cast to dtype, rounding to nearest even."""
+    if INTERPRET_BF16:  # round the fp32 bits to nearest even by hand; then truncation is exact
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        y = bits.to(tl.float32, bitcast=True).to(dtype)
+    else:
+        y = x.to(dtype)
+    return y
+
+
+@triton.jit
 def _fwd_loop(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
               seq_k, lo, hi, qk_scale,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-              UPCAST_DOT: tl.constexpr):
+              INTERPRET_BF16: tl.constexpr):
     """Online softmax over key tiles [lo, hi); MASKED applies causal and end-of-sequence masks."""
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         k = _load(k_ptrs + start_n * stride_kn, cols, seq_k, offs_d, HEAD_DIM, MASKED, PAD_D)
         s = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), DOT_PRECISION,
-                 UPCAST_DOT)
+                 INTERPRET_BF16)
         s = s * qk_scale  # (BLOCK_M, BLOCK_N), in log2 units
         if MASKED:
             keep = cols[None, :] < seq_k
@@ -201,7 +214,7 @@ def _fwd_loop(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, of
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _load(v_ptrs + start_n * stride_vn, cols, seq_k, offs_d, HEAD_DIM, MASKED, PAD_D)
-        acc = _mma(p.to(v.dtype), v, acc * alpha[:, None], DOT_PRECISION, UPCAST_DOT)
+        acc = _mma(_to(p, v.dtype, INTERPRET_BF16), v, acc * alpha[:, None], DOT_PRECISION, INTERPRET_BF16)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -218,7 +231,7 @@ def _flash_fwd_kernel(
     stride_ob, stride_oh, stride_om, stride_od,
     n_heads, seq_q, seq_k, qk_scale, SEQ_Q_BUCKET, SEQ_K_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ELT_BYTES: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
@@ -253,15 +266,15 @@ def _flash_fwd_kernel(
         n_end = seq_k
     acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m,
                               offs_n, offs_d, seq_k, 0, n_full, qk_scale, HEAD_DIM, BLOCK_M,
-                              BLOCK_N, False, IS_CAUSAL, PAD_D, DOT_PRECISION, UPCAST_DOT)
+                              BLOCK_N, False, IS_CAUSAL, PAD_D, DOT_PRECISION, INTERPRET_BF16)
     acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m,
                               offs_n, offs_d, seq_k, n_full, n_end, qk_scale, HEAD_DIM, BLOCK_M,
-                              BLOCK_N, True, IS_CAUSAL, PAD_D, DOT_PRECISION, UPCAST_DOT)
+                              BLOCK_N, True, IS_CAUSAL, PAD_D, DOT_PRECISION, INTERPRET_BF16)
     o = acc / l_i[:, None]
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # ln 2: natural-log logsumexp of the scaled scores
     o_ptrs = (O + off_b * stride_ob + off_h * stride_oh
               + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od)
-    _store(o_ptrs, o.to(O.dtype.element_ty), offs_m, seq_q, offs_d, HEAD_DIM, PAD_D)
+    _store(o_ptrs, _to(o, O.dtype.element_ty, INTERPRET_BF16), offs_m, seq_q, offs_d, HEAD_DIM, PAD_D)
     tl.store(LSE + pid_bh.to(tl.int64) * seq_q + offs_m, lse, mask=offs_m < seq_q)
 
 
@@ -295,7 +308,7 @@ def _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                  IS_CAUSAL: tl.constexpr, PAD_D: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
+                 DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr):
     """Accumulate dK, dV of one key tile over query tiles [lo, hi) (transposed: keys are rows)."""
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
@@ -308,21 +321,21 @@ def _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr,
             lse2 = tl.load(lse_ptr + rows) * 1.4426950408889634
             delta = tl.load(delta_ptr + rows)
         s_t = _mma(k, tl.trans(q), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), DOT_PRECISION,
-                   UPCAST_DOT)  # (BLOCK_N, BLOCK_M) = (q kᵀ)ᵀ
+                   INTERPRET_BF16)  # (BLOCK_N, BLOCK_M) = (q kᵀ)ᵀ
         p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
         if MASKED:
             keep = rows[None, :] < seq_q
             if IS_CAUSAL:
                 keep = keep & (offs_n[:, None] <= rows[None, :])
             p_t = tl.where(keep, p_t, 0.0)
-        dv = _mma(p_t.to(do.dtype), do, dv, DOT_PRECISION, UPCAST_DOT)
+        dv = _mma(_to(p_t, do.dtype, INTERPRET_BF16), do, dv, DOT_PRECISION, INTERPRET_BF16)
         dp_t = _mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), DOT_PRECISION,
-                    UPCAST_DOT)
+                    INTERPRET_BF16)
         ds_t = p_t * (dp_t - delta[None, :])  # (BLOCK_N, BLOCK_M)
-        dk = _mma(ds_t.to(q.dtype), q, dk, DOT_PRECISION, UPCAST_DOT)
+        dk = _mma(_to(ds_t, q.dtype, INTERPRET_BF16), q, dk, DOT_PRECISION, INTERPRET_BF16)
         if ATOMIC_DQ:
-            dq = _mma(tl.trans(ds_t.to(k.dtype)), k, tl.zeros([BLOCK_M, BLOCK_D], tl.float32),
-                      DOT_PRECISION, UPCAST_DOT) * sm_scale
+            dq = _mma(tl.trans(_to(ds_t, k.dtype, INTERPRET_BF16)), k, tl.zeros([BLOCK_M, BLOCK_D], tl.float32),
+                      DOT_PRECISION, INTERPRET_BF16) * sm_scale
             ptrs = dq_ptrs + start_m * stride_dqm
             if PAD_D:
                 tl.atomic_add(ptrs, dq, mask=(rows[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM))
@@ -344,7 +357,7 @@ def _bwd_kv_program(
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
     n_heads, seq_q, seq_k, qk_scale, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """One key tile: dK, dV (and, with ATOMIC_DQ, its share of dQ) over the query tiles that see it.
@@ -388,21 +401,21 @@ def _bwd_kv_program(
     dk, dv = _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr, stride_qm,
                           stride_dom, stride_dqm, offs_n, offs_m, offs_d, seq_q, m_lo, m_diag,
                           qk_scale, sm_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, True, IS_CAUSAL, PAD_D,
-                          ATOMIC_DQ, DOT_PRECISION, UPCAST_DOT)
+                          ATOMIC_DQ, DOT_PRECISION, INTERPRET_BF16)
     dk, dv = _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr, stride_qm,
                           stride_dom, stride_dqm, offs_n, offs_m, offs_d, seq_q, m_diag, m_full,
                           qk_scale, sm_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, False, IS_CAUSAL, PAD_D,
-                          ATOMIC_DQ, DOT_PRECISION, UPCAST_DOT)
+                          ATOMIC_DQ, DOT_PRECISION, INTERPRET_BF16)
     dk, dv = _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr, stride_qm,
                           stride_dom, stride_dqm, offs_n, offs_m, offs_d, seq_q, m_full, seq_q,
                           qk_scale, sm_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, True, IS_CAUSAL, PAD_D,
-                          ATOMIC_DQ, DOT_PRECISION, UPCAST_DOT)
+                          ATOMIC_DQ, DOT_PRECISION, INTERPRET_BF16)
     dk_ptrs = (DK + off_b * stride_dkb + off_h * stride_dkh
                + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
     dv_ptrs = (DV + off_b * stride_dkb + off_h * stride_dkh
                + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
-    _store(dk_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), offs_n, seq_k, offs_d, HEAD_DIM, PAD_D)
-    _store(dv_ptrs, dv.to(DV.dtype.element_ty), offs_n, seq_k, offs_d, HEAD_DIM, PAD_D)
+    _store(dk_ptrs, _to(dk * sm_scale, DK.dtype.element_ty, INTERPRET_BF16), offs_n, seq_k, offs_d, HEAD_DIM, PAD_D)
+    _store(dv_ptrs, _to(dv, DV.dtype.element_ty, INTERPRET_BF16), offs_n, seq_k, offs_d, HEAD_DIM, PAD_D)
 
 
 _KV_PRUNE = {"early_config_prune": _prune_factory("BLOCK_N", "BLOCK_M", "SEQ_K_BUCKET",
@@ -421,7 +434,7 @@ def _flash_bwd_dkdv_kernel(
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
     n_heads, seq_q, seq_k, qk_scale, sm_scale, SEQ_Q_BUCKET, SEQ_K_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ELT_BYTES: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     _bwd_kv_program(Q, K, V, DO, DK, DV, DQ, LSE, DELTA,
@@ -432,7 +445,7 @@ def _flash_bwd_dkdv_kernel(
                     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
                     n_heads, seq_q, seq_k, qk_scale, sm_scale,
-                    HEAD_DIM, BLOCK_D, IS_CAUSAL, DOT_PRECISION, UPCAST_DOT, False,
+                    HEAD_DIM, BLOCK_D, IS_CAUSAL, DOT_PRECISION, INTERPRET_BF16, False,
                     BLOCK_M, BLOCK_N)
 
 
@@ -449,7 +462,7 @@ def _flash_bwd_dkdv_dq_atomic_kernel(
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
     n_heads, seq_q, seq_k, qk_scale, sm_scale, SEQ_Q_BUCKET, SEQ_K_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ELT_BYTES: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     _bwd_kv_program(Q, K, V, DO, DK, DV, DQ, LSE, DELTA,
@@ -460,7 +473,7 @@ def _flash_bwd_dkdv_dq_atomic_kernel(
                     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
                     n_heads, seq_q, seq_k, qk_scale, sm_scale,
-                    HEAD_DIM, BLOCK_D, IS_CAUSAL, DOT_PRECISION, UPCAST_DOT, True,
+                    HEAD_DIM, BLOCK_D, IS_CAUSAL, DOT_PRECISION, INTERPRET_BF16, True,
                     BLOCK_M, BLOCK_N)
 
 
@@ -469,14 +482,14 @@ def _bwd_q_loop(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, of
                 offs_d, seq_k, lo, hi, qk_scale,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
+                DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr):
     """Accumulate dQ of one query tile over key tiles [lo, hi)."""
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         k = _load(k_ptrs + start_n * stride_kn, cols, seq_k, offs_d, HEAD_DIM, MASKED, PAD_D)
         v = _load(v_ptrs + start_n * stride_vn, cols, seq_k, offs_d, HEAD_DIM, MASKED, PAD_D)
         s = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), DOT_PRECISION,
-                 UPCAST_DOT)
+                 INTERPRET_BF16)
         p = tl.math.exp2(s * qk_scale - lse2[:, None])
         if MASKED:
             keep = cols[None, :] < seq_k
@@ -484,9 +497,9 @@ def _bwd_q_loop(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, of
                 keep = keep & (cols[None, :] <= offs_m[:, None])
             p = tl.where(keep, p, 0.0)
         dp = _mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), DOT_PRECISION,
-                  UPCAST_DOT)
+                  INTERPRET_BF16)
         ds = p * (dp - delta[:, None])
-        dq = _mma(ds.to(k.dtype), k, dq, DOT_PRECISION, UPCAST_DOT)
+        dq = _mma(_to(ds, k.dtype, INTERPRET_BF16), k, dq, DOT_PRECISION, INTERPRET_BF16)
     return dq
 
 
@@ -503,7 +516,7 @@ def _flash_bwd_dq_kernel(
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
     n_heads, seq_q, seq_k, qk_scale, sm_scale, SEQ_Q_BUCKET, SEQ_K_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ELT_BYTES: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
@@ -538,12 +551,12 @@ def _flash_bwd_dq_kernel(
         n_end = seq_k
     dq = _bwd_q_loop(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n,
                      offs_d, seq_k, 0, n_full, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, False, IS_CAUSAL,
-                     PAD_D, DOT_PRECISION, UPCAST_DOT)
+                     PAD_D, DOT_PRECISION, INTERPRET_BF16)
     dq = _bwd_q_loop(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n,
                      offs_d, seq_k, n_full, n_end, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, True, IS_CAUSAL,
-                     PAD_D, DOT_PRECISION, UPCAST_DOT)
+                     PAD_D, DOT_PRECISION, INTERPRET_BF16)
     _store(DQ + off_b * stride_dqb + off_h * stride_dqh + offs_m[:, None] * stride_dqm
-           + offs_d[None, :] * stride_dqd, (dq * sm_scale).to(DQ.dtype.element_ty), offs_m, seq_q,
+           + offs_d[None, :] * stride_dqd, _to(dq * sm_scale, DQ.dtype.element_ty, INTERPRET_BF16), offs_m, seq_q,
            offs_d, HEAD_DIM, PAD_D)
 
 
@@ -609,7 +622,7 @@ def _launch_args(q: torch.Tensor, k: torch.Tensor, is_causal: bool) -> dict:
         SEQ_Q_BUCKET=_bucket(q.shape[-2]), SEQ_K_BUCKET=_bucket(k.shape[-2]),
         HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), ELT_BYTES=q.element_size(),
         IS_CAUSAL=bool(is_causal), DOT_PRECISION=precision,
-        UPCAST_DOT=INTERPRET and q.dtype == torch.bfloat16,
+        INTERPRET_BF16=INTERPRET and q.dtype == torch.bfloat16,
     )
 
 
