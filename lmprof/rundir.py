@@ -8,6 +8,8 @@ run.json (schema_version 1)::
     schema_version  int      1
     run_id          str      "<UTC time>-<size>-ctx<T>-<mode>-<dtype>[...]-<4 hex>"
     created_utc     str      ISO-8601 time the run started
+    kind            str      "steps" (capture run; the default when absent) | "attention"
+                             (capture attention: config, environment, artifacts.attention only)
     status          str      "OK" | "OOM" | "ERROR"
     error           str|null message for OOM/ERROR
     config          dict     every capture option (model size and dims, batch_size, context_length,

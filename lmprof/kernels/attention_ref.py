@@ -38,19 +38,28 @@ def causal_mask(tq: int, tk: int, device=None) -> torch.Tensor:
     return j <= i
 
 
+def _scores(q: torch.Tensor, k: torch.Tensor, is_causal: bool, scale: float | None) -> torch.Tensor:
+    s = (q @ k.transpose(-2, -1)) * _scale(q, scale)  # (..., Tq, Tk)
+    if is_causal:
+        s = s.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
+    return s
+
+
 def attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-                    scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return (o, lse): softmax(q kᵀ · scale)·v and logsumexp of the scaled scores, per query.
+                    scale: float | None = None) -> torch.Tensor:
+    """softmax(q kᵀ · scale [masked])·v, materialising the scores.
 
     Computed in the inputs' dtype (so it shows PyTorch's own rounding at that dtype); upcast the
     inputs for an accurate reference. Differentiable through autograd.
     """
-    s = (q @ k.transpose(-2, -1)) * _scale(q, scale)  # (..., Tq, Tk)
-    if is_causal:
-        s = s.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
-    lse = torch.logsumexp(s.to(_acc(s)), dim=-1)  # (..., Tq)
-    p = torch.softmax(s, dim=-1)
-    return p @ v, lse
+    return torch.softmax(_scores(q, k, is_causal, scale), dim=-1) @ v
+
+
+def logsumexp_naive(q: torch.Tensor, k: torch.Tensor, is_causal: bool = False,
+                    scale: float | None = None) -> torch.Tensor:
+    """The log-sum-exp per query of the scaled (masked) scores: what the kernel saves as L."""
+    s = _scores(q, k, is_causal, scale)
+    return torch.logsumexp(s.to(_acc(s)), dim=-1)
 
 
 def tiled_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,

@@ -38,9 +38,10 @@ Section = Callable[[ReportContext], "str | None"]
 
 
 def _sections() -> list[tuple[str, Section]]:
-    from lmprof.reports.sections import benchmark
+    from lmprof.reports.sections import attention, benchmark
 
-    return [("End-to-end benchmark", benchmark.section)]
+    return [("End-to-end benchmark", benchmark.section),
+            ("Attention implementations", attention.section)]
 
 
 def load_runs(paths: list[str]) -> list[dict[str, Any]]:
