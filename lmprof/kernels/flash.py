@@ -69,67 +69,65 @@ _FP32_PRECISION = {"highest": "ieee", "high": "tf32x3", "medium": "tf32"}
 # Autotuning: configurations are data; ``_prune`` drops the ones that cannot fit a launch.
 # --------------------------------------------------------------------------------------------
 
-def _configs(tiles: list[tuple[int, int, int, int]]) -> list[triton.Config]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) tuples → triton.Config list."""
+# Every autotuned kernel takes a MAX_D constexpr that its body never reads: it rides in the
+# triton.Config so that the pruning function can see it.
+def _configs(tiles: list[tuple[int, int, int, int, int]]) -> list[triton.Config]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages, largest d_head) tuples → triton.Config list."""
     if INTERPRET:  # autotuning in the interpreter is slow and meaningless: one small config
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-            for m, n, w, s in tiles]
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16, "MAX_D": MAX_HEAD_DIM},
+                              num_warps=4, num_stages=1)]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "MAX_D": max_d}, num_warps=w, num_stages=s)
+            for m, n, w, s, max_d in tiles]
 
 
-# Forward: BLOCK_M query rows per program, BLOCK_N keys per loop iteration. Hopper's wgmma works
-# on 64-row slices per warpgroup (4 warps), so BLOCK_M is 64 with 4 warps or 128 with 4 or 8.
+# The last field is the largest padded d_head a configuration is tried at: above it ptxas spills
+# registers (read off `python bench/compile_flash.py --d 64|128`, sm_90, Triton 3.9 ptxas 13.4;
+# see bench/notes/flash_attention.md). Hopper's wgmma works on 64-row slices per warpgroup.
+# Forward: BLOCK_M query rows per program, BLOCK_N keys per loop iteration.
 _FWD_TILES = [
-    (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
-    (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2),
-    # rejected: (64, *, 8 warps) — two warpgroups cannot split 64 rows for wgmma (falls back to mma.sync)
-    # rejected: (256, 64, 8, *) — acc + scores exceed the register file at d=128 and spill
-    # rejected: num_stages 5 with BLOCK_N 128 — K and V stages exceed shared memory at d=128
+    (128, 64, 4, 3, 64), (128, 64, 8, 3, 128), (128, 128, 8, 2, 128), (128, 128, 8, 3, 128),
+    (128, 32, 4, 3, 128), (64, 64, 4, 3, 128), (64, 32, 4, 2, 128),
+    # rejected: (128, 64, 4, 3) at d=128 — 255 registers and 436 B of spills
+    # rejected: (128, 128, 4, *) — acc + a 128×128 score tile on one warpgroup cannot fit
+    # rejected: (256, 64, 8, *) — acc + scores exceed the register file at d=128
+    # rejected: num_stages 4 with BLOCK_N 128 at d=128 — 3 stages already use 224 KiB of shared memory
 ]
 # dK/dV (and the atomic variant): BLOCK_N keys per program (outer), BLOCK_M queries per iteration.
 _BWD_KV_TILES = [
-    (32, 128, 4, 3), (64, 128, 8, 2), (64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3),
-    (16, 64, 4, 4),
+    (32, 128, 4, 3, 64), (64, 128, 8, 2, 64), (64, 128, 8, 3, 64), (64, 64, 4, 3, 64),
+    (32, 128, 8, 2, 128), (32, 128, 8, 3, 128), (64, 64, 8, 2, 128), (32, 64, 4, 3, 128),
+    (16, 64, 4, 4, 128),
+    # rejected: (32, 128, 4, 3) at d=128 — 2.5 KB of spills; (64, 128, 8, *) at d=128 — spills
     # rejected: (128, 128, *) — dK, dV accumulators plus two (BLOCK_N, BLOCK_M) fp32 tiles spill
 ]
 # dQ: BLOCK_M queries per program (outer), BLOCK_N keys per iteration.
 _BWD_Q_TILES = [
-    (128, 32, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3),
+    (128, 32, 4, 3, 64), (128, 64, 8, 2, 128), (128, 64, 8, 3, 128), (64, 64, 4, 3, 128),
+    (64, 32, 4, 3, 128),
+    # rejected: (128, 32, 4, 3) at d=128 — 88 B of spills
     # rejected: (128, 128, *) — two (BLOCK_M, BLOCK_N) fp32 tiles (P, dP) plus dQ spill
 ]
-
-_REGS_PER_THREAD_FP32 = 192  # fp32 tile values per thread beyond which a config spills
-_SMEM_BYTES = 227 * 1024  # Hopper's per-block shared-memory limit (A100: 163 KiB)
 
 
 def _bucket(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-def _fits(cfg: triton.Config, outer: str, inner: str, args: dict, n_live_tiles: int,
-          n_acc: int) -> bool:
-    """Whether the tile shape can run without spilling registers or overflowing shared memory."""
-    bo, bi = cfg.kwargs[outer], cfg.kwargs[inner]
-    bd, elt = args["BLOCK_D"], args["ELT_BYTES"]
-    threads = 32 * cfg.num_warps
-    regs = (n_acc * bo * bd + n_live_tiles * bo * bi) / threads
-    smem = cfg.num_stages * 2 * bi * bd * elt + bo * bd * elt
-    return regs <= _REGS_PER_THREAD_FP32 and smem <= _SMEM_BYTES
+def _prune_factory(outer: str, inner: str, outer_seq: str, inner_seq: str):
+    """Drop configs whose tiles exceed the padded sequence (they only compute padding) or whose
+    MAX_D is below this launch's padded d_head; keep the smallest if nothing is left."""
 
-
-def _prune_factory(outer: str, inner: str, outer_seq: str, inner_seq: str, n_live_tiles: int,
-                   n_acc: int):
     def prune(configs, named_args, **kwargs):
         if INTERPRET:
             return configs
         args = {**named_args, **kwargs}
         kept = [c for c in configs
-                # a tile larger than the padded sequence only computes padding
                 if c.kwargs[outer] <= args[outer_seq] and c.kwargs[inner] <= args[inner_seq]
-                and _fits(c, outer, inner, args, n_live_tiles, n_acc)]
+                and args["BLOCK_D"] <= c.kwargs["MAX_D"]]
         if kept:
             return kept
-        return [min(configs, key=lambda c: (c.kwargs[outer] * c.kwargs[inner], c.num_stages))]
+        fitting = [c for c in configs if args["BLOCK_D"] <= c.kwargs["MAX_D"]] or configs
+        return [min(fitting, key=lambda c: (c.kwargs[outer] * c.kwargs[inner], c.num_stages))]
 
     return prune
 
@@ -203,14 +201,15 @@ def _fwd_loop(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, of
         k = _load(k_ptrs + start_n * stride_kn, cols, seq_k, offs_d, HEAD_DIM, MASKED, PAD_D)
         s = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), DOT_PRECISION,
                  INTERPRET_BF16)
-        s = s * qk_scale  # (BLOCK_M, BLOCK_N), in log2 units
         if MASKED:
             keep = cols[None, :] < seq_k
             if IS_CAUSAL:
                 keep = keep & (cols[None, :] <= offs_m[:, None])
             s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
+        # Row max taken on raw scores then scaled (qk_scale > 0), so that scaling and subtracting
+        # the max is one FMA per score; m_i, m_new are in log2 units.
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _load(v_ptrs + start_n * stride_vn, cols, seq_k, offs_d, HEAD_DIM, MASKED, PAD_D)
@@ -221,7 +220,7 @@ def _fwd_loop(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, of
 
 @triton.autotune(configs=_configs(_FWD_TILES), key=_KEY,
                  prune_configs_by={"early_config_prune": _prune_factory(
-                     "BLOCK_M", "BLOCK_N", "SEQ_Q_BUCKET", "SEQ_K_BUCKET", 1, 1)})
+                     "BLOCK_M", "BLOCK_N", "SEQ_Q_BUCKET", "SEQ_K_BUCKET")})
 @triton.jit
 def _flash_fwd_kernel(
     Q, K, V, O, LSE,
@@ -230,9 +229,9 @@ def _flash_fwd_kernel(
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
     n_heads, seq_q, seq_k, qk_scale, SEQ_Q_BUCKET, SEQ_K_BUCKET,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ELT_BYTES: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MAX_D: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     tile_m = tl.program_id(1)
@@ -419,7 +418,7 @@ def _bwd_kv_program(
 
 
 _KV_PRUNE = {"early_config_prune": _prune_factory("BLOCK_N", "BLOCK_M", "SEQ_K_BUCKET",
-                                                  "SEQ_Q_BUCKET", 2, 2)}
+                                                  "SEQ_Q_BUCKET")}
 
 
 @triton.autotune(configs=_configs(_BWD_KV_TILES), key=_KEY, prune_configs_by=_KV_PRUNE)
@@ -433,9 +432,9 @@ def _flash_bwd_dkdv_kernel(
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
     n_heads, seq_q, seq_k, qk_scale, sm_scale, SEQ_Q_BUCKET, SEQ_K_BUCKET,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ELT_BYTES: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MAX_D: tl.constexpr,
 ):
     _bwd_kv_program(Q, K, V, DO, DK, DV, DQ, LSE, DELTA,
                     stride_qb, stride_qh, stride_qm, stride_qd,
@@ -461,9 +460,9 @@ def _flash_bwd_dkdv_dq_atomic_kernel(
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
     n_heads, seq_q, seq_k, qk_scale, sm_scale, SEQ_Q_BUCKET, SEQ_K_BUCKET,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ELT_BYTES: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MAX_D: tl.constexpr,
 ):
     _bwd_kv_program(Q, K, V, DO, DK, DV, DQ, LSE, DELTA,
                     stride_qb, stride_qh, stride_qm, stride_qd,
@@ -505,7 +504,7 @@ def _bwd_q_loop(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, of
 
 @triton.autotune(configs=_configs(_BWD_Q_TILES), key=_KEY,
                  prune_configs_by={"early_config_prune": _prune_factory(
-                     "BLOCK_M", "BLOCK_N", "SEQ_Q_BUCKET", "SEQ_K_BUCKET", 2, 1)})
+                     "BLOCK_M", "BLOCK_N", "SEQ_Q_BUCKET", "SEQ_K_BUCKET")})
 @triton.jit
 def _flash_bwd_dq_kernel(
     Q, K, V, DO, DQ, LSE, DELTA,
@@ -515,9 +514,9 @@ def _flash_bwd_dq_kernel(
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
     n_heads, seq_q, seq_k, qk_scale, sm_scale, SEQ_Q_BUCKET, SEQ_K_BUCKET,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ELT_BYTES: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MAX_D: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     tile_m = tl.program_id(1)
@@ -620,7 +619,7 @@ def _launch_args(q: torch.Tensor, k: torch.Tensor, is_causal: bool) -> dict:
                  if q.dtype == torch.float32 else "tf32")  # ignored for 16-bit inputs
     return dict(
         SEQ_Q_BUCKET=_bucket(q.shape[-2]), SEQ_K_BUCKET=_bucket(k.shape[-2]),
-        HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), ELT_BYTES=q.element_size(),
+        HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
         IS_CAUSAL=bool(is_causal), DOT_PRECISION=precision,
         INTERPRET_BF16=INTERPRET and q.dtype == torch.bfloat16,
     )
@@ -636,7 +635,11 @@ def _record(name: str, compiled) -> None:
 
 
 def _scale(d: int, scale: float | None) -> float:
-    return 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    return float(scale)
 
 
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
@@ -729,6 +732,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
     like q (contiguous).
     """
     check_inputs(q, k, v)
+    _scale(q.shape[-1], scale)
     if backward not in BACKWARD_MODES:
         raise ValueError(f"backward={backward!r}; choose one of {', '.join(BACKWARD_MODES)}")
     if q.dim() == 3:  # (B, T, d): one head, as a view

@@ -187,6 +187,12 @@ def test_bad_input_raises_value_error(inputs, message):
         fa.flash_attention(*inputs)
 
 
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan")])
+def test_bad_scale(scale):
+    with pytest.raises(ValueError, match="scale"):
+        fa.flash_attention(*_bad(), scale=scale)
+
+
 def test_bad_backward_mode():
     with pytest.raises(ValueError, match="backward"):
         fa.flash_attention(*_bad(), backward="fast")
