@@ -51,6 +51,10 @@ import triton.language as tl
 from lmprof.annotate import phase
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# LMPROF_FLASH_AUTOTUNE=0: one configuration per kernel (the first that fits d_head 128), no
+# autotuning — for tests and quick runs; autotuning compiles every configuration per (d_head,
+# dtype, causal), about 20 compiles of 1–2 s each.
+AUTOTUNE = os.environ.get("LMPROF_FLASH_AUTOTUNE", "1") != "0"
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BACKWARD_MODES = ("split", "atomic")
@@ -76,6 +80,8 @@ def _configs(tiles: list[tuple[int, int, int, int, int]]) -> list[triton.Config]
     if INTERPRET:  # autotuning in the interpreter is slow and meaningless: one small config
         return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16, "MAX_D": MAX_HEAD_DIM},
                               num_warps=4, num_stages=1)]
+    if not AUTOTUNE:
+        tiles = [next(t for t in tiles if t[4] == MAX_HEAD_DIM)]
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "MAX_D": max_d}, num_warps=w, num_stages=s)
             for m, n, w, s, max_d in tiles]
 

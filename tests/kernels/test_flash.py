@@ -268,3 +268,25 @@ def test_gpu_seq_65536_where_naive_runs_out_of_memory(gen, backward):
     for name, g, tt, e in zip(("o", "dq", "dk", "dv"), got, torch_own, exact):
         err, bar = max_err(g, e, name), max_err(tt, e, name)
         assert err <= 2 * bar + ATOL[torch.bfloat16], f"{name}: {err:.2e} vs SDPA {bar:.2e}"
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_every_config(gen, monkeypatch, d):
+    """Each autotune configuration of each kernel, one at a time, on odd lengths (tile edges)."""
+    import triton
+
+    tuners = {fa._flash_fwd_kernel: fa._FWD_TILES, fa._flash_bwd_dkdv_kernel: fa._BWD_KV_TILES,
+              fa._flash_bwd_dkdv_dq_atomic_kernel: fa._BWD_KV_TILES,
+              fa._flash_bwd_dq_kernel: fa._BWD_Q_TILES}
+    tiles = {t: [x for x in lst if d <= x[4]] for t, lst in tuners.items()}
+    for i in range(max(len(lst) for lst in tiles.values())):
+        for tuner, lst in tiles.items():
+            m, n, w, st, max_d = lst[i % len(lst)]
+            monkeypatch.setattr(tuner, "configs", [triton.Config(
+                {"BLOCK_M": m, "BLOCK_N": n, "MAX_D": max_d}, num_warps=w, num_stages=st)])
+            monkeypatch.setattr(tuner, "cache", {})
+        for backward in fa.BACKWARD_MODES:
+            check_against_reference(gen, (1, 2, 1000, d), (1, 2, 1537, d), torch.bfloat16, True,
+                                    backward)
