@@ -8,8 +8,9 @@ run.json (schema_version 1)::
     schema_version  int      1
     run_id          str      "<UTC time>-<size>-ctx<T>-<mode>-<dtype>[...]-<4 hex>"
     created_utc     str      ISO-8601 time the run started
-    kind            str      "run" (absent in older files means "run") | "precision" (capture
-                             precision: no timings; its results in artifacts.precision)
+    kind            str      "run" (capture run; the default when absent) | "precision" (capture
+                             precision: no timings; results in artifacts.precision) | "attention"
+                             (capture attention: config, environment, artifacts.attention only)
     status          str      "OK" | "OOM" | "ERROR" | "TIMEOUT" (TIMEOUT, and ERROR for a process
                              that died without writing run.json, are written by capture sweep)
     error           str|null message for OOM/ERROR/TIMEOUT

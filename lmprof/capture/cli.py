@@ -11,6 +11,7 @@ import click
 from lmprof import rundir
 from lmprof import nsystool
 from lmprof.capture import nsys as nsys_mod
+from lmprof.capture.attention import attention_cmd
 from lmprof.capture.options import (add_run_options, add_sweep_options, spec_from_kwargs,
                                     spec_to_argv)
 from lmprof.errors import UserError, run_cli
@@ -179,6 +180,9 @@ def _print_summary(target: Path, record: dict) -> None:
     from lmprof.reports.tables import phase_summary_table
 
     click.echo(to_markdown(phase_summary_table(record)))
+
+
+capture.add_command(attention_cmd)
 
 
 def main(argv: list[str] | None = None) -> None:

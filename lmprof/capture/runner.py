@@ -121,7 +121,7 @@ def prepare(spec: RunSpec) -> Prepared:
     if spec.attention == "flash":
         from lmprof.kernels import check_flash_available
 
-        check_flash_available(device)
+        check_flash_available(device, cfg.d_head)
     return Prepared(spec, cfg, device, dtype)
 
 

@@ -1,21 +1,31 @@
-"""Triton kernels with PyTorch references. ``flash_attention`` arrives with the FA-2 kernel."""
+"""Triton kernels with PyTorch references.
+
+- ``flash`` — FlashAttention-2 forward and backward in Triton; ``flash_attention(q, k, v,
+  is_causal=False, scale=None)`` is re-exported here (imported on first use: triton is optional).
+- ``attention_ref`` — the naive formula and the same algorithm tile by tile in plain PyTorch.
+"""
 
 from __future__ import annotations
 
 from lmprof.errors import UserError
 
 
-def check_flash_available(device) -> None:
-    """Raise UserError when ``--attention flash`` cannot run here."""
+def check_flash_available(device, d_head: int | None = None) -> None:
+    """Raise UserError when ``--attention flash`` cannot run on ``device`` (with this d_head)."""
     try:
-        from lmprof.kernels.flash_attention import flash_attention  # noqa: F401
+        from lmprof.kernels import flash
     except ImportError as exc:
         raise UserError(f"--attention flash is not available: {exc}") from None
+    if getattr(device, "type", str(device)) != "cuda" and not flash.INTERPRET:
+        raise UserError("--attention flash needs --device cuda (or TRITON_INTERPRET=1 on CPU)")
+    if d_head is not None and not flash.MIN_HEAD_DIM <= d_head <= flash.MAX_HEAD_DIM:
+        raise UserError(f"--attention flash supports head dimensions {flash.MIN_HEAD_DIM}–"
+                        f"{flash.MAX_HEAD_DIM}; this model's d_model/num_heads is {d_head}")
 
 
 def __getattr__(name: str):
     if name == "flash_attention":
-        from lmprof.kernels.flash_attention import flash_attention
+        from lmprof.kernels.flash import flash_attention
 
         return flash_attention
     raise AttributeError(name)

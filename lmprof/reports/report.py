@@ -38,13 +38,14 @@ Section = Callable[[ReportContext], "str | None"]
 
 
 def _sections() -> list[tuple[str, Section]]:
-    from lmprof.reports.sections import benchmark, kernels, memory, precision, sweep
+    from lmprof.reports.sections import attention, benchmark, kernels, memory, precision, sweep
 
     return [
         ("End-to-end benchmark", benchmark.section),
         ("Sweep", sweep.section),
         ("GPU kernels (nsys)", kernels.section),
         ("Memory", memory.section),
+        ("Attention implementations", attention.section),
         ("Mixed precision", precision.section),
     ]
 

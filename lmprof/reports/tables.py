@@ -33,7 +33,7 @@ def benchmark_table(records: list[dict[str, Any]]) -> pd.DataFrame:
     """The end-to-end benchmark table of a CS336 write-up, one row per run, OOM rows kept."""
     rows = []
     for r in records:
-        if r.get("kind", "run") != "run":  # e.g. capture precision: no timings to tabulate
+        if r.get("kind", "run") != "run":  # precision / attention records: no model steps
             continue
         c, m, env = r.get("config", {}), r.get("model", {}), r.get("environment", {})
         t = r.get("timings", {})

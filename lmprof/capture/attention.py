@@ -1,0 +1,399 @@
+"""``capture attention``: attention implementations timed side by side, into a run directory.
+
+Three parts (``--part``, repeatable; default all):
+
+a. The CS336 attention benchmark: batch 8, no head dimension, d ∈ {16, 32, 64, 128} ×
+   seq ∈ {256, 1024, 4096, 8192, 16384}, fp32, not causal by default. Per implementation:
+   ``--iters`` forward passes and ``--iters`` backward passes after ``--warmup`` warm-up
+   iterations, each timed between two synchronizations; memory allocated before the backward;
+   out-of-memory is a row (status OOM), as is a backend that refuses the inputs (UNSUPPORTED).
+b. The CS336 leaderboard configuration: batch 1, 16 heads, seq 16384, d_head 64, bf16, causal;
+   ``o = attn(q, k, v, True); o.sum().backward()`` timed with ``triton.testing.do_bench``
+   (median), forward, backward and end to end, with TFLOP/s (causal forward 2·B·H·T²·d, backward
+   2.5× that) and the card's bf16 matmul rate (an 8192³ product) measured in the same run.
+c. A sweep of seq 128–65536 × d_head 16–128 in bf16 and fp32 (causal by default), with
+   batch·seq = 16384 tokens and heads·d_head = 2048, against each SDPA backend; the report
+   compares with the fastest SDPA backend per point.
+
+Implementations: ``naive`` (softmax(QKᵀ)V in PyTorch), ``naive-compiled`` (the same under
+``torch.compile``), ``sdpa-default`` (torch's own backend choice), ``sdpa-flash``,
+``sdpa-efficient``, ``sdpa-cudnn``, ``sdpa-math`` (one SDPA backend each), ``flash`` and
+``flash-atomic`` (this project's Triton kernel with the split or atomic backward).
+
+Writes ``<out>/<run-id>/run.json`` (``kind: attention``) and ``attention.json`` (the rows), and
+prints the tables. Runs on CPU under ``TRITON_INTERPRET=1`` at tiny sizes for smoke tests.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+import torch
+import torch.nn.functional as F
+
+from lmprof import rundir
+from lmprof.capture import devices, environment
+from lmprof.errors import UserError
+
+RESULTS_FILE = "attention.json"
+RESULTS_VERSION = 1
+
+IMPLS = ("naive", "naive-compiled", "sdpa-default", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn",
+         "sdpa-math", "flash", "flash-atomic")
+PART_A = dict(batch=8, d=(16, 32, 64, 128), seq=(256, 1024, 4096, 8192, 16384), dtype=("fp32",),
+              causal=False,
+              impls=("naive", "naive-compiled", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn",
+                     "sdpa-math", "flash"))
+PART_B = dict(batch=1, heads=16, seq=16384, d=64, dtype="bf16", causal=True,
+              impls=("flash", "flash-atomic", "sdpa-default", "sdpa-cudnn", "sdpa-flash",
+                     "sdpa-efficient"))
+PART_C = dict(tokens=16384, width=2048, d=(16, 32, 64, 128), dtype=("bf16", "fp32"), causal=True,
+              seq=tuple(2**i for i in range(7, 17)),
+              impls=("flash", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn"))
+LEADERBOARD_BEST_MS = 5.364  # CS336 leaderboard's published best (one H100), fwd + bwd
+MATMUL_N = 8192
+
+
+# ---------------------------------------------------------------------------------------------
+# Implementations: (q, k, v, is_causal) -> o, for (B, T, d) or (B, h, T, d) inputs.
+# ---------------------------------------------------------------------------------------------
+
+def _naive(q, k, v, is_causal):
+    from lmprof.kernels.attention_ref import attention_naive
+
+    return attention_naive(q, k, v, is_causal)
+
+
+def _sdpa(backend: str | None) -> Callable:
+    def attend(q, k, v, is_causal):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        squeeze = q.dim() == 3  # flash/efficient/cuDNN backends want (B, h, T, d): add h=1
+        if squeeze:
+            q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+        if backend is None:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+        else:
+            with sdpa_kernel(getattr(SDPBackend, backend)):
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+        return o.squeeze(1) if squeeze else o
+
+    return attend
+
+
+def _flash(mode: str) -> Callable:
+    def attend(q, k, v, is_causal):
+        from lmprof.kernels.flash import flash_attention
+
+        return flash_attention(q, k, v, is_causal=is_causal, backward=mode)
+
+    return attend
+
+
+def make_impl(name: str) -> Callable:
+    if name == "naive":
+        return _naive
+    if name == "naive-compiled":
+        torch._dynamo.reset()  # a fresh compile per shape, never the recompile-limit fallback
+        return torch.compile(_naive, dynamic=False)
+    if name.startswith("sdpa-"):
+        backend = {"default": None, "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                   "cudnn": "CUDNN_ATTENTION", "math": "MATH"}[name[5:]]
+        return _sdpa(backend)
+    if name == "flash":
+        return _flash("split")
+    if name == "flash-atomic":
+        return _flash("atomic")
+    raise UserError(f"unknown implementation {name!r}; choose from {', '.join(IMPLS)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------------
+
+def attention_flops(batch: int, heads: int, seq_q: int, seq_k: int, d: int,
+                    is_causal: bool) -> dict[str, float]:
+    """Matmul FLOPs: forward 4·B·H·Tq·Tk·d (QKᵀ and PV), halved when causal; backward 2.5×."""
+    fwd = 4.0 * batch * heads * seq_q * seq_k * d * (0.5 if is_causal else 1.0)
+    return {"fwd": fwd, "bwd": 2.5 * fwd, "e2e": 3.5 * fwd}
+
+
+def bench_ms(fn: Callable[[], Any], device: torch.device, grad_to_none=None) -> float:
+    """Median milliseconds of fn: ``triton.testing.do_bench`` on CUDA, a plain loop elsewhere."""
+    if device.type == "cuda":
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none,
+                                             return_mode="median"))
+    fn()
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def matmul_tflops(device: torch.device) -> float | None:
+    """The card's bf16 dense matmul rate: an 8192³ product, do_bench median."""
+    if device.type != "cuda":
+        return None
+    a = torch.randn(MATMUL_N, MATMUL_N, device=device, dtype=torch.bfloat16)
+    b = torch.randn(MATMUL_N, MATMUL_N, device=device, dtype=torch.bfloat16)
+    ms = bench_ms(lambda: a @ b, device)
+    del a, b
+    return 2 * MATMUL_N**3 / (ms * 1e-3) / 1e12
+
+
+def _inputs(shape_q, shape_k, dtype, device, seed=0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rand(shape):
+        return torch.randn(shape, generator=gen).to(device=device, dtype=dtype).requires_grad_()
+
+    return rand(shape_q), rand(shape_k), rand(shape_k)
+
+
+def _status(exc: BaseException) -> tuple[str, str]:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    if devices.is_oom(exc):
+        return "OOM", first
+    if "No available kernel" in str(exc) or "No viable backend" in str(exc):
+        return "UNSUPPORTED", "this SDPA backend does not take these inputs"
+    return "ERROR", f"{type(exc).__name__}: {first}"
+
+
+def run_cs336_cell(impl: str, batch: int, seq: int, d: int, dtype: torch.dtype, is_causal: bool,
+                   warmup: int, iters: int, device: torch.device) -> dict[str, Any]:
+    """Part a: mean of ``iters`` synchronized forwards and backwards; memory before backward."""
+    row: dict[str, Any] = {"impl": impl, "batch": batch, "seq": seq, "d": d,
+                           "dtype": str(dtype).removeprefix("torch."), "causal": is_causal,
+                           "status": "OK", "error": None}
+    try:
+        fn = make_impl(impl)
+        q, k, v = _inputs((batch, seq, d), (batch, seq, d), dtype, device)
+        grad = torch.randn(batch, seq, d, device=device, dtype=dtype)
+        for _ in range(warmup):
+            fn(q, k, v, is_causal).backward(grad)
+        fwd = []
+        for _ in range(iters):
+            devices.synchronize(device)
+            t0 = time.perf_counter()
+            fn(q, k, v, is_causal)
+            devices.synchronize(device)
+            fwd.append(time.perf_counter() - t0)
+        bwd = []
+        for i in range(iters):
+            o = fn(q, k, v, is_causal)
+            devices.synchronize(device)
+            if i == 0 and device.type == "cuda":
+                row["mem_before_backward_bytes"] = torch.cuda.memory_allocated(device)
+            t0 = time.perf_counter()
+            o.backward(grad)
+            devices.synchronize(device)
+            bwd.append(time.perf_counter() - t0)
+            del o
+        row.update(fwd_ms=1e3 * statistics.fmean(fwd), fwd_std_ms=1e3 * statistics.pstdev(fwd),
+                   bwd_ms=1e3 * statistics.fmean(bwd), bwd_std_ms=1e3 * statistics.pstdev(bwd))
+    except Exception as exc:  # noqa: BLE001 — OOM and refusals are results
+        row["status"], row["error"] = _status(exc)
+    finally:
+        devices.release_memory(device)
+    return row
+
+
+def run_bench_cell(impl: str, batch: int, heads: int, seq: int, d: int, dtype: torch.dtype,
+                   is_causal: bool, device: torch.device) -> dict[str, Any]:
+    """Parts b and c: do_bench medians of forward, backward and ``attn(...).sum().backward()``."""
+    row: dict[str, Any] = {"impl": impl, "batch": batch, "heads": heads, "seq": seq, "d": d,
+                           "dtype": str(dtype).removeprefix("torch."), "causal": is_causal,
+                           "status": "OK", "error": None}
+    try:
+        fn = make_impl(impl)
+        shape = (batch, heads, seq, d)
+        q, k, v = _inputs(shape, shape, dtype, device)
+        grads = [q, k, v]
+        fwd_ms = bench_ms(lambda: fn(q, k, v, is_causal), device)
+        loss = fn(q, k, v, is_causal).sum()
+        bwd_ms = bench_ms(lambda: loss.backward(retain_graph=True), device, grads)
+        del loss
+        e2e_ms = bench_ms(lambda: fn(q, k, v, is_causal).sum().backward(), device, grads)
+        flops = attention_flops(batch, heads, seq, seq, d, is_causal)
+        row.update(fwd_ms=fwd_ms, bwd_ms=bwd_ms, e2e_ms=e2e_ms,
+                   fwd_tflops=flops["fwd"] / fwd_ms / 1e9, bwd_tflops=flops["bwd"] / bwd_ms / 1e9,
+                   e2e_tflops=flops["e2e"] / e2e_ms / 1e9)
+    except Exception as exc:  # noqa: BLE001
+        row["status"], row["error"] = _status(exc)
+    finally:
+        devices.release_memory(device)
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+# ---------------------------------------------------------------------------------------------
+
+def _environment(device: torch.device) -> dict[str, Any]:
+    env = environment.collect(device)
+    env["float32_matmul_precision"] = torch.get_float32_matmul_precision()
+    env["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return env
+
+
+def _check_options(parts, impls, ds, seqs, dtypes, iters, warmup, batch, heads) -> None:
+    for name, values in (("--d", ds), ("--seq", seqs)):
+        if any(x <= 0 for x in values):
+            raise UserError(f"{name} values must be positive")
+    for name, value in (("--iters", iters), ("--batch", batch), ("--heads", heads)):
+        if value is not None and value <= 0:
+            raise UserError(f"{name} must be positive, got {value}")
+    if warmup < 0:
+        raise UserError(f"--warmup must be zero or more, got {warmup}")
+    for impl in impls:
+        if impl not in IMPLS:
+            raise UserError(f"unknown --impl {impl!r}; choose from {', '.join(IMPLS)}")
+    for dt in dtypes:
+        if dt not in devices.DTYPES:
+            raise UserError(f"unknown --dtype {dt!r}; choose from {', '.join(devices.DTYPES)}")
+    uses_flash = any(i.startswith("flash") for i in impls) or not impls
+    if uses_flash:
+        from lmprof.kernels.flash import MAX_HEAD_DIM, MIN_HEAD_DIM
+
+        bad = [d for d in ds if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM]
+        if bad:
+            raise UserError(f"--d {bad[0]}: the flash kernel supports d_head {MIN_HEAD_DIM}–"
+                            f"{MAX_HEAD_DIM} (drop --impl flash to time others)")
+
+
+@click.command("attention")
+@click.option("--part", "parts", type=click.Choice(["a", "b", "c"]), multiple=True,
+              help="Which part to run (repeatable): a = CS336 attention benchmark, b = leaderboard "
+                   "configuration, c = seq × d_head sweep against SDPA. Default: all.")
+@click.option("--impl", "impls", multiple=True,
+              help=f"Implementations to time (repeatable): {', '.join(IMPLS)}. "
+                   "Default: each part's own list.")
+@click.option("--seq", "seqs", type=int, multiple=True,
+              help="Sequence lengths (repeatable), replacing the part's list (b: its one length).")
+@click.option("--d", "ds", type=int, multiple=True,
+              help="Head dimensions (repeatable), replacing the part's list (b: its one d_head).")
+@click.option("--dtype", "dtypes", multiple=True,
+              help="fp32 | bf16 | fp16 (repeatable). Default: a fp32, b bf16, c bf16 and fp32.")
+@click.option("--batch", type=int, default=None,
+              help="Batch size for every part (default: a 8, b 1, c 16384 tokens / seq).")
+@click.option("--heads", type=int, default=None,
+              help="Heads for parts b and c (default: b 16, c 2048 / d_head).")
+@click.option("--causal/--no-causal", default=None,
+              help="Causal mask (top-left, as SDPA). Default: a not causal (as CS336), b and c "
+                   "causal.")
+@click.option("--iters", type=int, default=100, show_default=True,
+              help="Part a: timed forward and backward passes per cell.")
+@click.option("--warmup", type=int, default=5, show_default=True,
+              help="Part a: untimed forward+backward passes first.")
+@click.option("--device", type=str, default="auto", show_default=True,
+              help=f"{' | '.join(devices.DEVICES)}; on CPU the Triton kernel needs TRITON_INTERPRET=1.")
+@click.option("--out", type=click.Path(file_okay=False), default="runs", show_default=True,
+              help="Directory under which runs/<run-id>/ is created.")
+@click.option("--label", type=str, default=None, help="Label used in the run id.")
+def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, warmup, device,
+                  out, label) -> None:
+    """Time attention implementations (CS336 benchmark, leaderboard, sweep) into a run directory."""
+    parts = tuple(dict.fromkeys(parts or ("a", "b", "c")))
+    _check_options(parts, impls, ds, seqs, dtypes, iters, warmup, batch, heads)
+    dev = devices.resolve_device(device)
+    for dt in dtypes:
+        devices.check_dtype(dt, dev)
+    out_root = rundir.check_writable_dir(Path(out))
+    run_dir = out_root / rundir.new_run_id(label or "attention-" + "".join(parts))
+    run_dir.mkdir()
+    config = {"parts": list(parts), "impls": list(impls), "seq": list(seqs), "d": list(ds),
+              "dtype": list(dtypes), "batch": batch, "heads": heads, "causal": causal,
+              "iters": iters, "warmup": warmup, "device": device}
+    record: dict[str, Any] = {
+        "run_id": run_dir.name, "kind": "attention",
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "status": "OK", "error": None, "config": config, "environment": _environment(dev),
+        "artifacts": {"attention": RESULTS_FILE},
+    }
+    results: dict[str, Any] = {"version": RESULTS_VERSION, "environment": record["environment"],
+                               "leaderboard_best_ms": LEADERBOARD_BEST_MS}
+    t0 = time.perf_counter()
+    try:
+        results["matmul_bf16_tflops"] = matmul_tflops(dev)
+        if "a" in parts:
+            results["part_a"] = _part_a(impls, seqs, ds, dtypes, batch, causal, iters, warmup, dev)
+        if "b" in parts:
+            results["part_b"] = _part_b(impls, seqs, ds, dtypes, batch, heads, causal, dev)
+        if "c" in parts:
+            results["part_c"] = _part_c(impls, seqs, ds, dtypes, batch, heads, causal, dev)
+    except BaseException as exc:  # recorded, then raised: the run directory says what happened
+        record["status"], record["error"] = "ERROR", f"{type(exc).__name__}: {exc}"[:300]
+        raise
+    finally:
+        record["timings"] = {"total_s": time.perf_counter() - t0}
+        (run_dir / RESULTS_FILE).write_text(json.dumps(results, indent=1, default=str) + "\n")
+        rundir.write_run(run_dir, record)
+        rundir.mark_latest(out_root, run_dir)
+    click.echo(f"run: {run_dir}")
+    from lmprof.reports.sections.attention import render_tables
+
+    click.echo(render_tables(results))
+
+
+def _dtypes(dtypes, default) -> list[torch.dtype]:
+    return [devices.DTYPES[d] for d in (dtypes or default)]
+
+
+def _progress(row: dict) -> None:
+    parts = [f"{k}={row[k]}" for k in ("impl", "dtype", "seq", "d") if k in row]
+    timing = next((f"{row[k]:.3f} ms" for k in ("e2e_ms", "fwd_ms") if row.get(k) is not None),
+                  row["status"])
+    click.echo("  " + " ".join(parts) + f": {timing}", err=True)
+
+
+def _part_a(impls, seqs, ds, dtypes, batch, causal, iters, warmup, dev) -> list[dict]:
+    rows = []
+    for dt in _dtypes(dtypes, PART_A["dtype"]):
+        for d in ds or PART_A["d"]:
+            for seq in seqs or PART_A["seq"]:
+                for impl in impls or PART_A["impls"]:
+                    row = run_cs336_cell(impl, batch or PART_A["batch"], seq, d, dt,
+                                         PART_A["causal"] if causal is None else causal,
+                                         warmup, iters, dev)
+                    _progress(row)
+                    rows.append(row)
+    return rows
+
+
+def _part_b(impls, seqs, ds, dtypes, batch, heads, causal, dev) -> list[dict]:
+    rows = []
+    for dt in _dtypes(dtypes, (PART_B["dtype"],)):
+        for seq in seqs or (PART_B["seq"],):
+            for d in ds or (PART_B["d"],):
+                for impl in impls or PART_B["impls"]:
+                    row = run_bench_cell(impl, batch or PART_B["batch"], heads or PART_B["heads"],
+                                         seq, d, dt, PART_B["causal"] if causal is None else causal,
+                                         dev)
+                    _progress(row)
+                    rows.append(row)
+    return rows
+
+
+def _part_c(impls, seqs, ds, dtypes, batch, heads, causal, dev) -> list[dict]:
+    rows = []
+    for dt in _dtypes(dtypes, PART_C["dtype"]):
+        for d in ds or PART_C["d"]:
+            for seq in seqs or PART_C["seq"]:
+                b = batch or max(1, PART_C["tokens"] // seq)
+                h = heads or max(1, PART_C["width"] // d)
+                for impl in impls or PART_C["impls"]:
+                    row = run_bench_cell(impl, b, h, seq, d, dt,
+                                         PART_C["causal"] if causal is None else causal, dev)
+                    _progress(row)
+                    rows.append(row)
+    return rows
+

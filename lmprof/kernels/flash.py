@@ -1,0 +1,747 @@
+"""FlashAttention-2 in Triton: forward and backward kernels, host wrappers, autograd op.
+
+Layers, bottom up: ``@triton.jit`` kernels (``_flash_fwd_kernel``, ``_flash_bwd_preprocess``,
+``_flash_bwd_dkdv_kernel``, ``_flash_bwd_dq_kernel``, ``_flash_bwd_dkdv_dq_atomic_kernel``) →
+host wrappers that check inputs (``ValueError`` naming the problem) and launch them
+(``flash_forward``, ``flash_backward``) → ``FlashAttentionFn`` (autograd) → ``flash_attention``.
+The readable reference of the same algorithm is ``lmprof.kernels.attention_ref.attention_tiled``.
+
+Algorithm (Dao 2023). Forward: one program per (batch·head, query tile of BLOCK_M rows); one pass
+over key tiles with a running row max ``m`` and row sum ``l`` in fp32 (online softmax, in base 2:
+log2(e) is folded into the score scale so the exponential is ``exp2``); saves O and the
+log-sum-exp L = ln Σ exp(scale·q·k) (natural log, fp32, shape (B, h, Tq)). Backward: D = rowsum(O∘dO)
+(``_flash_bwd_preprocess``), then P = exp(scale·q·k − L) is recomputed per tile and
+- ``backward="split"`` (default): dK/dV in one kernel (one program per key tile, looping over
+  query tiles) and dQ in another (one program per query tile, looping over key tiles). No atomics;
+  Q·Kᵀ and dO·Vᵀ are computed twice (7 tile matmuls per tile pair instead of 5).
+- ``backward="atomic"``: one kernel per key tile computes dK/dV and adds each tile's dQ part into
+  an fp32 buffer with ``tl.atomic_add`` (5 matmuls; atomics and a final cast instead).
+Which is faster on a given GPU is measured by ``bench/bench_attention.py``.
+
+Causal: top-left alignment, as torch SDPA's ``is_causal`` (query i sees keys j ≤ i, whatever Tq
+and Tk). Key tiles entirely after a query tile are never visited; tiles that cross the diagonal (or
+the end of the sequence) run a masked copy of the loop, all other tiles an unmasked one. Causal
+programs are launched heaviest first (longest loops first) so the last wave is short.
+
+Inputs: (B, h, T, d) or (B, T, d); Tq and Tk independent and any length ≥ 1; d 16–128. A power-of-two
+d uses the tile exactly; any other d in range runs with the head dimension padded to the next
+power of two inside the kernel (masked loads and stores, no copies; arithmetic as for the padded
+size, e.g. d=96 costs as d=128). fp16, bf16 and fp32, with fp32 accumulation; for fp32 inputs the
+matmul precision follows ``torch.get_float32_matmul_precision()`` ("highest", torch's default:
+IEEE fp32; "high": 3xTF32; "medium": TF32). Strides are passed to the kernels as they are (a
+transposed (B, T, h, d) view costs nothing), except that a tensor whose last dimension is not
+contiguous (stride ≠ 1; e.g. the stride-0 gradient of ``o.sum()``) is copied once with
+``.contiguous()`` — one read and one write of that tensor — so that loads stay vectorised.
+
+Tile sizes, warps and pipeline stages are autotuned per (power-of-two bucket of Tq and Tk, d,
+causal, dtype, fp32 precision); configurations that cannot fit are pruned (``_prune``). Under
+``TRITON_INTERPRET=1`` (CPU tests) each kernel has one small configuration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from lmprof.annotate import phase
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# LMPROF_FLASH_AUTOTUNE=0: one configuration per kernel (the first that fits d_head 128), no
+# autotuning — for tests and quick runs; autotuning compiles every configuration per (d_head,
+# dtype, causal), about 20 compiles of 1–2 s each.
+AUTOTUNE = os.environ.get("LMPROF_FLASH_AUTOTUNE", "1") != "0"
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+BACKWARD_MODES = ("split", "atomic")
+
+# NVTX ranges around the launches, so a profile shows which kernels belong to the op.
+FORWARD_RANGE = "flash attention forward"
+BACKWARD_RANGE = "flash attention backward"
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+_FP32_PRECISION = {"highest": "ieee", "high": "tf32x3", "medium": "tf32"}
+
+
+# --------------------------------------------------------------------------------------------
+# Autotuning: configurations are data; ``_prune`` drops the ones that cannot fit a launch.
+# --------------------------------------------------------------------------------------------
+
+# Every autotuned kernel takes a MAX_D constexpr that its body never reads: it rides in the
+# triton.Config so that the pruning function can see it.
+def _configs(tiles: list[tuple[int, int, int, int, int]]) -> list[triton.Config]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages, largest d_head) tuples → triton.Config list."""
+    if INTERPRET:  # autotuning in the interpreter is slow and meaningless: one small config
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16, "MAX_D": MAX_HEAD_DIM},
+                              num_warps=4, num_stages=1)]
+    if not AUTOTUNE:
+        tiles = [next(t for t in tiles if t[4] == MAX_HEAD_DIM)]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "MAX_D": max_d}, num_warps=w, num_stages=s)
+            for m, n, w, s, max_d in tiles]
+
+
+# The last field is the largest padded d_head a configuration is tried at: above it ptxas spills
+# registers (read off `python bench/compile_flash.py --d 64|128`, sm_90, Triton 3.9 ptxas 13.4;
+# see bench/notes/flash_attention.md). Hopper's wgmma works on 64-row slices per warpgroup.
+# Forward: BLOCK_M query rows per program, BLOCK_N keys per loop iteration.
+_FWD_TILES = [
+    (128, 64, 4, 3, 64), (128, 64, 8, 3, 128), (128, 128, 8, 2, 128), (128, 128, 8, 3, 128),
+    (128, 32, 4, 3, 128), (64, 64, 4, 3, 128), (64, 32, 4, 2, 128),
+    # rejected: (128, 64, 4, 3) at d=128 — 255 registers and 436 B of spills
+    # rejected: (128, 128, 4, *) — acc + a 128×128 score tile on one warpgroup cannot fit
+    # rejected: (256, 64, 8, *) — acc + scores exceed the register file at d=128
+    # rejected: num_stages 4 with BLOCK_N 128 at d=128 — 3 stages already use 224 KiB of shared memory
+]
+# dK/dV (and the atomic variant): BLOCK_N keys per program (outer), BLOCK_M queries per iteration.
+_BWD_KV_TILES = [
+    (32, 128, 4, 3, 64), (64, 128, 8, 2, 64), (64, 128, 8, 3, 64), (64, 64, 4, 3, 64),
+    (32, 128, 8, 2, 128), (32, 128, 8, 3, 128), (64, 64, 8, 2, 128), (32, 64, 4, 3, 128),
+    (16, 64, 4, 4, 128),
+    # rejected: (32, 128, 4, 3) at d=128 — 2.5 KB of spills; (64, 128, 8, *) at d=128 — spills
+    # rejected: (128, 128, *) — dK, dV accumulators plus two (BLOCK_N, BLOCK_M) fp32 tiles spill
+]
+# dQ: BLOCK_M queries per program (outer), BLOCK_N keys per iteration.
+_BWD_Q_TILES = [
+    (128, 32, 4, 3, 64), (128, 64, 8, 2, 128), (128, 64, 8, 3, 128), (64, 64, 4, 3, 128),
+    (64, 32, 4, 3, 128),
+    # rejected: (128, 32, 4, 3) at d=128 — 88 B of spills
+    # rejected: (128, 128, *) — two (BLOCK_M, BLOCK_N) fp32 tiles (P, dP) plus dQ spill
+]
+
+
+def _bucket(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+def _prune_factory(outer: str, inner: str, outer_seq: str, inner_seq: str):
+    """Drop configs whose tiles exceed the padded sequence (they only compute padding) or whose
+    MAX_D is below this launch's padded d_head; keep the smallest if nothing is left."""
+
+    def prune(configs, named_args, **kwargs):
+        if INTERPRET:
+            return configs
+        args = {**named_args, **kwargs}
+        kept = [c for c in configs
+                if c.kwargs[outer] <= args[outer_seq] and c.kwargs[inner] <= args[inner_seq]
+                and args["BLOCK_D"] <= c.kwargs["MAX_D"]]
+        if kept:
+            return kept
+        fitting = [c for c in configs if args["BLOCK_D"] <= c.kwargs["MAX_D"]] or configs
+        return [min(fitting, key=lambda c: (c.kwargs[outer] * c.kwargs[inner], c.num_stages))]
+
+    return prune
+
+
+_KEY = ["SEQ_Q_BUCKET", "SEQ_K_BUCKET", "HEAD_DIM", "IS_CAUSAL", "DOT_PRECISION"]
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def _load(ptrs, rows, n_rows, cols, n_cols, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
+    """Load a 2-D tile, masking rows ≥ n_rows and/or columns ≥ n_cols only where asked (to 0)."""
+    if MASK_ROWS and MASK_COLS:
+        x = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
+    elif MASK_ROWS:
+        x = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+    elif MASK_COLS:
+        x = tl.load(ptrs, mask=cols[None, :] < n_cols, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _store(ptrs, x, rows, n_rows, cols, n_cols, MASK_COLS: tl.constexpr):
+    """Store a 2-D tile; rows ≥ n_rows are always masked, columns only when padded."""
+    if MASK_COLS:
+        tl.store(ptrs, x, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols))
+    else:
+        tl.store(ptrs, x, mask=rows[:, None] < n_rows)
+
+
+# INTERPRET_BF16 is set only under the Triton interpreter with bf16 inputs, to work around two
+# interpreter bugs (Triton 3.9) so that it computes what the GPU does: its ``tl.dot`` multiplies
+# the raw uint16 storage of bf16 values (we upcast first: bf16 → fp32 is exact), and its fp32 → bf16
+# cast truncates instead of rounding to nearest even (we round first, as the GPU does).
+
+@triton.jit
+def _mma(a, b, acc, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr):
+    """acc + a @ b with fp32 accumulation."""
+    if INTERPRET_BF16:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    return out
+
+
+@triton.jit
+def _to(x, dtype: tl.constexpr, INTERPRET_BF16: tl.constexpr):
+    """x cast to dtype, rounding to nearest even."""
+    if INTERPRET_BF16:  # round the fp32 bits to nearest even by hand; then truncation is exact
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        y = bits.to(tl.float32, bitcast=True).to(dtype)
+    else:
+        y = x.to(dtype)
+    return y
+
+
+@triton.jit
+def _fwd_loop(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
+              seq_k, lo, hi, qk_scale,
+              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              INTERPRET_BF16: tl.constexpr):
+    """Online softmax over key tiles [lo, hi); MASKED applies causal and end-of-sequence masks."""
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        k = _load(k_ptrs + start_n * stride_kn, cols, seq_k, offs_d, HEAD_DIM, MASKED, PAD_D)
+        s = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), DOT_PRECISION,
+                 INTERPRET_BF16)
+        if MASKED:
+            keep = cols[None, :] < seq_k
+            if IS_CAUSAL:
+                keep = keep & (cols[None, :] <= offs_m[:, None])
+            s = tl.where(keep, s, float("-inf"))
+        # Row max taken on raw scores then scaled (qk_scale > 0), so that scaling and subtracting
+        # the max is one FMA per score; m_i, m_new are in log2 units.
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _load(v_ptrs + start_n * stride_vn, cols, seq_k, offs_d, HEAD_DIM, MASKED, PAD_D)
+        acc = _mma(_to(p, v.dtype, INTERPRET_BF16), v, acc * alpha[:, None], DOT_PRECISION, INTERPRET_BF16)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.autotune(configs=_configs(_FWD_TILES), key=_KEY,
+                 prune_configs_by={"early_config_prune": _prune_factory(
+                     "BLOCK_M", "BLOCK_N", "SEQ_Q_BUCKET", "SEQ_K_BUCKET")})
+@triton.jit
+def _flash_fwd_kernel(
+    Q, K, V, O, LSE,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    n_heads, seq_q, seq_k, qk_scale, SEQ_Q_BUCKET, SEQ_K_BUCKET,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MAX_D: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    tile_m = tl.program_id(1)
+    if IS_CAUSAL:  # later query tiles visit more key tiles: launch them first
+        tile_m = tl.num_programs(1) - 1 - tile_m
+    off_b = (pid_bh // n_heads).to(tl.int64)
+    off_h = (pid_bh % n_heads).to(tl.int64)
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    m0 = tile_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    q_ptrs = (Q + off_b * stride_qb + off_h * stride_qh
+              + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd)
+    k_ptrs = (K + off_b * stride_kb + off_h * stride_kh
+              + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd)
+    v_ptrs = (V + off_b * stride_vb + off_h * stride_vh
+              + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
+    q = _load(q_ptrs, offs_m, seq_q, offs_d, HEAD_DIM, True, PAD_D)  # (BLOCK_M, BLOCK_D)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # Key tiles [0, n_full) need no mask; [n_full, n_end) cross the diagonal or the end of K.
+    if IS_CAUSAL:
+        n_full = tl.minimum(m0 + 1, seq_k) // BLOCK_N * BLOCK_N
+        n_end = tl.minimum(m0 + BLOCK_M, seq_k)
+    else:
+        n_full = seq_k // BLOCK_N * BLOCK_N
+        n_end = seq_k
+    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m,
+                              offs_n, offs_d, seq_k, 0, n_full, qk_scale, HEAD_DIM, BLOCK_M,
+                              BLOCK_N, False, IS_CAUSAL, PAD_D, DOT_PRECISION, INTERPRET_BF16)
+    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m,
+                              offs_n, offs_d, seq_k, n_full, n_end, qk_scale, HEAD_DIM, BLOCK_M,
+                              BLOCK_N, True, IS_CAUSAL, PAD_D, DOT_PRECISION, INTERPRET_BF16)
+    o = acc / l_i[:, None]
+    lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # ln 2: natural-log logsumexp of the scaled scores
+    o_ptrs = (O + off_b * stride_ob + off_h * stride_oh
+              + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od)
+    _store(o_ptrs, _to(o, O.dtype.element_ty, INTERPRET_BF16), offs_m, seq_q, offs_d, HEAD_DIM, PAD_D)
+    tl.store(LSE + pid_bh.to(tl.int64) * seq_q + offs_m, lse, mask=offs_m < seq_q)
+
+
+@triton.jit
+def _flash_bwd_preprocess(
+    O, DO, DELTA,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    n_heads, seq_q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """D = rowsum(O ∘ dO) in fp32, shape (B·h, Tq)."""
+    pid_bh = tl.program_id(0)
+    off_b = (pid_bh // n_heads).to(tl.int64)
+    off_h = (pid_bh % n_heads).to(tl.int64)
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    o = _load(O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om
+              + offs_d[None, :] * stride_od, offs_m, seq_q, offs_d, HEAD_DIM, True, PAD_D)
+    do = _load(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_dom
+               + offs_d[None, :] * stride_dod, offs_m, seq_q, offs_d, HEAD_DIM, True, PAD_D)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + pid_bh.to(tl.int64) * seq_q + offs_m, delta, mask=offs_m < seq_q)
+
+
+@triton.jit
+def _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr,
+                 stride_qm, stride_dom, stride_dqm, offs_n, offs_m, offs_d, seq_q, lo, hi,
+                 qk_scale, sm_scale,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+                 IS_CAUSAL: tl.constexpr, PAD_D: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr):
+    """Accumulate dK, dV of one key tile over query tiles [lo, hi) (transposed: keys are rows)."""
+    for start_m in range(lo, hi, BLOCK_M):
+        rows = start_m + offs_m
+        q = _load(q_ptrs + start_m * stride_qm, rows, seq_q, offs_d, HEAD_DIM, MASKED, PAD_D)
+        do = _load(do_ptrs + start_m * stride_dom, rows, seq_q, offs_d, HEAD_DIM, MASKED, PAD_D)
+        if MASKED:
+            lse2 = tl.load(lse_ptr + rows, mask=rows < seq_q, other=0.0) * 1.4426950408889634
+            delta = tl.load(delta_ptr + rows, mask=rows < seq_q, other=0.0)
+        else:
+            lse2 = tl.load(lse_ptr + rows) * 1.4426950408889634
+            delta = tl.load(delta_ptr + rows)
+        s_t = _mma(k, tl.trans(q), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), DOT_PRECISION,
+                   INTERPRET_BF16)  # (BLOCK_N, BLOCK_M) = (q kᵀ)ᵀ
+        p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
+        if MASKED:
+            keep = rows[None, :] < seq_q
+            if IS_CAUSAL:
+                keep = keep & (offs_n[:, None] <= rows[None, :])
+            p_t = tl.where(keep, p_t, 0.0)
+        dv = _mma(_to(p_t, do.dtype, INTERPRET_BF16), do, dv, DOT_PRECISION, INTERPRET_BF16)
+        dp_t = _mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), DOT_PRECISION,
+                    INTERPRET_BF16)
+        ds_t = p_t * (dp_t - delta[None, :])  # (BLOCK_N, BLOCK_M)
+        dk = _mma(_to(ds_t, q.dtype, INTERPRET_BF16), q, dk, DOT_PRECISION, INTERPRET_BF16)
+        if ATOMIC_DQ:
+            dq = _mma(tl.trans(_to(ds_t, k.dtype, INTERPRET_BF16)), k, tl.zeros([BLOCK_M, BLOCK_D], tl.float32),
+                      DOT_PRECISION, INTERPRET_BF16) * sm_scale
+            ptrs = dq_ptrs + start_m * stride_dqm
+            if PAD_D:
+                tl.atomic_add(ptrs, dq, mask=(rows[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM))
+            elif MASKED:
+                tl.atomic_add(ptrs, dq, mask=rows[:, None] < seq_q)
+            else:
+                tl.atomic_add(ptrs, dq)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_kv_program(
+    Q, K, V, DO, DK, DV, DQ, LSE, DELTA,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    n_heads, seq_q, seq_k, qk_scale, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """One key tile: dK, dV (and, with ATOMIC_DQ, its share of dQ) over the query tiles that see it.
+
+    Key tile 0 is seen by the most query tiles under a causal mask, so launch order (tile 0 first)
+    is already heaviest first.
+    """
+    pid_bh = tl.program_id(0)
+    n0 = tl.program_id(1) * BLOCK_N
+    off_b = (pid_bh // n_heads).to(tl.int64)
+    off_h = (pid_bh % n_heads).to(tl.int64)
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    k = _load(K + off_b * stride_kb + off_h * stride_kh + offs_n[:, None] * stride_kn
+              + offs_d[None, :] * stride_kd, offs_n, seq_k, offs_d, HEAD_DIM, True, PAD_D)
+    v = _load(V + off_b * stride_vb + off_h * stride_vh + offs_n[:, None] * stride_vn
+              + offs_d[None, :] * stride_vd, offs_n, seq_k, offs_d, HEAD_DIM, True, PAD_D)
+    q_ptrs = (Q + off_b * stride_qb + off_h * stride_qh
+              + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd)
+    do_ptrs = (DO + off_b * stride_dob + off_h * stride_doh
+               + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod)
+    dq_ptrs = (DQ + off_b * stride_dqb + off_h * stride_dqh
+               + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd)
+    lse_ptr = LSE + pid_bh.to(tl.int64) * seq_q
+    delta_ptr = DELTA + pid_bh.to(tl.int64) * seq_q
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+
+    # Query tiles [m_lo, m_diag) cross the diagonal (masked), [m_diag, m_full) see every key of
+    # this tile (unmasked), [m_full, seq_q) is the last partial query tile (masked).
+    if IS_CAUSAL:
+        m_lo = n0 // BLOCK_M * BLOCK_M
+        m_diag = tl.minimum(tl.cdiv(n0 + BLOCK_N - 1, BLOCK_M) * BLOCK_M, seq_q)
+    else:
+        m_lo = 0
+        m_diag = 0
+    m_full = tl.maximum(m_diag, seq_q // BLOCK_M * BLOCK_M)
+    dk, dv = _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr, stride_qm,
+                          stride_dom, stride_dqm, offs_n, offs_m, offs_d, seq_q, m_lo, m_diag,
+                          qk_scale, sm_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, True, IS_CAUSAL, PAD_D,
+                          ATOMIC_DQ, DOT_PRECISION, INTERPRET_BF16)
+    dk, dv = _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr, stride_qm,
+                          stride_dom, stride_dqm, offs_n, offs_m, offs_d, seq_q, m_diag, m_full,
+                          qk_scale, sm_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, False, IS_CAUSAL, PAD_D,
+                          ATOMIC_DQ, DOT_PRECISION, INTERPRET_BF16)
+    dk, dv = _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr, stride_qm,
+                          stride_dom, stride_dqm, offs_n, offs_m, offs_d, seq_q, m_full, seq_q,
+                          qk_scale, sm_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, True, IS_CAUSAL, PAD_D,
+                          ATOMIC_DQ, DOT_PRECISION, INTERPRET_BF16)
+    dk_ptrs = (DK + off_b * stride_dkb + off_h * stride_dkh
+               + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
+    dv_ptrs = (DV + off_b * stride_dkb + off_h * stride_dkh
+               + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
+    _store(dk_ptrs, _to(dk * sm_scale, DK.dtype.element_ty, INTERPRET_BF16), offs_n, seq_k, offs_d, HEAD_DIM, PAD_D)
+    _store(dv_ptrs, _to(dv, DV.dtype.element_ty, INTERPRET_BF16), offs_n, seq_k, offs_d, HEAD_DIM, PAD_D)
+
+
+_KV_PRUNE = {"early_config_prune": _prune_factory("BLOCK_N", "BLOCK_M", "SEQ_K_BUCKET",
+                                                  "SEQ_Q_BUCKET")}
+
+
+@triton.autotune(configs=_configs(_BWD_KV_TILES), key=_KEY, prune_configs_by=_KV_PRUNE)
+@triton.jit
+def _flash_bwd_dkdv_kernel(
+    Q, K, V, DO, DK, DV, DQ, LSE, DELTA,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    n_heads, seq_q, seq_k, qk_scale, sm_scale, SEQ_Q_BUCKET, SEQ_K_BUCKET,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MAX_D: tl.constexpr,
+):
+    _bwd_kv_program(Q, K, V, DO, DK, DV, DQ, LSE, DELTA,
+                    stride_qb, stride_qh, stride_qm, stride_qd,
+                    stride_kb, stride_kh, stride_kn, stride_kd,
+                    stride_vb, stride_vh, stride_vn, stride_vd,
+                    stride_dob, stride_doh, stride_dom, stride_dod,
+                    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+                    n_heads, seq_q, seq_k, qk_scale, sm_scale,
+                    HEAD_DIM, BLOCK_D, IS_CAUSAL, DOT_PRECISION, INTERPRET_BF16, False,
+                    BLOCK_M, BLOCK_N)
+
+
+@triton.autotune(configs=_configs(_BWD_KV_TILES), key=_KEY, prune_configs_by=_KV_PRUNE,
+                 reset_to_zero=["DQ"])  # autotuning reruns the kernel: restart dQ from zero
+@triton.jit
+def _flash_bwd_dkdv_dq_atomic_kernel(
+    Q, K, V, DO, DK, DV, DQ, LSE, DELTA,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    n_heads, seq_q, seq_k, qk_scale, sm_scale, SEQ_Q_BUCKET, SEQ_K_BUCKET,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MAX_D: tl.constexpr,
+):
+    _bwd_kv_program(Q, K, V, DO, DK, DV, DQ, LSE, DELTA,
+                    stride_qb, stride_qh, stride_qm, stride_qd,
+                    stride_kb, stride_kh, stride_kn, stride_kd,
+                    stride_vb, stride_vh, stride_vn, stride_vd,
+                    stride_dob, stride_doh, stride_dom, stride_dod,
+                    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+                    n_heads, seq_q, seq_k, qk_scale, sm_scale,
+                    HEAD_DIM, BLOCK_D, IS_CAUSAL, DOT_PRECISION, INTERPRET_BF16, True,
+                    BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _bwd_q_loop(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n,
+                offs_d, seq_k, lo, hi, qk_scale,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
+                DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr):
+    """Accumulate dQ of one query tile over key tiles [lo, hi)."""
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        k = _load(k_ptrs + start_n * stride_kn, cols, seq_k, offs_d, HEAD_DIM, MASKED, PAD_D)
+        v = _load(v_ptrs + start_n * stride_vn, cols, seq_k, offs_d, HEAD_DIM, MASKED, PAD_D)
+        s = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), DOT_PRECISION,
+                 INTERPRET_BF16)
+        p = tl.math.exp2(s * qk_scale - lse2[:, None])
+        if MASKED:
+            keep = cols[None, :] < seq_k
+            if IS_CAUSAL:
+                keep = keep & (cols[None, :] <= offs_m[:, None])
+            p = tl.where(keep, p, 0.0)
+        dp = _mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), DOT_PRECISION,
+                  INTERPRET_BF16)
+        ds = p * (dp - delta[:, None])
+        dq = _mma(_to(ds, k.dtype, INTERPRET_BF16), k, dq, DOT_PRECISION, INTERPRET_BF16)
+    return dq
+
+
+@triton.autotune(configs=_configs(_BWD_Q_TILES), key=_KEY,
+                 prune_configs_by={"early_config_prune": _prune_factory(
+                     "BLOCK_M", "BLOCK_N", "SEQ_Q_BUCKET", "SEQ_K_BUCKET")})
+@triton.jit
+def _flash_bwd_dq_kernel(
+    Q, K, V, DO, DQ, LSE, DELTA,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    n_heads, seq_q, seq_k, qk_scale, sm_scale, SEQ_Q_BUCKET, SEQ_K_BUCKET,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MAX_D: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    tile_m = tl.program_id(1)
+    if IS_CAUSAL:
+        tile_m = tl.num_programs(1) - 1 - tile_m
+    off_b = (pid_bh // n_heads).to(tl.int64)
+    off_h = (pid_bh % n_heads).to(tl.int64)
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    m0 = tile_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    q = _load(Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qm
+              + offs_d[None, :] * stride_qd, offs_m, seq_q, offs_d, HEAD_DIM, True, PAD_D)
+    do = _load(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_dom
+               + offs_d[None, :] * stride_dod, offs_m, seq_q, offs_d, HEAD_DIM, True, PAD_D)
+    row = pid_bh.to(tl.int64) * seq_q + offs_m
+    lse2 = tl.load(LSE + row, mask=offs_m < seq_q, other=0.0) * 1.4426950408889634
+    delta = tl.load(DELTA + row, mask=offs_m < seq_q, other=0.0)
+    k_ptrs = (K + off_b * stride_kb + off_h * stride_kh
+              + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd)
+    v_ptrs = (V + off_b * stride_vb + off_h * stride_vh
+              + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if IS_CAUSAL:
+        n_full = tl.minimum(m0 + 1, seq_k) // BLOCK_N * BLOCK_N
+        n_end = tl.minimum(m0 + BLOCK_M, seq_k)
+    else:
+        n_full = seq_k // BLOCK_N * BLOCK_N
+        n_end = seq_k
+    dq = _bwd_q_loop(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n,
+                     offs_d, seq_k, 0, n_full, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, False, IS_CAUSAL,
+                     PAD_D, DOT_PRECISION, INTERPRET_BF16)
+    dq = _bwd_q_loop(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n,
+                     offs_d, seq_k, n_full, n_end, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, True, IS_CAUSAL,
+                     PAD_D, DOT_PRECISION, INTERPRET_BF16)
+    _store(DQ + off_b * stride_dqb + off_h * stride_dqh + offs_m[:, None] * stride_dqm
+           + offs_d[None, :] * stride_dqd, _to(dq * sm_scale, DQ.dtype.element_ty, INTERPRET_BF16), offs_m, seq_q,
+           offs_d, HEAD_DIM, PAD_D)
+
+
+# --------------------------------------------------------------------------------------------
+# Host wrappers
+# --------------------------------------------------------------------------------------------
+
+# The last compiled kernel of each name (registers, spills, PTX) for bench/bench_attention.py.
+COMPILED: dict[str, object] = {}
+
+
+def _alloc(shape, dtype, device) -> torch.Tensor:
+    """Every output buffer comes from here (tests replace it to poison outputs with NaN)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise ValueError naming the first problem with q, k, v."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise ValueError(f"{name} has dtype {t.dtype}; flash_attention takes floating-point "
+                             "tensors (float16, bfloat16, float32)")
+        if t.dtype not in DTYPES:
+            raise ValueError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16, float32")
+        if t.dim() not in (3, 4):
+            raise ValueError(f"{name} has shape {tuple(t.shape)}; expected (batch, heads, seq, "
+                             "d_head) or (batch, seq, d_head)")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.dim() == k.dim() == v.dim()):
+        raise ValueError(f"q, k, v have different ranks: {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+    if q.shape[:-2] != k.shape[:-2]:
+        raise ValueError(f"q and k differ in batch/heads: {tuple(q.shape)} vs {tuple(k.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k differ in d_head: {q.shape[-1]} vs {k.shape[-1]}")
+    d = q.shape[-1]
+    if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"d_head {d} is outside the supported range {MIN_HEAD_DIM}–{MAX_HEAD_DIM}")
+    if q.numel() == 0 or k.numel() == 0:
+        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
+    if q.device.type != "cuda" and not INTERPRET:
+        raise ValueError(f"q, k, v are on {q.device.type}; the Triton kernel needs CUDA tensors "
+                         "(or TRITON_INTERPRET=1 set before triton is imported, to interpret on CPU)")
+
+
+def _vectorisable(t: torch.Tensor) -> torch.Tensor:
+    """t itself when its last dimension is contiguous, else a contiguous copy (see module doc)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _launch_args(q: torch.Tensor, k: torch.Tensor, is_causal: bool) -> dict:
+    d = q.shape[-1]
+    precision = (_FP32_PRECISION.get(torch.get_float32_matmul_precision(), "ieee")
+                 if q.dtype == torch.float32 else "tf32")  # ignored for 16-bit inputs
+    return dict(
+        SEQ_Q_BUCKET=_bucket(q.shape[-2]), SEQ_K_BUCKET=_bucket(k.shape[-2]),
+        HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
+        IS_CAUSAL=bool(is_causal), DOT_PRECISION=precision,
+        INTERPRET_BF16=INTERPRET and q.dtype == torch.bfloat16,
+    )
+
+
+def _on_device(t: torch.Tensor):
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
+def _record(name: str, compiled) -> None:
+    if compiled is not None:
+        COMPILED[name] = compiled
+
+
+def _scale(d: int, scale: float | None) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    return float(scale)
+
+
+def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
+                  scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward on 4-D (B, h, T, d) inputs: returns (o contiguous, lse fp32 (B, h, Tq))."""
+    check_inputs(q, k, v)
+    q, k, v = _vectorisable(q), _vectorisable(k), _vectorisable(v)
+    b, h, tq, d = q.shape
+    sm_scale = _scale(d, scale)
+    o = _alloc((b, h, tq, d), q.dtype, q.device)
+    lse = _alloc((b, h, tq), torch.float32, q.device)
+    grid = lambda meta: (b * h, triton.cdiv(tq, meta["BLOCK_M"]))  # noqa: E731
+    with _on_device(q):
+        compiled = _flash_fwd_kernel[grid](
+            q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+            h, tq, k.shape[-2], sm_scale * LOG2E, **_launch_args(q, k, is_causal))
+    _record("_flash_fwd_kernel", compiled)
+    return o, lse
+
+
+def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                   lse: torch.Tensor, do: torch.Tensor, is_causal: bool = False,
+                   scale: float | None = None, mode: str = "split"
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward on 4-D inputs from the saved (o, lse): returns (dq, dk, dv), contiguous."""
+    if mode not in BACKWARD_MODES:
+        raise ValueError(f"backward mode {mode!r}; choose one of {', '.join(BACKWARD_MODES)}")
+    q, k, v, do = _vectorisable(q), _vectorisable(k), _vectorisable(v), _vectorisable(do)
+    b, h, tq, d = q.shape
+    tk = k.shape[-2]
+    sm_scale = _scale(d, scale)
+    args = _launch_args(q, k, is_causal)
+    delta = _alloc((b, h, tq), torch.float32, q.device)
+    dk = _alloc((b, h, tk, d), k.dtype, k.device)
+    dv = _alloc((b, h, tk, d), v.dtype, v.device)
+    pre_block = 32 if INTERPRET else 128
+    common = (h, tq, tk, sm_scale * LOG2E, sm_scale)
+    with _on_device(q):
+        _flash_bwd_preprocess[(b * h, triton.cdiv(tq, pre_block))](
+            o, do, delta, *o.stride(), *do.stride(), h, tq, HEAD_DIM=d,
+            BLOCK_D=args["BLOCK_D"], BLOCK_M=pre_block)
+        kv_grid = lambda meta: (b * h, triton.cdiv(tk, meta["BLOCK_N"]))  # noqa: E731
+        if mode == "split":
+            dq = _alloc((b, h, tq, d), q.dtype, q.device)
+            compiled = _flash_bwd_dkdv_kernel[kv_grid](
+                q, k, v, do, dk, dv, dq, lse, delta, *q.stride(), *k.stride(), *v.stride(),
+                *do.stride(), *dk.stride(), *dq.stride(), *common, **args)
+            _record("_flash_bwd_dkdv_kernel", compiled)
+            q_grid = lambda meta: (b * h, triton.cdiv(tq, meta["BLOCK_M"]))  # noqa: E731
+            compiled = _flash_bwd_dq_kernel[q_grid](
+                q, k, v, do, dq, lse, delta, *q.stride(), *k.stride(), *v.stride(),
+                *do.stride(), *dq.stride(), *common, **args)
+            _record("_flash_bwd_dq_kernel", compiled)
+        else:
+            dq_acc = torch.zeros((b, h, tq, d), dtype=torch.float32, device=q.device)
+            compiled = _flash_bwd_dkdv_dq_atomic_kernel[kv_grid](
+                q, k, v, do, dk, dv, dq_acc, lse, delta, *q.stride(), *k.stride(), *v.stride(),
+                *do.stride(), *dk.stride(), *dq_acc.stride(), *common, **args)
+            _record("_flash_bwd_dkdv_dq_atomic_kernel", compiled)
+            dq = dq_acc.to(q.dtype)
+    return dq, dk, dv
+
+
+class FlashAttentionFn(torch.autograd.Function):
+    """Autograd op on 4-D inputs; saves (q, k, v, o, lse) for the backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal: bool, scale: float | None, backward: str):
+        with phase(FORWARD_RANGE):
+            o, lse = flash_forward(q, k, v, is_causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.is_causal, ctx.scale, ctx.mode = is_causal, scale, backward
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        with phase(BACKWARD_RANGE):
+            dq, dk, dv = flash_backward(q, k, v, o, lse, do, ctx.is_causal, ctx.scale, ctx.mode)
+        return dq, dk, dv, None, None, None
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
+                    scale: float | None = None, backward: str = "split") -> torch.Tensor:
+    """softmax(q·kᵀ·scale [+ causal mask])·v with the FlashAttention-2 Triton kernels.
+
+    q: (B, h, Tq, d) or (B, Tq, d); k, v: (B, h, Tk, d) or (B, Tk, d). ``scale`` defaults to
+    1/√d. ``is_causal`` aligns top-left like torch SDPA. ``backward`` picks the backward kernels:
+    "split" (dK/dV and dQ kernels) or "atomic" (one kernel, dQ by atomic adds). Returns o shaped
+    like q (contiguous).
+    """
+    check_inputs(q, k, v)
+    _scale(q.shape[-1], scale)
+    if backward not in BACKWARD_MODES:
+        raise ValueError(f"backward={backward!r}; choose one of {', '.join(BACKWARD_MODES)}")
+    if q.dim() == 3:  # (B, T, d): one head, as a view
+        return FlashAttentionFn.apply(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), is_causal,
+                                      scale, backward).squeeze(1)
+    return FlashAttentionFn.apply(q, k, v, is_causal, scale, backward)

@@ -1,0 +1,186 @@
+"""Attention benchmark section: the tables of ``capture attention`` and a TFLOP/s plot (torch-free).
+
+Reads each run's ``attention`` artifact (attention.json, written by ``lmprof.capture.attention``):
+part a (CS336 benchmark: mean forward/backward ms, memory before backward, OOM rows), part b
+(leaderboard configuration: do_bench medians and TFLOP/s against the card's measured bf16 matmul
+rate) and part c (sweep: TFLOP/s per implementation and the speed-up of the flash kernel over the
+fastest SDPA backend at each point).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+
+from lmprof.reports.report import ReportContext
+
+SDPA_PREFIX = "sdpa-"
+
+
+def load_results(record: dict[str, Any]) -> dict[str, Any] | None:
+    from lmprof import rundir
+
+    path = rundir.artifact_path(record, "attention")
+    if path is None or not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+
+
+def _fmt(v, spec: str) -> str:
+    return "" if v is None or (isinstance(v, float) and pd.isna(v)) else format(v, spec)
+
+
+def _status(row: dict) -> str:
+    return row["status"] if row["status"] == "OK" else f"{row['status']}: {row.get('error') or ''}"
+
+
+def part_a_table(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "d": r["d"], "Seq": r["seq"], "Dtype": r["dtype"], "Implementation": r["impl"],
+        "Forward (ms)": _fmt(r.get("fwd_ms"), ".3f"),
+        "Backward (ms)": _fmt(r.get("bwd_ms"), ".3f"),
+        "Memory before backward (MiB)": _fmt(
+            r["mem_before_backward_bytes"] / 2**20 if r.get("mem_before_backward_bytes") else None,
+            ".0f"),
+        "Status": _status(r),
+    } for r in rows])
+
+
+def part_b_table(rows: list[dict], matmul_tflops: float | None) -> pd.DataFrame:
+    out = []
+    for r in rows:
+        pct = (lambda t: _fmt(100 * t / matmul_tflops if (t and matmul_tflops) else None, ".0f"))
+        out.append({
+            "Implementation": r["impl"], "Shape (B, H, T, d)": f"{r['batch']}, {r['heads']}, "
+            f"{r['seq']}, {r['d']}", "Dtype": r["dtype"], "Causal": "yes" if r["causal"] else "no",
+            "Forward (ms)": _fmt(r.get("fwd_ms"), ".3f"),
+            "Backward (ms)": _fmt(r.get("bwd_ms"), ".3f"),
+            "Fwd+bwd (ms)": _fmt(r.get("e2e_ms"), ".3f"),
+            "Fwd TFLOP/s": _fmt(r.get("fwd_tflops"), ".1f"),
+            "Bwd TFLOP/s": _fmt(r.get("bwd_tflops"), ".1f"),
+            "Fwd+bwd TFLOP/s": _fmt(r.get("e2e_tflops"), ".1f"),
+            "% of matmul": pct(r.get("e2e_tflops")),
+            "Status": _status(r),
+        })
+    return pd.DataFrame(out)
+
+
+def part_c_frame(rows: list[dict]) -> pd.DataFrame:
+    """One row per (dtype, d, seq): each implementation's fwd+bwd ms, best SDPA, speed-up."""
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    ok = df[df["status"] == "OK"]
+    keys = ["dtype", "d", "seq"]
+    wide = ok.pivot_table(index=keys, columns="impl", values="e2e_ms", aggfunc="min")
+    sdpa = [c for c in wide.columns if c.startswith(SDPA_PREFIX)]
+    if sdpa:
+        wide["best_sdpa_ms"] = wide[sdpa].min(axis=1)
+        wide["best_sdpa"] = [row.idxmin() if row.notna().any() else None
+                             for _, row in wide[sdpa].iterrows()]
+        if "flash" in wide.columns:
+            wide["speedup"] = wide["best_sdpa_ms"] / wide["flash"]
+    return wide.reset_index()
+
+
+def part_c_table(rows: list[dict]) -> pd.DataFrame:
+    wide = part_c_frame(rows)
+    if wide.empty:
+        return wide
+    view = pd.DataFrame({"Dtype": wide["dtype"], "d": wide["d"], "Seq": wide["seq"]})
+    for col in wide.columns:
+        if col in ("dtype", "d", "seq", "best_sdpa_ms", "best_sdpa", "speedup"):
+            continue
+        view[f"{col} (ms)"] = [_fmt(v, ".3f") for v in wide[col]]
+    if "best_sdpa" in wide:
+        view["Best SDPA"] = wide["best_sdpa"].fillna("")
+    if "speedup" in wide:
+        view["flash vs best SDPA"] = [_fmt(v, ".2f") + ("×" if pd.notna(v) else "")
+                                      for v in wide["speedup"]]
+    return view
+
+
+def render_tables(results: dict[str, Any]) -> str:
+    """Markdown for one attention.json (also what ``capture attention`` prints)."""
+    env = results.get("environment") or {}
+    mm = results.get("matmul_bf16_tflops")
+    parts = [f"Device: {env.get('gpu_name') or env.get('device')}; torch {env.get('torch')}, "
+             f"triton {env.get('triton')}, CUDA {env.get('cuda') or '-'}, cuDNN "
+             f"{env.get('cudnn') or '-'}, fp32 matmul precision "
+             f"{env.get('float32_matmul_precision')}. Measured bf16 matmul (8192³): "
+             f"{_fmt(mm, '.0f') or 'n/a'} TFLOP/s."]
+    if results.get("part_a"):
+        parts += ["### CS336 attention benchmark (part a)",
+                  "Mean of the timed passes, each between two synchronizations; memory allocated "
+                  "after the forward, before the backward.",
+                  part_a_table(results["part_a"]).to_markdown(index=False)]
+    if results.get("part_b"):
+        best = results.get("leaderboard_best_ms")
+        parts += ["### Leaderboard configuration (part b)",
+                  "`o = attn(q, k, v, True); o.sum().backward()`, `triton.testing.do_bench` "
+                  "medians. Causal FLOPs: forward 2·B·H·T²·d, backward 2.5× forward. "
+                  f"Published best of the CS336 leaderboard: {best} ms (one H100).",
+                  part_b_table(results["part_b"], mm).to_markdown(index=False)]
+    if results.get("part_c"):
+        parts += ["### Sweep against SDPA (part c)",
+                  "Forward + backward (`o.sum().backward()`), do_bench median ms; batch·seq = 16384 "
+                  "tokens and heads·d = 2048 unless overridden.",
+                  part_c_table(results["part_c"]).to_markdown(index=False)]
+    return "\n\n".join(parts) + "\n"
+
+
+def plot_tflops(rows: list[dict], path) -> bool:
+    """Fwd+bwd TFLOP/s against seq, one panel per (dtype, d), one line per implementation."""
+    df = pd.DataFrame(rows)
+    if df.empty or "e2e_tflops" not in df:
+        return False
+    df = df[df["status"] == "OK"]
+    if df.empty:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted(df.groupby(["dtype", "d"]).groups)
+    cols = min(4, len(panels))
+    rows_n = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4 * cols, 3.2 * rows_n), squeeze=False)
+    for ax, (dtype, d) in zip(axes.flat, panels):
+        sub = df[(df["dtype"] == dtype) & (df["d"] == d)]
+        for impl, g in sub.groupby("impl"):
+            g = g.sort_values("seq")
+            ax.plot(g["seq"], g["e2e_tflops"], marker="o", label=impl,
+                    linewidth=2.5 if impl.startswith("flash") else 1.2)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{dtype}, d_head {d}")
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("fwd+bwd TFLOP/s")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def section(ctx: ReportContext) -> str | None:
+    bodies = []
+    for record in ctx.runs:
+        results = load_results(record)
+        if results is None:
+            continue
+        body = [f"Run `{record.get('run_id')}`.", render_tables(results).rstrip()]
+        if results.get("part_c"):
+            path, link = ctx.image(f"attention_tflops_{record.get('run_id')}.png")
+            if plot_tflops(results["part_c"], path):
+                body.append(f"![fwd+bwd TFLOP/s against sequence length]({link})")
+        bodies.append("\n\n".join(body))
+    return "\n\n".join(bodies) if bodies else None

@@ -1,0 +1,52 @@
+"""``capture attention`` plumbing on CPU: the Triton kernel under the interpreter, tiny sizes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def capture(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "lmprof.capture", "attention", *args], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_parts_a_and_b_write_a_run_directory(tmp_path):
+    proc = capture("--part", "a", "--part", "b", "--seq", "40", "--d", "16", "--device", "cpu",
+                   "--impl", "naive", "--impl", "flash", "--impl", "sdpa-cudnn", "--iters", "2",
+                   "--warmup", "1", "--batch", "1", "--heads", "2", "--dtype", "fp32",
+                   "--out", "runs", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run_dirs = [p for p in (tmp_path / "runs").iterdir() if p.name != "latest"]
+    assert len(run_dirs) == 1
+    record = json.loads((run_dirs[0] / "run.json").read_text())
+    assert record["kind"] == "attention" and record["status"] == "OK"
+    results = json.loads((run_dirs[0] / record["artifacts"]["attention"]).read_text())
+    a = {r["impl"]: r for r in results["part_a"]}
+    assert a["flash"]["status"] == "OK" and a["flash"]["fwd_ms"] > 0 and a["flash"]["bwd_ms"] > 0
+    assert a["sdpa-cudnn"]["status"] == "UNSUPPORTED"  # no cuDNN attention on CPU: a row, not a crash
+    b = {r["impl"]: r for r in results["part_b"]}
+    assert b["flash"]["e2e_ms"] > 0 and b["flash"]["heads"] == 2 and b["flash"]["causal"] is True
+    assert "Leaderboard configuration" in proc.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--d", "8", "--impl", "flash"], "supports d_head 16"),
+    (["--impl", "fastest"], "unknown --impl"),
+    (["--dtype", "fp64"], "unknown --dtype"),
+    (["--part", "x"], "Invalid value"),
+    (["--iters", "0"], "--iters must be positive"),
+])
+def test_bad_options_exit_2_with_one_line(tmp_path, args, message):
+    proc = capture("--device", "cpu", "--out", "runs", *args, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

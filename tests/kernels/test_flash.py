@@ -1,0 +1,292 @@
+"""FlashAttention-2 kernels against the fp64 naive reference, with PyTorch's own error as the bar.
+
+On CPU the kernels run under TRITON_INTERPRET=1 (see conftest.py) at small sizes; the tests
+marked ``gpu`` repeat the checks at real sizes on a CUDA device. Every output buffer the kernels
+allocate is poisoned with NaN first (so an unwritten element fails), NaN never passes a
+comparison, and inputs are fresh random numbers each run (the seed is in the failure message).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lmprof.kernels import attention_ref as ref
+from lmprof.kernels import flash as fa
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Floor under "2 × PyTorch's error": both errors can be tiny in fp32.
+ATOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 4e-3}
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    """Kernel outputs start as NaN, so any element the kernels fail to write shows up."""
+
+    def alloc(shape, dtype, device):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(fa, "_alloc", alloc)
+
+
+@pytest.fixture
+def gen():
+    seed = random.SystemRandom().randrange(2**31)
+    return torch.Generator(device="cpu").manual_seed(seed)  # gen.initial_seed() names it
+
+
+def randn(gen, *shape, dtype=torch.float32, device=DEVICE):
+    return torch.randn(*shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+
+
+def max_err(x: torch.Tensor, reference: torch.Tensor, what: str) -> float:
+    assert torch.isfinite(x).all(), f"{what}: non-finite values (unwritten or NaN)"
+    return (x.double() - reference.double()).abs().max().item()
+
+
+def run_attention(fn, q, k, v, do, **kw):
+    """(o, dq, dk, dv) of fn on leaf copies of q, k, v."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    o = fn(q, k, v, **kw)
+    o.backward(do)
+    return o.detach(), q.grad, k.grad, v.grad
+
+
+naive_o = ref.attention_naive
+
+
+def check_against_reference(gen, shape_q, shape_k, dtype, is_causal, backward="split",
+                            scale=None):
+    """Kernel error ≤ 2 × PyTorch's own error at this dtype (+ a small floor), for o, L, dq, dk, dv."""
+    q = randn(gen, *shape_q, dtype=dtype)
+    k = randn(gen, *shape_k, dtype=dtype)
+    v = randn(gen, *shape_k, dtype=dtype)
+    do = randn(gen, *shape_q, dtype=dtype)
+    kw = dict(is_causal=is_causal, scale=scale)
+    got = run_attention(fa.flash_attention, q, k, v, do, backward=backward, **kw)
+    torch_own = run_attention(naive_o, q, k, v, do, **kw)
+    exact = run_attention(naive_o, q.double(), k.double(), v.double(), do.double(), **kw)
+    names = ("o", "dq", "dk", "dv")
+    msg = f"seed {gen.initial_seed()}, {dtype}, q{shape_q} k{shape_k}, causal={is_causal}, {backward}"
+    for name, g, t, e in zip(names, got, torch_own, exact):
+        err, bar = max_err(g, e, name), max_err(t, e, name)
+        assert err <= 2 * bar + ATOL[dtype], f"{name}: error {err:.2e} > 2 × torch's {bar:.2e}; {msg}"
+    # The saved log-sum-exp, against the exact one.
+    q4, k4, v4 = (t if t.dim() == 4 else t.unsqueeze(1) for t in (q, k, v))
+    _, lse = fa.flash_forward(q4, k4, v4, is_causal, scale)
+    lse_exact = ref.logsumexp_naive(q4.double(), k4.double(), is_causal, scale)
+    lse_tol = 1e-5 if dtype == torch.float32 else 1e-2  # scores from 16-bit inputs, fp32 sums
+    assert max_err(lse, lse_exact, "lse") <= lse_tol, msg
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("tq,tk", [(97, 113), (113, 97)])
+def test_matches_reference(gen, dtype, is_causal, tq, tk):
+    check_against_reference(gen, (1, 2, tq, 32), (1, 2, tk, 32), dtype, is_causal)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_atomic_backward_matches_reference(gen, is_causal):
+    check_against_reference(gen, (2, 1, 97, 32), (2, 1, 113, 32), torch.bfloat16, is_causal,
+                            backward="atomic")
+
+
+@pytest.mark.parametrize("d", [16, 64, 24, 48])
+def test_head_dims(gen, d):
+    """Powers of two use the tile exactly; others run padded to the next power of two."""
+    check_against_reference(gen, (1, 1, 40, d), (1, 1, 33, d), torch.float16, True)
+
+
+def test_three_dim_inputs_and_explicit_scale(gen):
+    check_against_reference(gen, (2, 50, 16), (2, 70, 16), torch.float32, False, scale=0.3)
+
+
+def test_single_row_and_tiny_lengths(gen):
+    check_against_reference(gen, (1, 1, 1, 16), (1, 1, 1, 16), torch.float32, True)
+    check_against_reference(gen, (1, 1, 3, 16), (1, 1, 130, 16), torch.float32, True)
+
+
+def test_strided_inputs(gen):
+    """Transposed (B, T, h, d) views and a non-contiguous last dimension give the same result."""
+    b, t, h, d = 1, 45, 2, 16
+    q = randn(gen, b, t, h, d).transpose(1, 2)  # (B, h, T, d), head and seq strides swapped
+    k = randn(gen, b, h, d, t).transpose(-2, -1)  # last-dim stride T: copied before the launch
+    v = randn(gen, b, h, 2 * t, d)[:, :, ::2]  # every other row
+    do = randn(gen, b, h, t, d)
+    got = run_attention(fa.flash_attention, q, k, v, do, is_causal=True)
+    want = run_attention(naive_o, q.contiguous(), k.contiguous(), v.contiguous(), do,
+                         is_causal=True)
+    for name, g, w in zip(("o", "dq", "dk", "dv"), got, want):
+        assert max_err(g, w, name) < 1e-4, f"{name}, seed {gen.initial_seed()}"
+
+
+@pytest.mark.parametrize("tq,tk", [(30, 70), (70, 30)])
+def test_causal_alignment_is_top_left_like_sdpa(gen, tq, tk):
+    q, k, v = randn(gen, 1, 2, tq, 16), randn(gen, 1, 2, tk, 16), randn(gen, 1, 2, tk, 16)
+    o = fa.flash_attention(q, k, v, is_causal=True)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert max_err(o, want, "o") < 1e-5, f"seed {gen.initial_seed()}"
+
+
+def test_backward_variants_agree(gen):
+    q, k, v, do = (randn(gen, 1, 2, 77, 32) for _ in range(4))
+    split = run_attention(fa.flash_attention, q, k, v, do, is_causal=True, backward="split")
+    atomic = run_attention(fa.flash_attention, q, k, v, do, is_causal=True, backward="atomic")
+    for name, a, b in zip(("o", "dq", "dk", "dv"), split, atomic):
+        assert max_err(a, b, name) < 1e-5
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("blocks", [(16, 16), (32, 16), (16, 48)])
+def test_tiled_reference_matches_naive(gen, is_causal, blocks):
+    """The readable PyTorch version of the algorithm: same o, lse and gradients as the formula."""
+    q, do = randn(gen, 2, 2, 75, 16, dtype=torch.float64), randn(gen, 2, 2, 75, 16, dtype=torch.float64)
+    k, v = randn(gen, 2, 2, 61, 16, dtype=torch.float64), randn(gen, 2, 2, 61, 16, dtype=torch.float64)
+    bm, bn = blocks
+    o, lse = ref.tiled_forward(q, k, v, is_causal, block_m=bm, block_n=bn)
+    grads = ref.tiled_backward(q, k, v, o, lse, do, is_causal, block_m=bm, block_n=bn)
+    want = run_attention(naive_o, q, k, v, do, is_causal=is_causal)
+    lse_want = ref.logsumexp_naive(q, k, is_causal)
+    assert max_err(lse, lse_want, "lse") < 1e-10
+    for name, g, w in zip(("o", "dq", "dk", "dv"), (o, *grads), want):
+        assert max_err(g, w, name) < 1e-10, name
+    via_autograd = run_attention(ref.attention_tiled, q, k, v, do, is_causal=is_causal)
+    for name, g, w in zip(("o", "dq", "dk", "dv"), via_autograd, want):
+        assert max_err(g, w, name) < 1e-10, name
+
+
+def _bad(shape_q=(1, 1, 8, 16), shape_k=(1, 1, 8, 16), shape_v=None, dtype=torch.float32,
+         dtype_k=None):
+    q = torch.randn(shape_q).to(dtype)
+    k = torch.randn(shape_k).to(dtype_k or dtype)
+    v = torch.randn(shape_v or shape_k).to(dtype_k or dtype)
+    return q.to(DEVICE), k.to(DEVICE), v.to(DEVICE)
+
+
+@pytest.mark.parametrize("inputs,message", [
+    (_bad(shape_k=(1, 2, 8, 16)), "batch/heads"),
+    (_bad(shape_k=(1, 1, 8, 32)), "d_head"),
+    (_bad(shape_v=(1, 1, 9, 16)), "k and v shapes"),
+    (_bad(shape_q=(1, 8, 16), shape_k=(1, 1, 8, 16)), "ranks"),
+    (_bad(shape_q=(8, 16), shape_k=(8, 16)), "expected"),
+    (_bad(dtype_k=torch.float16), "dtypes differ"),
+    (_bad(dtype=torch.int32), "floating-point"),
+    (_bad(dtype=torch.float64), "supported"),
+    (_bad(shape_q=(1, 1, 8, 8), shape_k=(1, 1, 8, 8)), "outside the supported range"),
+    (_bad(shape_q=(1, 1, 8, 256), shape_k=(1, 1, 8, 256)), "outside the supported range"),
+    (_bad(shape_q=(1, 1, 0, 16)), "empty"),
+])
+def test_bad_input_raises_value_error(inputs, message):
+    with pytest.raises(ValueError, match=message):
+        fa.flash_attention(*inputs)
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan")])
+def test_bad_scale(scale):
+    with pytest.raises(ValueError, match="scale"):
+        fa.flash_attention(*_bad(), scale=scale)
+
+
+def test_bad_backward_mode():
+    with pytest.raises(ValueError, match="backward"):
+        fa.flash_attention(*_bad(), backward="fast")
+
+
+def test_cpu_tensors_need_the_interpreter(monkeypatch):
+    monkeypatch.setattr(fa, "INTERPRET", False)
+    q, k, v = (torch.randn(1, 1, 8, 16) for _ in range(3))
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        fa.flash_attention(q, k, v)
+
+
+def test_model_flash_attention_matches_sdpa(gen):
+    """--attention flash in the model: same loss and gradients as --attention sdpa."""
+    from lmprof.model.config import config_for
+    from lmprof.model.transformer import TransformerLM, cross_entropy
+
+    results = {}
+    tokens = torch.randint(0, 100, (2, 24), generator=gen).to(DEVICE)
+    for impl in ("sdpa", "flash"):
+        torch.manual_seed(gen.initial_seed())
+        cfg = config_for("tiny", context_length=24, vocab_size=100, attention=impl)
+        model = TransformerLM(cfg).to(DEVICE)
+        loss = cross_entropy(model(tokens), tokens)
+        loss.backward()
+        results[impl] = (loss.detach(), model.layers[0].attn.q_proj.weight.grad)
+    (l_s, g_s), (l_f, g_f) = results["sdpa"], results["flash"]
+    assert max_err(l_f, l_s, "loss") < 1e-4
+    assert max_err(g_f, g_s, "grad") < 1e-4 * max(1.0, g_s.abs().max().item())
+
+
+# ---------------------------------------------------------------------------------------------
+# On the GPU: the same checks at real sizes.
+# ---------------------------------------------------------------------------------------------
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("backward", fa.BACKWARD_MODES)
+@pytest.mark.parametrize("shape", [(2, 4, 1024, 1024, 64), (1, 3, 1000, 2047, 128),
+                                   (2, 2, 4099, 777, 32), (1, 2, 513, 513, 96)])
+def test_gpu_matches_reference(gen, dtype, is_causal, backward, shape):
+    b, h, tq, tk, d = shape
+    check_against_reference(gen, (b, h, tq, d), (b, h, tk, d), dtype, is_causal, backward)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("backward", fa.BACKWARD_MODES)
+def test_gpu_seq_65536_where_naive_runs_out_of_memory(gen, backward):
+    """B=1, h=16, T=65536, d=64, bf16, causal: the naive path cannot hold the 16·T² scores."""
+    b, h, t, d = 1, 16, 65536, 64
+    q, k, v, do = (randn(gen, b, h, t, d, dtype=torch.bfloat16) for _ in range(4))
+    with pytest.raises(torch.OutOfMemoryError):
+        naive_o(q, k, v, is_causal=True)
+    torch.cuda.empty_cache()
+    got = run_attention(fa.flash_attention, q, k, v, do, is_causal=True, backward=backward)
+    torch_own = run_attention(F.scaled_dot_product_attention, q, k, v, do, is_causal=True)
+    # fp32 reference, tile by tile (1024 queries × all keys at a time; one head at a time).
+    exact = [torch.empty(q.shape, dtype=torch.float32, device=DEVICE) for _ in range(4)]
+    for i in range(h):
+        sl = (slice(None), slice(i, i + 1))
+        q1, k1, v1, do1 = (x[sl].float() for x in (q, k, v, do))
+        o1, lse1 = ref.tiled_forward(q1, k1, v1, True, block_m=1024, block_n=t)
+        grads = ref.tiled_backward(q1, k1, v1, o1, lse1, do1, True, block_m=1024, block_n=8192)
+        for buf, val in zip(exact, (o1, *grads)):
+            buf[sl] = val
+    for name, g, tt, e in zip(("o", "dq", "dk", "dv"), got, torch_own, exact):
+        err, bar = max_err(g, e, name), max_err(tt, e, name)
+        assert err <= 2 * bar + ATOL[torch.bfloat16], f"{name}: {err:.2e} vs SDPA {bar:.2e}"
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_every_config(gen, monkeypatch, d):
+    """Each autotune configuration of each kernel, one at a time, on odd lengths (tile edges)."""
+    import triton
+
+    tuners = {fa._flash_fwd_kernel: fa._FWD_TILES, fa._flash_bwd_dkdv_kernel: fa._BWD_KV_TILES,
+              fa._flash_bwd_dkdv_dq_atomic_kernel: fa._BWD_KV_TILES,
+              fa._flash_bwd_dq_kernel: fa._BWD_Q_TILES}
+    tiles = {t: [x for x in lst if d <= x[4]] for t, lst in tuners.items()}
+    for i in range(max(len(lst) for lst in tiles.values())):
+        for tuner, lst in tiles.items():
+            m, n, w, st, max_d = lst[i % len(lst)]
+            monkeypatch.setattr(tuner, "configs", [triton.Config(
+                {"BLOCK_M": m, "BLOCK_N": n, "MAX_D": max_d}, num_warps=w, num_stages=st)])
+            monkeypatch.setattr(tuner, "cache", {})
+        for backward in fa.BACKWARD_MODES:
+            check_against_reference(gen, (1, 2, 1000, d), (1, 2, 1537, d), torch.bfloat16, True,
+                                    backward)
