@@ -18,6 +18,7 @@ bench/results/kernels.md.
 
 from __future__ import annotations
 
+from benchenv import child_env  # noqa: E402  (bench/ is on sys.path when run as a script)
 import argparse
 import datetime as dt
 import os
@@ -76,7 +77,7 @@ def make_export(factor: int, out: Path, source: Path = FIXTURE) -> Path:
 
 
 def run_child(cmd: list[str]) -> tuple[float, int, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)

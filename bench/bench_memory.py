@@ -18,6 +18,7 @@ Wall time and peak RSS (VmHWM) are recorded; the "unpickled size" is the RSS the
 
 from __future__ import annotations
 
+from benchenv import child_env  # noqa: E402  (bench/ is on sys.path when run as a script)
 import argparse
 import datetime as dt
 import json
@@ -108,7 +109,7 @@ def make_snapshot(entries: int, out: Path) -> dict:
 
 
 def run_child(mode: str, path: Path) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     out = subprocess.run([sys.executable, "-c", _CHILD, mode, str(path)], capture_output=True,
                          text=True, env=env, cwd=ROOT)
     if out.returncode:

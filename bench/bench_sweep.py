@@ -15,6 +15,7 @@ Both append a section to bench/results/sweep.md with the machine, versions and d
 
 from __future__ import annotations
 
+from benchenv import child_env  # noqa: E402  (bench/ is on sys.path when run as a script)
 import argparse
 import datetime as dt
 import json
@@ -56,7 +57,7 @@ def machine() -> str:
 def run_sweep(out: Path, grid: list[str], extra: list[str]) -> float:
     cmd = [sys.executable, "-m", "lmprof.capture", "sweep", *grid, "--out", str(out),
            "--name", "s", "--quiet", *extra]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = child_env()
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -71,7 +72,7 @@ def cells(out: Path) -> list[dict]:
 
 def import_time(repeats: int = 3) -> float:
     cmd = [sys.executable, "-c", "import lmprof.capture.cli, lmprof.capture.runner"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = child_env()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()

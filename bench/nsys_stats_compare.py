@@ -17,9 +17,11 @@ appends one row per export to bench/results/nsys_stats_compare.md.
 
 from __future__ import annotations
 
+from benchenv import child_env  # noqa: E402  (bench/ is on sys.path when run as a script)
 import argparse
 import datetime as dt
 import shutil
+import os
 import subprocess
 import sys
 import time
@@ -37,7 +39,7 @@ REPORTS = ("cuda_gpu_kern_sum", "nvtx_kern_sum", "nvtx_gpu_proj_sum")
 def timed(cmd: list[str]) -> float:
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+                          env=child_env())
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed: {(proc.stderr or proc.stdout)[-800:]}")
     return time.perf_counter() - t0
