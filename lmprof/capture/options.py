@@ -78,7 +78,9 @@ def add_sweep_options(fn):
         if name == "label":  # a sweep names its cells itself
             continue
         on = flag.split("/")[0]
-        default = {True: "yes", False: "no"}.get(kwargs.get("default"), kwargs.get("default"))
+        default = kwargs.get("default")
+        if isinstance(default, bool):
+            default = "yes" if default else "no"
         if name in GRID_FIELDS:
             text, metavar = f"{kwargs['help']} A comma-separated list varies it.", "A,B,..."
             if "/" in flag:
