@@ -46,7 +46,7 @@ import pandas as pd
 import pyarrow as pa
 
 from lmprof import rundir
-from lmprof.analyze.snapshot import Flat, flatten, read_snapshot
+from lmprof.analyze.snapshot import Flat, read_flat
 from lmprof.errors import UserError
 
 PHASE_ORDER = ("forward", "inference", "backward", "optimizer", "step", "other", "unknown")
@@ -115,7 +115,7 @@ def load_memory(con: duckdb.DuckDBPyConnection, snapshot_path: str | Path,
                 run_record: dict[str, Any] | None = None) -> int:
     """Load one snapshot into ``con`` and compute its derived tables; returns its snapshot_id."""
     path = Path(snapshot_path)
-    flat = flatten(read_snapshot(path), repr(str(path)))
+    flat = read_flat(path)
     sid = _next_id(con)
     windows, phase_source = _phase_windows(flat, run_record)
     for name, cols in (("memory_trace", flat.trace), ("memory_frames", flat.frames),
