@@ -147,18 +147,9 @@ def _exists(con: duckdb.DuckDBPyConnection, table: str) -> bool:
                             [table]).fetchall()[0][0])
 
 
-def _array(values: list, type_: pa.DataType) -> pa.Array:
-    if type_ == _STR and len(values) > 1000:  # few distinct strings (actions): encode once
-        codes: dict = {}
-        idx = pa.array(list(map(lambda v: codes.setdefault(v, len(codes)), values)), pa.int32())
-        return pa.DictionaryArray.from_arrays(idx, pa.array(list(codes), _STR)).cast(_STR) \
-            if len(codes) < 1000 else pa.array(values, type_)
-    return pa.array(values, type_)
-
-
 def _append(con: duckdb.DuckDBPyConnection, name: str, sid: int, cols: dict[str, list]) -> None:
     schema = _SCHEMAS[name]
-    table = pa.table({k: _array(cols[k], t) for k, t in schema.items()})
+    table = pa.table({k: pa.array(cols[k], t) for k, t in schema.items()})
     con.register("_lmprof_memory_load", table)
     try:
         select = f"SELECT {int(sid)}::INT AS snapshot_id, * FROM _lmprof_memory_load"
