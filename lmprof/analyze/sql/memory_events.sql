@@ -28,7 +28,7 @@
 --   allocated_bytes  BIGINT  allocated (block) bytes after the entry: torch.cuda.memory_allocated
 --   requested_bytes  BIGINT  bytes the live tensors asked for, after the entry (memory_viz's view)
 --   reserved_bytes   BIGINT  bytes held in segments after the entry: torch.cuda.memory_reserved
-WITH tr AS (
+WITH tr AS NOT MATERIALIZED (
     SELECT * FROM memory_trace WHERE snapshot_id = $snapshot_id
 ),
 alive_at_dump AS (
