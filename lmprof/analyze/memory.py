@@ -46,7 +46,7 @@ import pandas as pd
 import pyarrow as pa
 
 from lmprof import rundir
-from lmprof.analyze.snapshot import Flat, flatten, read_snapshot
+from lmprof.analyze.snapshot import Flat, read_flat
 from lmprof.errors import UserError
 
 PHASE_ORDER = ("forward", "inference", "backward", "optimizer", "step", "other", "unknown")
@@ -115,7 +115,7 @@ def load_memory(con: duckdb.DuckDBPyConnection, snapshot_path: str | Path,
                 run_record: dict[str, Any] | None = None) -> int:
     """Load one snapshot into ``con`` and compute its derived tables; returns its snapshot_id."""
     path = Path(snapshot_path)
-    flat = flatten(read_snapshot(path), repr(str(path)))
+    flat = read_flat(path)
     sid = _next_id(con)
     windows, phase_source = _phase_windows(flat, run_record)
     for name, cols in (("memory_trace", flat.trace), ("memory_frames", flat.frames),
@@ -147,18 +147,9 @@ def _exists(con: duckdb.DuckDBPyConnection, table: str) -> bool:
                             [table]).fetchall()[0][0])
 
 
-def _array(values: list, type_: pa.DataType) -> pa.Array:
-    if type_ == _STR and len(values) > 1000:  # few distinct strings (actions): encode once
-        codes: dict = {}
-        idx = pa.array(list(map(lambda v: codes.setdefault(v, len(codes)), values)), pa.int32())
-        return pa.DictionaryArray.from_arrays(idx, pa.array(list(codes), _STR)).cast(_STR) \
-            if len(codes) < 1000 else pa.array(values, type_)
-    return pa.array(values, type_)
-
-
 def _append(con: duckdb.DuckDBPyConnection, name: str, sid: int, cols: dict[str, list]) -> None:
     schema = _SCHEMAS[name]
-    table = pa.table({k: _array(cols[k], t) for k, t in schema.items()})
+    table = pa.table({k: pa.array(cols[k], t) for k, t in schema.items()})
     con.register("_lmprof_memory_load", table)
     try:
         select = f"SELECT {int(sid)}::INT AS snapshot_id, * FROM _lmprof_memory_load"

@@ -10,6 +10,7 @@ bz2) are recognised by their magic bytes, whatever their suffix.
 
 :func:`flatten` turns the nested snapshot into column lists for DuckDB: trace events, interned
 frames and stacks (a stack is a frame list; identical ones share an id), segments and blocks.
+:func:`read_flat` does both with Python's garbage collector paused (the large cost otherwise).
 Layouts that torch's own viewer (``_memory_viz.py``, ``MemoryViz.js``) still reads load too:
 a bare list of segments (no trace), blocks whose frames live in ``history`` with ``real_size``,
 blocks without ``address``/``requested_size``, trace entries without ``frames`` or ``time_us``.
@@ -18,6 +19,7 @@ blocks without ``address``/``requested_size``, trace entries without ``frames`` 
 from __future__ import annotations
 
 import bz2
+import gc
 import gzip
 import io
 import lzma
@@ -105,6 +107,26 @@ def read_snapshot(path: str | Path) -> Any:
         if type(exc).__module__.startswith("zstd"):
             raise UserError(f"{what} cannot be decompressed: {exc}") from None
         raise
+
+
+def read_flat(path: str | Path) -> Flat:
+    """:func:`read_snapshot` then :func:`flatten`, with Python's cyclic garbage collector paused.
+
+    Unpickling builds millions of dicts and lists; each counts towards the collector's
+    thresholds, and its collections walk the growing tree again and again: at a million trace
+    entries that is about three quarters of what a bare ``pickle.load`` takes (measured:
+    2.5 s with the collector, 0.6-0.8 s without; bench/results/memory.md). A snapshot is plain
+    data that reference counting frees when ``flatten`` is done with it, so nothing is lost by
+    collecting only afterwards.
+    """
+    path = Path(path)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return flatten(read_snapshot(path), repr(str(path)))
+    finally:
+        if enabled:
+            gc.enable()
 
 
 # --- flattening ------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import gzip
 import lzma
 import os
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lmprof.analyze.snapshot import flatten, read_snapshot
+from lmprof.analyze.snapshot import flatten, read_flat, read_snapshot
 from lmprof.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,3 +135,19 @@ def test_legacy_layouts_are_read():
     assert flat.blocks["requested_bytes"] == [1000, 1024]
     site = flat.stacks["site"][flat.blocks["stack_id"][0]]
     assert site == "/home/me/model.py:3 f"
+
+
+def test_read_flat_restores_the_garbage_collector(tmp_path):
+    """read_flat pauses the cyclic collector while unpickling; it leaves it as it found it."""
+    assert gc.isenabled()
+    assert read_flat(FIXTURE).has_trace and gc.isenabled()
+    (tmp_path / "bad.pickle").write_bytes(b"not a pickle")
+    with pytest.raises(UserError):
+        read_flat(tmp_path / "bad.pickle")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        read_flat(FIXTURE)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -28,7 +28,7 @@
 --   allocated_bytes  BIGINT  allocated (block) bytes after the entry: torch.cuda.memory_allocated
 --   requested_bytes  BIGINT  bytes the live tensors asked for, after the entry (memory_viz's view)
 --   reserved_bytes   BIGINT  bytes held in segments after the entry: torch.cuda.memory_reserved
-WITH tr AS (
+WITH tr AS NOT MATERIALIZED (
     SELECT * FROM memory_trace WHERE snapshot_id = $snapshot_id
 ),
 alive_at_dump AS (
@@ -81,13 +81,25 @@ leveled AS (
     WINDOW dev AS (PARTITION BY dl.device),
            run AS (PARTITION BY dl.device ORDER BY seq ROWS UNBOUNDED PRECEDING)
 ),
-leaf AS (
+windows AS (
     SELECT step, phase, start_us, end_us FROM memory_phase_windows
-    WHERE snapshot_id = $snapshot_id AND phase <> 'step'
+    WHERE snapshot_id = $snapshot_id
 ),
-steps AS (
-    SELECT step, start_us, end_us FROM memory_phase_windows
-    WHERE snapshot_id = $snapshot_id AND phase = 'step'
+leaf AS (SELECT * FROM windows WHERE phase <> 'step'),
+steps AS (SELECT * FROM windows WHERE phase = 'step'),
+-- The innermost window of an entry (the latest-starting one, if it has not ended yet) changes only
+-- where a window starts or just after one ends: phase and step are looked up once per such cut,
+-- and each entry takes those of the last cut at or before it (one ASOF join instead of two).
+cuts AS (
+    SELECT start_us AS t FROM windows UNION SELECT end_us + 1 FROM windows
+),
+pieces AS (
+    SELECT c.t,
+        CASE WHEN c.t <= w.end_us THEN w.phase WHEN c.t <= s.end_us THEN 'step' END AS phase,
+        CASE WHEN c.t <= w.end_us THEN w.step WHEN c.t <= s.end_us THEN s.step END AS step
+    FROM cuts c
+    ASOF LEFT JOIN leaf w ON c.t >= w.start_us
+    ASOF LEFT JOIN steps s ON c.t >= s.start_us
 ),
 flags AS (
     SELECT count(*) > 0 AS has_windows FROM leaf
@@ -96,17 +108,15 @@ SELECT
     $snapshot_id AS snapshot_id, l.device, l.seq, l.time_us, l.action, l.addr, l.bytes,
     l.block_bytes, l.stream, l.stack_id, l.user_metadata,
     CASE
-        WHEN l.time_us <= w.end_us THEN w.phase
-        WHEN l.time_us <= s.end_us THEN 'step'
+        WHEN p.phase IS NOT NULL THEN p.phase
         WHEN l.user_metadata IS NOT NULL THEN l.user_metadata
         WHEN flags.has_windows THEN 'other'
         ELSE 'unknown'
     END AS phase,
-    CASE WHEN l.time_us <= w.end_us THEN w.step WHEN l.time_us <= s.end_us THEN s.step END AS step,
+    p.step,
     l.allocated_bytes::BIGINT AS allocated_bytes,
     l.requested_bytes::BIGINT AS requested_bytes,
     l.reserved_bytes::BIGINT AS reserved_bytes
 FROM leveled l
 CROSS JOIN flags
-ASOF LEFT JOIN leaf w ON l.time_us >= w.start_us
-ASOF LEFT JOIN steps s ON l.time_us >= s.start_us
+ASOF LEFT JOIN pieces p ON l.time_us >= p.t
