@@ -100,8 +100,8 @@ def main() -> None:
             continue
         fn = tuner.fn
         for cfg in tuner.configs:
-            if base["BLOCK_D"] > cfg.kwargs["MAX_D"]:
-                continue  # pruned at this d_head (see _prune_factory)
+            if cfg.kwargs["D_BUCKET"] != flash._d_bucket(base["BLOCK_D"]):
+                continue  # another d_head bucket's configuration (see flash._select)
             # As the JIT specializes a launch at the leaderboard shape: unit strides become the
             # constant 1, pointers and the other integers are known multiples of 16.
             unit = {n: 1 for n in fn.arg_names if n.startswith("stride_") and n.endswith("d")}

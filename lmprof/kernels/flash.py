@@ -33,8 +33,9 @@ transposed (B, T, h, d) view costs nothing), except that a tensor whose last dim
 contiguous (stride ≠ 1; e.g. the stride-0 gradient of ``o.sum()``) is copied once with
 ``.contiguous()`` — one read and one write of that tensor — so that loads stay vectorised.
 
-Tile sizes, warps and pipeline stages are autotuned per (power-of-two bucket of Tq and Tk, d,
-causal, dtype, fp32 precision); configurations that cannot fit are pruned (``_prune``). Under
+Tile sizes, warps and pipeline stages are autotuned per (power-of-two bucket of Tq, Tk and
+batch·heads, d, causal, dtype, fp32 precision) from a list per padded-d_head bucket (``_select``
+drops tiles longer than the sequences). Under
 ``TRITON_INTERPRET=1`` (CPU tests) each kernel has one small configuration.
 """
 
@@ -51,9 +52,9 @@ import triton.language as tl
 from lmprof.annotate import phase
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-# LMPROF_FLASH_AUTOTUNE=0: one configuration per kernel (the first that fits d_head 128), no
-# autotuning — for tests and quick runs; autotuning compiles every configuration per (d_head,
-# dtype, causal), about 20 compiles of 1–2 s each.
+# LMPROF_FLASH_AUTOTUNE=0: one configuration per kernel (the first of the d_head-128 list), no
+# autotuning — for tests and quick runs; autotuning compiles every configuration of the d_head
+# bucket per (dtype, causal), ≤ 12 per kernel at 1–2 s each.
 AUTOTUNE = os.environ.get("LMPROF_FLASH_AUTOTUNE", "1") != "0"
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -70,75 +71,129 @@ _FP32_PRECISION = {"highest": "ieee", "high": "tf32x3", "medium": "tf32"}
 
 
 # --------------------------------------------------------------------------------------------
-# Autotuning: configurations are data; ``_prune`` drops the ones that cannot fit a launch.
+# Autotuning: configurations are data, one list per kernel and padded-d_head bucket; ``_select``
+# keeps those of this launch's bucket that fit its sequence lengths.
 # --------------------------------------------------------------------------------------------
 
-# Every autotuned kernel takes a MAX_D constexpr that its body never reads: it rides in the
-# triton.Config so that the pruning function can see it.
-def _configs(tiles: list[tuple[int, int, int, int, int]]) -> list[triton.Config]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages, largest d_head) tuples → triton.Config list."""
+# Padded d_head buckets: a launch uses the configurations of the smallest bucket ≥ its BLOCK_D.
+D_BUCKETS = (64, 128)
+
+
+def _d_bucket(block_d: int) -> int:
+    return next(b for b in D_BUCKETS if block_d <= b)
+
+
+# Every autotuned kernel takes a D_BUCKET constexpr that its body never reads: it rides in the
+# triton.Config so that the pruning function can see which bucket a configuration belongs to.
+def _configs(tiles: dict[int, list[tuple[int, int, int, int]]]) -> list[triton.Config]:
+    """{d bucket: [(BLOCK_M, BLOCK_N, num_warps, num_stages)]} → triton.Config list."""
     if INTERPRET:  # autotuning in the interpreter is slow and meaningless: one small config
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16, "MAX_D": MAX_HEAD_DIM},
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16, "D_BUCKET": MAX_HEAD_DIM},
                               num_warps=4, num_stages=1)]
-    if not AUTOTUNE:
-        tiles = [next(t for t in tiles if t[4] == MAX_HEAD_DIM)]
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "MAX_D": max_d}, num_warps=w, num_stages=s)
-            for m, n, w, s, max_d in tiles]
+    if not AUTOTUNE:  # the first d=128 configuration serves every d_head (fits all of them)
+        tiles = {MAX_HEAD_DIM: tiles[MAX_HEAD_DIM][:1]}
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "D_BUCKET": d}, num_warps=w, num_stages=s)
+            for d, lst in tiles.items() for m, n, w, s in lst]
 
 
-# The last field is the largest padded d_head a configuration is tried at: above it ptxas spills
-# registers (read off `python bench/compile_flash.py --d 64|128`, sm_90, Triton 3.9 ptxas 13.4;
-# see bench/notes/flash_attention.md). Hopper's wgmma works on 64-row slices per warpgroup.
+# Read off `python bench/compile_flash.py --d 64|128` (sm_90, bf16, causal; Triton 3.9, ptxas
+# 13.4): every configuration listed compiles with 0 spills and all products as wgmma; "regs" and
+# "CTAs/SM" (by registers and shared memory) are from that view. At most 12 per bucket (each one
+# compiles in ~1–2 s and is timed once per autotuning key). Rejected ones stay as comments.
+# Hopper's wgmma works on 64-row slices per warpgroup (4 warps); its N is the tile's column count,
+# and N = 64 with both operands in shared memory is near the shared-memory bandwidth limit, so
+# tiles whose products have N ≥ 128 are favoured where they fit.
+#
 # Forward: BLOCK_M query rows per program, BLOCK_N keys per loop iteration.
-_FWD_TILES = [
-    (128, 64, 4, 3, 64), (128, 64, 8, 3, 128), (128, 128, 8, 2, 128), (128, 128, 8, 3, 128),
-    (128, 32, 4, 3, 128), (64, 64, 4, 3, 128), (64, 32, 4, 2, 128),
-    # rejected: (128, 64, 4, 3) at d=128 — 255 registers and 436 B of spills
-    # rejected: (128, 128, 4, *) — acc + a 128×128 score tile on one warpgroup cannot fit
-    # rejected: (256, 64, 8, *) — acc + scores exceed the register file at d=128
-    # rejected: num_stages 4 with BLOCK_N 128 at d=128 — 3 stages already use 224 KiB of shared memory
-]
-# dK/dV (and the atomic variant): BLOCK_N keys per program (outer), BLOCK_M queries per iteration.
-_BWD_KV_TILES = [
-    (32, 128, 4, 3, 64), (64, 128, 8, 2, 64), (64, 128, 8, 3, 64), (64, 64, 4, 3, 64),
-    (32, 128, 8, 2, 128), (32, 128, 8, 3, 128), (64, 64, 8, 2, 128), (32, 64, 4, 3, 128),
-    (16, 64, 4, 4, 128),
-    # rejected: (32, 128, 4, 3) at d=128 — 2.5 KB of spills; (64, 128, 8, *) at d=128 — spills
-    # rejected: (128, 128, *) — dK, dV accumulators plus two (BLOCK_N, BLOCK_M) fp32 tiles spill
-]
-# dQ: BLOCK_M queries per program (outer), BLOCK_N keys per iteration.
-_BWD_Q_TILES = [
-    (128, 32, 4, 3, 64), (128, 64, 8, 2, 128), (128, 64, 8, 3, 128), (64, 64, 4, 3, 128),
-    (64, 32, 4, 3, 128),
-    # rejected: (128, 32, 4, 3) at d=128 — 88 B of spills
-    # rejected: (128, 128, *) — two (BLOCK_M, BLOCK_N) fp32 tiles (P, dP) plus dQ spill
-]
+_FWD_TILES = {
+    64: [
+        (128, 128, 8, 3), (128, 128, 8, 2), (128, 128, 8, 4),  # v1 GPU winner; 212 regs, 1 CTA/SM
+        (128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 4, 5),     # 250 regs: 2 CTAs/SM overlap softmax and MMA
+        (128, 64, 8, 3), (128, 64, 8, 4),                      # 125 regs, 2 CTAs/SM
+        (256, 64, 8, 3),                                       # 248 regs: K/V tile reused by 256 rows
+        (64, 128, 4, 2), (64, 128, 4, 3),                      # 248 regs, 2 CTAs/SM, N = 128
+        # rejected: (128, 128, 4, *) — 192 B of spills; (128, 32, 4, *), (64, 64, 4, *) — N ≤ 64
+        # products on small tiles lost to the above in v1
+    ],
+    128: [
+        (128, 64, 8, 3), (128, 64, 8, 2), (128, 64, 8, 4),     # 200–209 regs
+        (128, 128, 8, 2), (128, 128, 8, 3),                    # 255 regs; 3 stages: 224 KiB smem
+        (128, 32, 4, 3), (128, 32, 4, 4),                      # 255 regs
+        (64, 64, 4, 2), (64, 64, 4, 3),                        # 209–226 regs
+        # rejected: (128, 64, 4, *) — 392+ B of spills; (256, 64, 8, *) — 188+ B of spills;
+        # (64, 128, 4, *) — 24 B of spills; (128, 128, 8, 4+) — over 227 KiB of shared memory
+    ],
+}
+# dK/dV: BLOCK_N keys per program (held), BLOCK_M queries per loop iteration (streamed).
+_BWD_KV_TILES = {
+    64: [
+        (64, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 4), (64, 128, 8, 5),  # v1 winner; 231 regs
+        (32, 128, 8, 3), (32, 128, 8, 4), (32, 128, 8, 5),     # 160 regs
+        (64, 64, 4, 3), (64, 64, 4, 4),                        # 226–236 regs, 2 CTAs/SM
+        (64, 64, 8, 3),                                        # 183 regs
+        # rejected: (32, 128, 4, *) — 24 B of spills; (64, 128, 4, *) — 2.2 KB of spills;
+        # (128, 64, 8, *), (128, 128, 8, *) — 8–56 B of spills; (16, 128, 4, *) — N = 16 products
+    ],
+    128: [
+        (32, 128, 8, 2), (32, 128, 8, 3), (32, 128, 8, 4),     # 242–248 regs
+        (64, 64, 8, 2), (64, 64, 8, 3), (64, 64, 8, 4),        # 233–253 regs
+        (32, 64, 4, 3), (16, 64, 4, 4),
+        # rejected: (64, 128, 8, *) — 64+ B of spills; (64, 64, 4, *), (32, 128, 4, *) — spills
+    ],
+}
+# The atomic variant (an option, 2× slower than split on H200 in v1): a short list. With
+# BLOCK_M 32 its dQ product is mma.sync (wgmma needs 64 rows), the only d=128 tiles without spills.
+_BWD_KV_ATOMIC_TILES = {
+    64: [(64, 128, 8, 3), (64, 128, 8, 4), (64, 64, 8, 3), (64, 64, 8, 4)],  # 220–244 regs
+    128: [(32, 128, 8, 2), (32, 128, 8, 3)],  # rejected: (64, 64, 8, *) — 8 B of spills
+}
+# dQ: BLOCK_M queries per program (held), BLOCK_N keys per loop iteration (streamed).
+_BWD_Q_TILES = {
+    64: [
+        (128, 64, 8, 3), (128, 64, 8, 2), (128, 64, 8, 4),     # 150 regs
+        (128, 128, 8, 2), (128, 128, 8, 3),                    # 253 regs, N = 128 for S and dP
+        (128, 64, 4, 3), (128, 64, 4, 4),                      # 255 regs, 0 spills, 2 CTAs/SM
+        (128, 32, 4, 3), (128, 32, 4, 4), (128, 32, 4, 5),     # 194 regs, 2 CTAs/SM
+        (64, 64, 4, 3),                                        # v1 winner (tuned at 2 heads)
+        # rejected: (256, 64, 8, *) — 28+ B of spills; (64, 128, 4, *) — 255 regs, N = 64 dQ
+    ],
+    128: [
+        (128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4),     # 208–210 regs
+        (64, 64, 4, 2), (64, 64, 4, 3),                        # 222 regs
+        (64, 32, 4, 3),                                        # 164 regs
+        # rejected: (128, 32, 4, *) — 24–88 B of spills; (128, 64, 4, *) — 432+ B;
+        # (128, 128, 8, *) — 64+ B
+    ],
+}
 
 
 def _bucket(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-def _prune_factory(outer: str, inner: str, outer_seq: str, inner_seq: str):
-    """Drop configs whose tiles exceed the padded sequence (they only compute padding) or whose
-    MAX_D is below this launch's padded d_head; keep the smallest if nothing is left."""
+def _select(configs, args: dict, outer: str, inner: str, outer_seq: str, inner_seq: str):
+    """The configurations of this launch's d_head bucket whose tiles do not exceed the padded
+    sequence lengths (larger ones only compute padding); the smallest of the bucket if none."""
+    bucket = _d_bucket(args["BLOCK_D"])
+    mine = [c for c in configs if c.kwargs["D_BUCKET"] == bucket] or configs
+    kept = [c for c in mine
+            if c.kwargs[outer] <= args[outer_seq] and c.kwargs[inner] <= args[inner_seq]]
+    return kept or [min(mine, key=lambda c: (c.kwargs[outer] * c.kwargs[inner], c.num_stages))]
 
+
+def _prune_factory(outer: str, inner: str, outer_seq: str, inner_seq: str):
     def prune(configs, named_args, **kwargs):
         if INTERPRET:
             return configs
-        args = {**named_args, **kwargs}
-        kept = [c for c in configs
-                if c.kwargs[outer] <= args[outer_seq] and c.kwargs[inner] <= args[inner_seq]
-                and args["BLOCK_D"] <= c.kwargs["MAX_D"]]
-        if kept:
-            return kept
-        fitting = [c for c in configs if args["BLOCK_D"] <= c.kwargs["MAX_D"]] or configs
-        return [min(fitting, key=lambda c: (c.kwargs[outer] * c.kwargs[inner], c.num_stages))]
+        return _select(configs, {**named_args, **kwargs}, outer, inner, outer_seq, inner_seq)
 
     return prune
 
 
-_KEY = ["SEQ_Q_BUCKET", "SEQ_K_BUCKET", "HEAD_DIM", "IS_CAUSAL", "DOT_PRECISION"]
+# The autotuning key: sequence buckets, a bucket of batch·heads (how many programs share the
+# GPU decides which tile size wins: v1 was tuned at 2 heads and timed at 16), d_head, causal, fp32
+# precision (Triton adds the tensors' dtypes).
+_KEY = ["SEQ_Q_BUCKET", "SEQ_K_BUCKET", "BH_BUCKET", "HEAD_DIM", "IS_CAUSAL", "DOT_PRECISION"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -234,10 +289,10 @@ def _flash_fwd_kernel(
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
-    n_heads, seq_q, seq_k, qk_scale, SEQ_Q_BUCKET, SEQ_K_BUCKET,
+    n_heads, seq_q, seq_k, qk_scale, SEQ_Q_BUCKET, SEQ_K_BUCKET, BH_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MAX_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_BUCKET: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     tile_m = tl.program_id(1)
@@ -437,10 +492,10 @@ def _flash_bwd_dkdv_kernel(
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-    n_heads, seq_q, seq_k, qk_scale, sm_scale, SEQ_Q_BUCKET, SEQ_K_BUCKET,
+    n_heads, seq_q, seq_k, qk_scale, sm_scale, SEQ_Q_BUCKET, SEQ_K_BUCKET, BH_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MAX_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_BUCKET: tl.constexpr,
 ):
     _bwd_kv_program(Q, K, V, DO, DK, DV, DQ, LSE, DELTA,
                     stride_qb, stride_qh, stride_qm, stride_qd,
@@ -454,7 +509,7 @@ def _flash_bwd_dkdv_kernel(
                     BLOCK_M, BLOCK_N)
 
 
-@triton.autotune(configs=_configs(_BWD_KV_TILES), key=_KEY, prune_configs_by=_KV_PRUNE,
+@triton.autotune(configs=_configs(_BWD_KV_ATOMIC_TILES), key=_KEY, prune_configs_by=_KV_PRUNE,
                  reset_to_zero=["DQ"])  # autotuning reruns the kernel: restart dQ from zero
 @triton.jit
 def _flash_bwd_dkdv_dq_atomic_kernel(
@@ -465,10 +520,10 @@ def _flash_bwd_dkdv_dq_atomic_kernel(
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-    n_heads, seq_q, seq_k, qk_scale, sm_scale, SEQ_Q_BUCKET, SEQ_K_BUCKET,
+    n_heads, seq_q, seq_k, qk_scale, sm_scale, SEQ_Q_BUCKET, SEQ_K_BUCKET, BH_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MAX_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_BUCKET: tl.constexpr,
 ):
     _bwd_kv_program(Q, K, V, DO, DK, DV, DQ, LSE, DELTA,
                     stride_qb, stride_qh, stride_qm, stride_qd,
@@ -519,10 +574,10 @@ def _flash_bwd_dq_kernel(
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-    n_heads, seq_q, seq_k, qk_scale, sm_scale, SEQ_Q_BUCKET, SEQ_K_BUCKET,
+    n_heads, seq_q, seq_k, qk_scale, sm_scale, SEQ_Q_BUCKET, SEQ_K_BUCKET, BH_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MAX_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_BUCKET: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     tile_m = tl.program_id(1)
@@ -625,6 +680,7 @@ def _launch_args(q: torch.Tensor, k: torch.Tensor, is_causal: bool) -> dict:
                  if q.dtype == torch.float32 else "tf32")  # ignored for 16-bit inputs
     return dict(
         SEQ_Q_BUCKET=_bucket(q.shape[-2]), SEQ_K_BUCKET=_bucket(k.shape[-2]),
+        BH_BUCKET=triton.next_power_of_2(q.shape[0] * q.shape[1]),
         HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
         IS_CAUSAL=bool(is_causal), DOT_PRECISION=precision,
         INTERPRET_BF16=INTERPRET and q.dtype == torch.bfloat16,

@@ -205,6 +205,47 @@ def test_cpu_tensors_need_the_interpreter(monkeypatch):
         fa.flash_attention(q, k, v)
 
 
+ALL_TILES = {"fwd": fa._FWD_TILES, "dkdv": fa._BWD_KV_TILES, "dkdv_atomic": fa._BWD_KV_ATOMIC_TILES,
+             "dq": fa._BWD_Q_TILES}
+
+
+@pytest.mark.parametrize("kernel", ALL_TILES)
+def test_autotune_lists_are_small_and_cover_every_bucket(kernel):
+    """≤ 12 distinct configurations per d_head bucket (compile time on the GPU), every bucket."""
+    lists = ALL_TILES[kernel]
+    assert set(lists) == set(fa.D_BUCKETS)
+    for bucket, lst in lists.items():
+        assert 1 <= len(lst) <= 12, (kernel, bucket, len(lst))
+        assert len(set(lst)) == len(lst), (kernel, bucket)
+
+
+def _as_configs(lists):
+    import triton
+
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "D_BUCKET": d}, num_warps=w, num_stages=s)
+            for d, lst in lists.items() for m, n, w, s in lst]
+
+
+@pytest.mark.parametrize("d,bucket", [(16, 64), (64, 64), (96, 128), (128, 128)])
+def test_select_keeps_this_buckets_configs_that_fit(d, bucket):
+    configs = _as_configs(fa._BWD_Q_TILES)
+    block_d = 1 << (d - 1).bit_length()
+    args = dict(BLOCK_D=block_d, SEQ_Q_BUCKET=16384, SEQ_K_BUCKET=16384)
+    kept = fa._select(configs, args, "BLOCK_M", "BLOCK_N", "SEQ_Q_BUCKET", "SEQ_K_BUCKET")
+    assert len(kept) == len(fa._BWD_Q_TILES[bucket])
+    assert all(c.kwargs["D_BUCKET"] == bucket for c in kept)
+    # Short sequences: no tile longer than the padded length; the smallest one if none fits.
+    args.update(SEQ_Q_BUCKET=64, SEQ_K_BUCKET=64)
+    kept = fa._select(configs, args, "BLOCK_M", "BLOCK_N", "SEQ_Q_BUCKET", "SEQ_K_BUCKET")
+    assert kept and all(c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 64 for c in kept)
+    args.update(SEQ_Q_BUCKET=16, SEQ_K_BUCKET=16)
+    (only,) = fa._select(configs, args, "BLOCK_M", "BLOCK_N", "SEQ_Q_BUCKET", "SEQ_K_BUCKET")
+    smallest = min(c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] for c in configs
+                   if c.kwargs["D_BUCKET"] == bucket)
+    assert only.kwargs["D_BUCKET"] == bucket
+    assert only.kwargs["BLOCK_M"] * only.kwargs["BLOCK_N"] == smallest
+
+
 def test_model_flash_attention_matches_sdpa(gen):
     """--attention flash in the model: same loss and gradients as --attention sdpa."""
     from lmprof.model.config import config_for
@@ -278,14 +319,15 @@ def test_gpu_every_config(gen, monkeypatch, d):
     import triton
 
     tuners = {fa._flash_fwd_kernel: fa._FWD_TILES, fa._flash_bwd_dkdv_kernel: fa._BWD_KV_TILES,
-              fa._flash_bwd_dkdv_dq_atomic_kernel: fa._BWD_KV_TILES,
+              fa._flash_bwd_dkdv_dq_atomic_kernel: fa._BWD_KV_ATOMIC_TILES,
               fa._flash_bwd_dq_kernel: fa._BWD_Q_TILES}
-    tiles = {t: [x for x in lst if d <= x[4]] for t, lst in tuners.items()}
+    tiles = {t: lists[fa._d_bucket(d)] for t, lists in tuners.items()}
     for i in range(max(len(lst) for lst in tiles.values())):
         for tuner, lst in tiles.items():
-            m, n, w, st, max_d = lst[i % len(lst)]
+            m, n, w, st = lst[i % len(lst)]
             monkeypatch.setattr(tuner, "configs", [triton.Config(
-                {"BLOCK_M": m, "BLOCK_N": n, "MAX_D": max_d}, num_warps=w, num_stages=st)])
+                {"BLOCK_M": m, "BLOCK_N": n, "D_BUCKET": fa._d_bucket(d)}, num_warps=w,
+                num_stages=st)])
             monkeypatch.setattr(tuner, "cache", {})
         for backward in fa.BACKWARD_MODES:
             check_against_reference(gen, (1, 2, 1000, d), (1, 2, 1537, d), torch.bfloat16, True,
