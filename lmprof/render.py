@@ -47,11 +47,16 @@ _DISPLAY = {"d_model": "d_model", "d_ff": "d_ff", "d_head": "d_head", "mfu_pct":
             "achieved_tflops": "TFLOP/s", "warmup": "Warm-up", "warmup_total_s": "Warm-up total (ms)"}
 
 
+_ACRONYMS = {"cpu": "CPU", "gpu": "GPU", "gemm": "GEMM", "nvtx": "NVTX", "flops": "FLOPs",
+             "mfu": "MFU", "tflops": "TFLOP/s", "id": "ID"}
+
+
 def display_name(col: str) -> str:
     if col in _DISPLAY:
         return _DISPLAY[col]
     base, unit, _ = _split_unit(col)
-    text = base.replace("_", " ")
+    words = [_ACRONYMS.get(w, w) for w in base.split("_")]
+    text = " ".join(words)
     text = text[:1].upper() + text[1:]
     return f"{text} ({unit})" if unit else text
 
