@@ -93,7 +93,10 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
         for key, lg in g.groupby(line_keys, dropna=False, sort=False):
             if len(lg) < 2:
                 continue
-            lg = lg.sort_values("context")
+            # the same configuration run twice (two sweeps given together): plot the median
+            lg = lg.groupby("context", as_index=False)["step_mean_s"].median()
+            if len(lg) < 2:
+                continue
             size, _, dtype, compiled, attention, *_ = key
             label = f"{size} {dtype}" + (" compiled" if compiled else "") + (
                 f" {attention}" if attention != "naive" else "")
@@ -116,7 +119,8 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return (f"![step time vs context length]({link})\n\nMean step time against context length "
-            "(log scales); one line per size, dtype and compile setting; failed cells are left out.")
+            "(log scales); one line per size, dtype and compile setting; failed cells are left out, "
+            "repeated configurations are shown by their median.")
 
 
 def _memory(df: pd.DataFrame) -> str | None:
