@@ -18,7 +18,7 @@ bench/results/kernels.md.
 
 from __future__ import annotations
 
-from benchenv import child_env  # noqa: E402  (bench/ is on sys.path when run as a script)
+from benchenv import child_env, cpu_model  # noqa: E402  (bench/ is on sys.path when run as a script)
 import argparse
 import datetime as dt
 import os
@@ -116,15 +116,7 @@ def environment() -> str:
     import duckdb
     import pyarrow
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{platform.node()} ({cpu}, {os.cpu_count()} cores); python "
+    return (f"{platform.node()} ({cpu_model()}, {os.cpu_count()} cores); python "
             f"{platform.python_version()}, duckdb {duckdb.__version__}, pyarrow "
             f"{pyarrow.__version__}")
 

@@ -22,7 +22,7 @@ Wall time and peak RSS (VmHWM) are recorded; the "unpickled size" is the RSS the
 
 from __future__ import annotations
 
-from benchenv import child_env  # noqa: E402  (bench/ is on sys.path when run as a script)
+from benchenv import child_env, cpu_model  # noqa: E402  (bench/ is on sys.path when run as a script)
 import argparse
 import datetime as dt
 import json
@@ -141,15 +141,7 @@ def versions() -> str:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{platform.node()} ({cpu}, {os.cpu_count()} cores)"
+    return f"{platform.node()} ({cpu_model()}, {os.cpu_count()} cores)"
 
 
 def main() -> None:

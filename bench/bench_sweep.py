@@ -15,7 +15,7 @@ Both append a section to bench/results/sweep.md with the machine, versions and d
 
 from __future__ import annotations
 
-from benchenv import child_env  # noqa: E402  (bench/ is on sys.path when run as a script)
+from benchenv import child_env, cpu_model  # noqa: E402  (bench/ is on sys.path when run as a script)
 import argparse
 import datetime as dt
 import json
@@ -33,16 +33,6 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "sweep.md"
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def machine() -> str:
     import torch
 
@@ -50,7 +40,7 @@ def machine() -> str:
     if torch.cuda.is_available():
         gpu = f", {torch.cuda.device_count()}× {torch.cuda.get_device_name(0)}"
     load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
-    return (f"{socket.gethostname()}: {cpu_name()} ({os.cpu_count()} CPUs{load}){gpu}; "
+    return (f"{socket.gethostname()}: {cpu_model()} ({os.cpu_count()} CPUs{load}){gpu}; "
             f"python {platform.python_version()}, torch {torch.__version__}")
 
 
