@@ -5,8 +5,8 @@ fixture's span, correlation ids and NVTX range ids offset, so attribution sees N
 training steps): x100 is about 435k kernels, 824k runtime calls and 31k NVTX ranges. Then, each in
 a fresh process, measures:
 
-1. bare load: the needed columns of the export into DuckDB (``lmprof.analyze.nsys.load``), the
-   baseline the analysis is compared with;
+1. bare load: the needed columns of the export into DuckDB (``lmprof.analyze.nsys.load``, DuckDB's
+   sqlite scanner), the baseline the analysis is compared with;
 2. ``analyze kernels REPORT`` producing every table (a)-(f), csv to a scratch folder.
 
 Targets (issue 3, on a 2-core CPU machine): x100 analysis <= 1.5x the bare load; x1000 under 10x
@@ -25,6 +25,7 @@ import os
 import platform
 import shutil
 import sqlite3
+import statistics
 import subprocess
 import sys
 import time
@@ -104,12 +105,17 @@ def counts(path: Path) -> dict[str, int]:
 
 
 def measure(path: Path, repeat: int, scratch: Path) -> dict:
-    load = [run_child([sys.executable, "-c", _LOAD, str(path)]) for _ in range(repeat)]
-    analyze = [run_child([sys.executable, "-m", "lmprof.analyze", "kernels", str(path),
-                          "--format", "csv", "--out", str(scratch)]) for _ in range(repeat)]
-    return {"load_s": min(w for w, _, _ in load), "load_rss": max(r for _, r, _ in load),
-            "analyze_s": min(w for w, _, _ in analyze),
-            "analyze_rss": max(r for _, r, _ in analyze)}
+    """Median of ``repeat`` runs of each, load and analyze alternated (drift hits both alike)."""
+    load, analyze = [], []
+    for _ in range(repeat):
+        load.append(run_child([sys.executable, "-c", _LOAD, str(path)]))
+        analyze.append(run_child([sys.executable, "-m", "lmprof.analyze", "kernels", str(path),
+                                  "--format", "csv", "--out", str(scratch)]))
+    return {"load_s": statistics.median(w for w, _, _ in load),
+            "load_rss": max(r for _, r, _ in load),
+            "analyze_s": statistics.median(w for w, _, _ in analyze),
+            "analyze_rss": max(r for _, r, _ in analyze),
+            "loadavg": os.getloadavg()[0]}
 
 
 def environment() -> str:
@@ -125,15 +131,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--factors", type=int, nargs="+", default=[100, 1000])
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/lmprof-kernels-bench"))
-    ap.add_argument("--repeat", type=int, default=3, help="runs per measurement (min is kept)")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs per measurement, load and analyze alternated (median is kept)")
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     env = environment()
     if not RESULTS.exists():
         RESULTS.write_text(
             "# analyze kernels on repeated-fixture nsys exports\n\n"
-            "Whole-process wall time (best of N) and peak RSS. Load = the needed columns into "
-            "DuckDB via sqlite3 -> Arrow; analyze = `analyze kernels` with every table (a)-(f).\n"
+            "Whole-process wall time (median of N alternated runs) and peak RSS. Load = the needed "
+            "columns into DuckDB; analyze = `analyze kernels` with every table (a)-(f).\n"
             "Targets: x100 analyze <= 1.5x load; x1000 < 10x the x100 time, peak < 2 GB.\n\n"
             "| date | machine | export | kernels | runtime | NVTX | load (s) | analyze (s) | "
             "analyze/load | peak RSS (MB) |\n|---|---|---|---|---|---|---|---|---|---|\n")
@@ -143,12 +150,13 @@ def main() -> None:
         path = make_export(factor, args.workdir / f"x{factor}.sqlite")
         print(f"x{factor}: export ready in {time.perf_counter() - t0:.1f} s ({path})", flush=True)
         n = counts(path)
-        m = measure(path, 1 if factor >= 1000 else args.repeat, args.workdir / f"out-x{factor}")
+        m = measure(path, args.repeat, args.workdir / f"out-x{factor}")
         ratio = m["analyze_s"] / m["load_s"]
         scale = f"; {m['analyze_s'] / base:.1f}x the x{args.factors[0]} time" if base else ""
         base = base or m["analyze_s"]
         print(f"x{factor}: {n} load {m['load_s']:.2f} s, analyze {m['analyze_s']:.2f} s "
-              f"({ratio:.2f}x load{scale}), peak {m['analyze_rss'] / 2**20:.0f} MB", flush=True)
+              f"({ratio:.2f}x load{scale}), peak {m['analyze_rss'] / 2**20:.0f} MB, "
+              f"load average {m['loadavg']:.2f}", flush=True)
         with RESULTS.open("a") as fh:
             fh.write(f"| {dt.date.today()} | {env} | x{factor} | {n['kernels']} | {n['runtime']} "
                      f"| {n['nvtx']} | {m['load_s']:.2f} | {m['analyze_s']:.2f} | {ratio:.2f} "

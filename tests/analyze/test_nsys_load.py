@@ -142,3 +142,10 @@ def test_launch_configuration_round_trips(process_trace):
     assert [tuple(int(v) for v in row) for row in mine.itertuples(index=False)] == theirs
     short = process_trace.df("SELECT count(*) AS n, count(short_name) AS s FROM kernel_names")
     assert short["n"][0] == short["s"][0] > 0
+
+
+def test_missing_sqlite_scanner_is_a_one_line_user_error(monkeypatch):
+    monkeypatch.setattr(nsys.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(UserError, match="sqlite scanner is not installed: install it with "
+                                        "'pip install duckdb=="):
+        nsys.load(duckdb.connect(), REPORT)

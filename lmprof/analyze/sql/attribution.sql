@@ -26,31 +26,33 @@
 -- filter applied in a separate statement. In the same query the optimizer pushes it into the
 -- join, which becomes a hash join on pid with a per-pair inequality check: about 100x slower.
 
+-- Each op with its launching call (correlation id within the process), in one pass.
 CREATE OR REPLACE TEMP TABLE _ops AS
-SELECT rowid AS op_id, 'kernel' AS kind, name_id, start_ns, end_ns,
-       CAST(device_stream & 65535 AS INTEGER) AS device_id,
-       CAST(device_stream >> 16 AS INTEGER) AS stream_id, correlation_id, global_pid
-FROM _kernels
-UNION ALL
-SELECT rowid + (SELECT count(*) FROM _kernels), 'memcpy', NULL, start_ns, end_ns, device_id,
-       stream_id, correlation_id, global_pid
-FROM _memcpy
-UNION ALL
-SELECT rowid + (SELECT count(*) FROM _kernels) + (SELECT count(*) FROM _memcpy), 'memset',
-       NULL, start_ns, end_ns, device_id, stream_id, correlation_id, global_pid
-FROM _memset;
-
-CREATE OR REPLACE TEMP TABLE _launches AS
-SELECT o.op_id, r.start_ns AS launch_start_ns, r.global_tid AS launch_global_tid
-FROM _ops o
-JOIN _runtime r
+WITH o AS (
+    SELECT rowid AS op_id, 'kernel' AS kind, name_id, start_ns, end_ns,
+           CAST(device_stream & 65535 AS INTEGER) AS device_id,
+           CAST(device_stream >> 16 AS INTEGER) AS stream_id, correlation_id, global_pid
+    FROM _kernels
+    UNION ALL
+    SELECT rowid + (SELECT count(*) FROM _kernels), 'memcpy', NULL, start_ns, end_ns, device_id,
+           stream_id, correlation_id, global_pid
+    FROM _memcpy
+    UNION ALL
+    SELECT rowid + (SELECT count(*) FROM _kernels) + (SELECT count(*) FROM _memcpy), 'memset',
+           NULL, start_ns, end_ns, device_id, stream_id, correlation_id, global_pid
+    FROM _memset
+)
+SELECT o.op_id, o.kind, o.name_id, o.start_ns, o.end_ns, o.device_id, o.stream_id,
+       r.start_ns AS launch_start_ns, r.global_tid AS launch_global_tid
+FROM o
+LEFT JOIN _runtime r
   ON r.correlation_id = o.correlation_id AND (r.global_tid >> 24) = (o.global_pid >> 24);
 
 CREATE OR REPLACE TEMP TABLE _range_candidates AS
 SELECT l.op_id, n.range_id,
        (l.launch_global_tid >> 24) = (n.global_tid >> 24) AS same_process,
        l.launch_global_tid = n.global_tid AS same_thread
-FROM _launches l
+FROM _ops l
 JOIN nvtx_ranges n
   ON l.launch_start_ns >= n.start_ns AND l.launch_start_ns < n.end_ns;
 
@@ -73,15 +75,13 @@ CREATE OR REPLACE TABLE gpu_ops AS
 SELECT o.op_id,
        CAST(o.kind AS ENUM('kernel', 'memcpy', 'memset')) AS kind,
        o.name_id, o.start_ns, o.end_ns, o.end_ns - o.start_ns AS dur_ns,
-       o.device_id, o.stream_id, l.launch_start_ns, l.launch_global_tid,
+       o.device_id, o.stream_id, o.launch_start_ns, o.launch_global_tid,
        a.range_id,
        CAST(p.phase AS ENUM('forward', 'backward', 'optimizer', 'inference')) AS phase,
        a.phase_range_id, a.step_range_id
 FROM _ops o
-LEFT JOIN _launches l USING (op_id)
 LEFT JOIN _op_attrib a USING (op_id)
 LEFT JOIN nvtx_ranges p ON p.range_id = a.phase_range_id;
 
 DROP TABLE _ops;
-DROP TABLE _launches;
 DROP TABLE _op_attrib;
