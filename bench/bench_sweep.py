@@ -98,21 +98,41 @@ def overhead(n: int) -> str:
     return "\n".join(lines)
 
 
+def _busy(out: Path) -> tuple[float, float]:
+    """Sum of cell wall times, and the busiest GPU's share of it (its cells' walls added up)."""
+    per_gpu: dict = {}
+    for r in cells(out):
+        per_gpu[r["sweep"].get("gpu")] = per_gpu.get(r["sweep"].get("gpu"), 0.0) + r["sweep"]["wall_s"]
+    return sum(per_gpu.values()), max(per_gpu.values())
+
+
 def fan_out(gpus: str, model: str, contexts: str, modes: str, steps: int, warmup: int) -> str:
+    """Wall time on one GPU against several, split into cell time and the sweep's own time, so a
+    ratio short of ideal says whether cells slowed down when run side by side (sum of cell walls
+    grows), the work was uneven (the busiest GPU carries more than its share) or the sweep's
+    start-up and tail dominate (wall minus the busiest GPU's cell time)."""
     grid = ["--model", model, "--context-length", contexts, "--mode", modes, "--warmup",
             str(warmup), "--steps", str(steps), "--device", "cuda"]
     n = len(contexts.split(",")) * len(modes.split(","))
     first = gpus.split(",")[0]
+    k = len(gpus.split(","))
     with tempfile.TemporaryDirectory() as tmp:
         one = run_sweep(Path(tmp) / "one", grid, ["--gpus", first])
+        one_sum, _ = _busy(Path(tmp) / "one")
         many = run_sweep(Path(tmp) / "many", grid, ["--gpus", gpus])
-    k = len(gpus.split(","))
+        many_sum, many_max = _busy(Path(tmp) / "many")
     ratio = one / many
+    rows = [("sweep wall", one, many), ("sum of cell walls", one_sum, many_sum),
+            ("busiest GPU's cell walls", one_sum, many_max),
+            ("sweep start-up and tail (wall - busiest)", one - one_sum, many - many_max)]
+    table = "\n".join(f"| {name} | {a:.1f} | {b:.1f} |" for name, a, b in rows)
     print(f"--gpus {first}: {one:.1f} s; --gpus {gpus}: {many:.1f} s; ratio {ratio:.2f} "
           f"(ideal {k})")
+    print(table)
     return (f"{n} cells ({model}, contexts {contexts}, modes {modes}, warm-up {warmup}, "
             f"{steps} steps): `--gpus {first}` {one:.1f} s, `--gpus {gpus}` {many:.1f} s, "
-            f"**ratio {ratio:.2f}** (ideal {k}).")
+            f"**ratio {ratio:.2f}** (ideal {k}).\n\n| seconds | `--gpus {first}` | "
+            f"`--gpus {gpus}` |\n|:--|--:|--:|\n{table}")
 
 
 def main() -> None:

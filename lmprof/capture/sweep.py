@@ -383,7 +383,7 @@ class Launcher:
         record = self._record(cell, target, proc.returncode, timed_out)
         record["run_id"] = cell.name
         record["sweep"] = {"cell": cell.name, "config_hash": cell.config_hash,
-                           "grid_hash": self.grid_hash, "wall_s": wall_s}
+                           "grid_hash": self.grid_hash, "wall_s": wall_s, "gpu": gpu}
         record.setdefault("artifacts", {})["log"] = sweepdir.CELL_LOG
         record.pop("run_dir", None)
         rundir.write_run(target, record)
