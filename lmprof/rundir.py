@@ -28,7 +28,7 @@ run.json (schema_version 1)::
                              log (a sweep cell's stdout+stderr), precision (capture precision)
     peak_memory     dict     CUDA only, status OK: {allocated_bytes, reserved_bytes}, the
                              torch.cuda.max_memory_* peaks over the measured steps (reset before)
-    sweep           dict     sweep cells only: {cell, config_hash, grid_hash} (see lmprof.sweepdir)
+    sweep           dict     sweep cells only: {cell, config_hash, grid_hash, wall_s, gpu} (see lmprof.sweepdir)
 
 timings::
 
