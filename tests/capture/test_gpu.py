@@ -33,29 +33,26 @@ def test_gpu_oom_is_recorded_and_memory_released(tmp_path):
     assert torch.cuda.memory_allocated() < 2**30
 
 
-def test_memory_capture_writes_snapshot(tmp_path):
+def _capture_small(tmp_path, flag: str) -> dict:
+    """`capture run` of the small model with one capture flag; the run.json it wrote."""
     from click.testing import CliRunner
 
     from lmprof.capture.cli import capture
 
     res = CliRunner().invoke(capture, ["run", "--model", "small", "--context-length", "128",
-                                       "--warmup", "1", "--steps", "2", "--memory", "--out",
+                                       "--warmup", "1", "--steps", "2", flag, "--out",
                                        str(tmp_path), "-q"])
     assert res.exit_code == 0, res.output
-    record = rundir.load_run(tmp_path / "latest")
+    return rundir.load_run(tmp_path / "latest")
+
+
+def test_memory_capture_writes_snapshot(tmp_path):
+    record = _capture_small(tmp_path, "--memory")
     assert rundir.artifact_path(record, "memory_snapshot").stat().st_size > 0
 
 
 @pytest.mark.skipif(shutil.which("nsys") is None, reason="nsys not on PATH")
 def test_nsys_capture_writes_report_and_sqlite(tmp_path):
-    from click.testing import CliRunner
-
-    from lmprof.capture.cli import capture
-
-    res = CliRunner().invoke(capture, ["run", "--model", "small", "--context-length", "128",
-                                       "--warmup", "1", "--steps", "2", "--nsys", "--out",
-                                       str(tmp_path), "-q"])
-    assert res.exit_code == 0, res.output
-    record = rundir.load_run(tmp_path / "latest")
+    record = _capture_small(tmp_path, "--nsys")
     for key in ("nsys_rep", "nsys_sqlite"):
         assert rundir.artifact_path(record, key).is_file()
