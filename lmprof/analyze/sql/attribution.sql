@@ -22,9 +22,6 @@
 -- the rule of nsys's nvtx_kern_sum / nvtx_gpu_proj_sum). The innermost range is the one that
 -- started last, i.e. the largest range_id (nvtx_ranges numbers ranges by start, outer first).
 --
--- The range join is a pure inequality join (DuckDB's IEJoin); the process/thread equality is a
--- filter applied in a separate statement. In the same query the optimizer pushes it into the
--- join, which becomes a hash join on pid with a per-pair inequality check: about 100x slower.
 
 -- Each op with its launching call (correlation id within the process), in one pass.
 CREATE OR REPLACE TEMP TABLE _ops AS
@@ -48,20 +45,68 @@ FROM o
 LEFT JOIN _runtime r
   ON r.correlation_id = o.correlation_id AND (r.global_tid >> 24) = (o.global_pid >> 24);
 
+-- Push/pop ranges of one thread form a stack, so the ranges of a thread containing a launch at t
+-- are the ancestors-or-self of the last range that thread opened at or before t (any range open
+-- at t was open when that one was pushed), less those that ended by t. One ASOF join per
+-- (op, thread with ranges) and an equi-join on a small range x ancestor table replace an
+-- inequality join of every op with every range. Zero-length ranges contain no instant and are
+-- left out; among ranges opened at the same instant the deepest is the last pushed.
+CREATE OR REPLACE TEMP TABLE _range_chain AS
+WITH RECURSIVE chain(range_id, anc_id) AS (
+    SELECT range_id, range_id FROM nvtx_ranges WHERE style = 'PushPop' AND end_ns > start_ns
+    UNION ALL
+    SELECT c.range_id, n.parent_id
+    FROM chain c JOIN nvtx_ranges n ON n.range_id = c.anc_id
+    WHERE n.parent_id IS NOT NULL
+)
+SELECT c.range_id, c.anc_id, a.end_ns AS anc_end_ns
+FROM chain c JOIN nvtx_ranges a ON a.range_id = c.anc_id;
+
+CREATE OR REPLACE TEMP TABLE _range_starts AS
+SELECT global_tid, start_ns, arg_max(range_id, (level, range_id)) AS range_id
+FROM nvtx_ranges
+WHERE style = 'PushPop' AND end_ns > start_ns
+GROUP BY global_tid, start_ns;
+
+CREATE OR REPLACE TEMP TABLE _op_last_open AS
+WITH threads AS (
+    SELECT DISTINCT global_tid FROM _range_starts
+), op_threads AS (
+    SELECT o.op_id, o.launch_start_ns, t.global_tid
+    FROM _ops o
+    JOIN threads t
+      ON (t.global_tid >> 24) = (o.launch_global_tid >> 24)
+     AND (NOT $thread_rule OR t.global_tid = o.launch_global_tid)
+)
+SELECT ot.op_id, ot.launch_start_ns, s.range_id AS last_id
+FROM op_threads ot
+ASOF JOIN _range_starts s
+  ON s.global_tid = ot.global_tid AND s.start_ns <= ot.launch_start_ns;
+
+-- Start/end ranges do not nest: an inequality join, the process/thread equality a separate
+-- filter (in the same query the optimizer pushes it into the join, which becomes a hash join on
+-- pid with a per-pair inequality check: about 100x slower).
 CREATE OR REPLACE TEMP TABLE _range_candidates AS
 SELECT l.op_id, n.range_id,
        (l.launch_global_tid >> 24) = (n.global_tid >> 24) AS same_process,
        l.launch_global_tid = n.global_tid AS same_thread
 FROM _ops l
-JOIN nvtx_ranges n
+JOIN (SELECT * FROM nvtx_ranges WHERE style <> 'PushPop') n
   ON l.launch_start_ns >= n.start_ns AND l.launch_start_ns < n.end_ns;
 
 CREATE OR REPLACE TABLE op_ranges AS
+SELECT l.op_id, c.anc_id AS range_id
+FROM _op_last_open l JOIN _range_chain c ON c.range_id = l.last_id
+WHERE c.anc_end_ns > l.launch_start_ns
+UNION ALL
 SELECT op_id, range_id
 FROM _range_candidates
 WHERE same_process AND (NOT $thread_rule OR same_thread);
 
 DROP TABLE _range_candidates;
+DROP TABLE _range_chain;
+DROP TABLE _range_starts;
+DROP TABLE _op_last_open;
 
 CREATE OR REPLACE TEMP TABLE _op_attrib AS
 SELECT o.op_id,
