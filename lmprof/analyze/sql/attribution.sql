@@ -45,13 +45,14 @@ FROM o
 LEFT JOIN _runtime r
   ON r.correlation_id = o.correlation_id AND (r.global_tid >> 24) = (o.global_pid >> 24);
 
--- Push/pop ranges of one thread form a stack, so the ranges of a thread containing a launch at t
--- are the ancestors-or-self of the last range that thread opened at or before t (any range open
--- at t was open when that one was pushed), less those that ended by t. One ASOF join per
--- (op, thread with ranges) and an equi-join on a small range x ancestor table replace an
--- inequality join of every op with every range. Zero-length ranges contain no instant and are
--- left out; among ranges opened at the same instant the deepest is the last pushed.
-CREATE OR REPLACE TEMP TABLE _range_chain AS
+-- Push/pop ranges of one thread form a stack: after each push or pop the innermost open range
+-- of the thread is the pushed range or the popped range's parent, and every range open then is
+-- an ancestor-or-self of it. So one ASOF join of each (op, thread with ranges) with the thread's
+-- last push/pop at or before the launch gives the innermost range on that thread, and a small
+-- range x ancestor table gives the others: no inequality join of every op with every range (an
+-- IEJoin producing every (op, enclosing range) pair). Zero-length ranges contain no instant and
+-- are left out. At equal times pops come before pushes, outer pushes before inner ones.
+CREATE OR REPLACE TABLE _range_chain AS
 WITH RECURSIVE chain(range_id, anc_id) AS (
     SELECT range_id, range_id FROM nvtx_ranges WHERE style = 'PushPop' AND end_ns > start_ns
     UNION ALL
@@ -59,29 +60,47 @@ WITH RECURSIVE chain(range_id, anc_id) AS (
     FROM chain c JOIN nvtx_ranges n ON n.range_id = c.anc_id
     WHERE n.parent_id IS NOT NULL
 )
-SELECT c.range_id, c.anc_id, a.end_ns AS anc_end_ns
+SELECT c.range_id, c.anc_id, a.start_ns AS anc_start_ns, a.end_ns AS anc_end_ns,
+       a.phase AS anc_phase
 FROM chain c JOIN nvtx_ranges a ON a.range_id = c.anc_id;
 
-CREATE OR REPLACE TEMP TABLE _range_starts AS
-SELECT global_tid, start_ns, arg_max(range_id, (level, range_id)) AS range_id
-FROM nvtx_ranges
-WHERE style = 'PushPop' AND end_ns > start_ns
-GROUP BY global_tid, start_ns;
+-- Per range: the nearest phase (not step) and step range among itself and its ancestors.
+CREATE OR REPLACE TEMP TABLE _range_phase AS
+SELECT range_id,
+       max(anc_id) FILTER (WHERE anc_phase IS NOT NULL AND anc_phase <> 'step') AS phase_range_id,
+       max(anc_id) FILTER (WHERE anc_phase = 'step') AS step_range_id
+FROM _range_chain GROUP BY range_id;
 
-CREATE OR REPLACE TEMP TABLE _op_last_open AS
+-- Per thread and instant of a push or pop: the innermost open range after all of them.
+CREATE OR REPLACE TEMP TABLE _range_state AS
+WITH edges AS (
+    SELECT global_tid, start_ns AS t, range_id AS state, 1 AS is_push, level AS depth
+    FROM nvtx_ranges WHERE style = 'PushPop' AND end_ns > start_ns
+    UNION ALL
+    SELECT global_tid, end_ns, coalesce(parent_id, -1), 0, -level  -- -1: none (arg_max skips NULL)
+    FROM nvtx_ranges WHERE style = 'PushPop' AND end_ns > start_ns
+)
+SELECT global_tid, t, arg_max(state, (is_push, depth)) AS range_id
+FROM edges GROUP BY global_tid, t;
+
+-- (op, thread with ranges in the launching process, or the launching thread): the innermost
+-- range of that thread open at the launch.
+CREATE OR REPLACE TABLE _op_innermost AS
 WITH threads AS (
-    SELECT DISTINCT global_tid FROM _range_starts
+    SELECT DISTINCT global_tid FROM _range_state
 ), op_threads AS (
     SELECT o.op_id, o.launch_start_ns, t.global_tid
     FROM _ops o
     JOIN threads t
       ON (t.global_tid >> 24) = (o.launch_global_tid >> 24)
      AND (NOT $thread_rule OR t.global_tid = o.launch_global_tid)
+    WHERE o.launch_start_ns IS NOT NULL
 )
-SELECT ot.op_id, ot.launch_start_ns, s.range_id AS last_id
+SELECT ot.op_id, ot.launch_start_ns, s.range_id
 FROM op_threads ot
-ASOF JOIN _range_starts s
-  ON s.global_tid = ot.global_tid AND s.start_ns <= ot.launch_start_ns;
+ASOF JOIN _range_state s
+  ON s.global_tid = ot.global_tid AND s.t <= ot.launch_start_ns
+WHERE s.range_id >= 0;
 
 -- Start/end ranges do not nest: an inequality join, the process/thread equality a separate
 -- filter (in the same query the optimizer pushes it into the join, which becomes a hash join on
@@ -94,27 +113,38 @@ FROM _ops l
 JOIN (SELECT * FROM nvtx_ranges WHERE style <> 'PushPop') n
   ON l.launch_start_ns >= n.start_ns AND l.launch_start_ns < n.end_ns;
 
-CREATE OR REPLACE TABLE op_ranges AS
-SELECT l.op_id, c.anc_id AS range_id
-FROM _op_last_open l JOIN _range_chain c ON c.range_id = l.last_id
-WHERE c.anc_end_ns > l.launch_start_ns
-UNION ALL
+CREATE OR REPLACE TABLE _op_start_end AS
 SELECT op_id, range_id
 FROM _range_candidates
 WHERE same_process AND (NOT $thread_rule OR same_thread);
 
 DROP TABLE _range_candidates;
-DROP TABLE _range_chain;
-DROP TABLE _range_starts;
-DROP TABLE _op_last_open;
+DROP TABLE _range_state;
 
+-- A view: only the per-range tables read it (the containment test is a safeguard).
+CREATE OR REPLACE VIEW op_ranges AS
+SELECT i.op_id, c.anc_id AS range_id
+FROM _op_innermost i JOIN _range_chain c USING (range_id)
+WHERE c.anc_start_ns <= i.launch_start_ns AND c.anc_end_ns > i.launch_start_ns
+UNION ALL
+SELECT op_id, range_id FROM _op_start_end;
+
+-- Per op: the innermost range, phase and step range, over all threads' ranges (largest range_id).
 CREATE OR REPLACE TEMP TABLE _op_attrib AS
-SELECT o.op_id,
-       max(o.range_id) AS range_id,
-       max(o.range_id) FILTER (WHERE n.phase IS NOT NULL AND n.phase <> 'step') AS phase_range_id,
-       max(o.range_id) FILTER (WHERE n.phase = 'step') AS step_range_id
-FROM op_ranges o JOIN nvtx_ranges n USING (range_id)
-GROUP BY o.op_id;
+WITH per_thread AS (
+    SELECT i.op_id, i.range_id, p.phase_range_id, p.step_range_id
+    FROM _op_innermost i JOIN _range_phase p USING (range_id)
+    UNION ALL
+    SELECT s.op_id, s.range_id,
+           CASE WHEN n.phase IS NOT NULL AND n.phase <> 'step' THEN s.range_id END,
+           CASE WHEN n.phase = 'step' THEN s.range_id END
+    FROM _op_start_end s JOIN nvtx_ranges n USING (range_id)
+)
+SELECT op_id, max(range_id) AS range_id, max(phase_range_id) AS phase_range_id,
+       max(step_range_id) AS step_range_id
+FROM per_thread GROUP BY op_id;
+
+DROP TABLE _range_phase;
 
 CREATE OR REPLACE TABLE gpu_ops AS
 SELECT o.op_id,
