@@ -160,3 +160,4 @@ LEFT JOIN nvtx_ranges p ON p.range_id = a.phase_range_id;
 
 DROP TABLE _ops;
 DROP TABLE _op_attrib;
+DROP TABLE IF EXISTS _kernel_groups;  -- kernel_summary.sql's cache of the previous gpu_ops
