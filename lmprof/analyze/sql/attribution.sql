@@ -130,22 +130,6 @@ UNION ALL
 SELECT op_id, range_id FROM _op_start_end;
 
 -- Per op: the innermost range, phase and step range, over all threads' ranges (largest range_id).
-CREATE OR REPLACE TEMP TABLE _op_attrib AS
-WITH per_thread AS (
-    SELECT i.op_id, i.range_id, p.phase_range_id, p.step_range_id
-    FROM _op_innermost i JOIN _range_phase p USING (range_id)
-    UNION ALL
-    SELECT s.op_id, s.range_id,
-           CASE WHEN n.phase IS NOT NULL AND n.phase <> 'step' THEN s.range_id END,
-           CASE WHEN n.phase = 'step' THEN s.range_id END
-    FROM _op_start_end s JOIN nvtx_ranges n USING (range_id)
-)
-SELECT op_id, max(range_id) AS range_id, max(phase_range_id) AS phase_range_id,
-       max(step_range_id) AS step_range_id
-FROM per_thread GROUP BY op_id;
-
-DROP TABLE _range_phase;
-
 CREATE OR REPLACE TABLE gpu_ops AS
 SELECT o.op_id,
        CAST(o.kind AS ENUM('kernel', 'memcpy', 'memset')) AS kind,
@@ -155,9 +139,22 @@ SELECT o.op_id,
        CAST(p.phase AS ENUM('forward', 'backward', 'optimizer', 'inference')) AS phase,
        a.phase_range_id, a.step_range_id
 FROM _ops o
-LEFT JOIN _op_attrib a USING (op_id)
+LEFT JOIN (
+    WITH per_thread AS (
+        SELECT i.op_id, i.range_id, rp.phase_range_id, rp.step_range_id
+        FROM _op_innermost i JOIN _range_phase rp USING (range_id)
+        UNION ALL
+        SELECT s.op_id, s.range_id,
+               CASE WHEN n.phase IS NOT NULL AND n.phase <> 'step' THEN s.range_id END,
+               CASE WHEN n.phase = 'step' THEN s.range_id END
+        FROM _op_start_end s JOIN nvtx_ranges n USING (range_id)
+    )
+    SELECT op_id, max(range_id) AS range_id, max(phase_range_id) AS phase_range_id,
+           max(step_range_id) AS step_range_id
+    FROM per_thread GROUP BY op_id
+) a USING (op_id)
 LEFT JOIN nvtx_ranges p ON p.range_id = a.phase_range_id;
 
 DROP TABLE _ops;
-DROP TABLE _op_attrib;
-DROP TABLE IF EXISTS _kernel_groups;  -- kernel_summary.sql's cache of the previous gpu_ops
+DROP TABLE _range_phase;
+DROP TABLE IF EXISTS _kernel_groups;  -- kernel_groups.sql's cache, of the previous gpu_ops
