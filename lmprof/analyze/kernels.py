@@ -13,6 +13,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
+from lmprof.analyze import sqlfile
 from lmprof.analyze.trace import Trace
 from lmprof.model.config import ModelConfig
 from lmprof.model.flops import attention_flops
@@ -35,6 +36,7 @@ def phase_timing(trace: Trace) -> pd.DataFrame:
 def top_kernels(trace: Trace, top: int | None = 10, exclude_class: str | None = None
                 ) -> pd.DataFrame:
     """(b, c) Top kernels per phase (phase 'all' = the whole export), optionally without a class."""
+    sqlfile.run(trace.use(), "kernel_groups")
     return trace.query("kernel_summary", top=top, exclude_class=exclude_class)
 
 
@@ -45,6 +47,7 @@ def gemm_fraction(trace: Trace) -> pd.DataFrame:
 
 def class_breakdown(trace: Trace) -> pd.DataFrame:
     """(f) Kernel time by class per phase."""
+    sqlfile.run(trace.use(), "kernel_groups")
     return trace.query("class_breakdown")
 
 

@@ -116,3 +116,82 @@ def test_unknown_attribution_is_a_user_error():
 
     with pytest.raises(UserError):
         trace.Options(attribution="stream")
+
+
+def _brute_force_attribution(ranges, ops, thread_rule):
+    """(op, range) pairs by plain containment, and per op (innermost, phase, step) range ids."""
+    pairs, attrib = set(), {}
+    for op_id, t, tid in ops:
+        inside = [r for r in ranges if t is not None and r["start_ns"] <= t < r["end_ns"]
+                  and (r["global_tid"] == tid if thread_rule
+                       else r["global_tid"] >> 24 == tid >> 24)]
+        pairs |= {(op_id, r["range_id"]) for r in inside}
+        ids = [r["range_id"] for r in inside]
+        phase = [r["range_id"] for r in inside if r["phase"] not in (None, "step")]
+        step = [r["range_id"] for r in inside if r["phase"] == "step"]
+        attrib[op_id] = (max(ids, default=None), max(phase, default=None),
+                         max(step, default=None))
+    return pairs, attrib
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_attribution_matches_containment_on_random_nesting(seed):
+    """The ASOF/ancestor-chain attribution equals plain interval containment: several threads and
+    processes, ranges pushed or popped at the same instant, zero-length and unterminated ranges,
+    start/end ranges, launches on threads without ranges or not traced."""
+    import random
+
+    from lmprof.analyze import sqlfile
+
+    rng = random.Random(seed)
+    tids = [(7 << 24) + 1, (7 << 24) + 2, (9 << 24) + 3]
+    names = ["step", "forward", "backward", "optimizer", "a", "b"]
+    events = []
+    for tid in tids:
+        t, stack = rng.randint(0, 5), []
+        for _ in range(rng.randint(0, 40)):
+            if rng.random() < 0.5 or not stack:
+                stack.append((t, rng.choice(names)))
+            else:
+                start, name = stack.pop()
+                events.append((59, start, t, tid, name))
+            t += rng.choice([0, 0, 1, 2, 5])
+        while stack and rng.random() < 0.7:
+            start, name = stack.pop()
+            events.append((59, start, t, tid, name))
+            t += rng.choice([0, 1])
+        events += [(59, start, None, tid, name) for start, name in stack]
+        for _ in range(rng.randint(0, 4)):
+            a = rng.randint(0, 60)
+            events.append((60, a, a + rng.randint(0, 20), tid, rng.choice(names)))
+    ops = [(i, rng.choice([None, *range(70)]), rng.choice([*tids, (9 << 24) + 4]))
+           for i in range(200)]
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE session AS SELECT 59 AS nvtx_push_pop_type, "
+                "60 AS nvtx_start_end_type, 75 AS nvtx_domain_create_type, 200 AS trace_end_ns")
+    con.execute("CREATE TABLE _nvtx_events (event_type INTEGER, start_ns BIGINT, end_ns BIGINT, "
+                "global_tid BIGINT, text VARCHAR, text_id BIGINT, domain_id BIGINT)")
+    if events:
+        con.executemany("INSERT INTO _nvtx_events VALUES (?, ?, ?, ?, ?, NULL, 0)", events)
+    con.execute("CREATE TABLE _strings (id BIGINT, value VARCHAR)")
+    con.execute("CREATE TABLE _phase_names (range_name VARCHAR, phase VARCHAR)")
+    con.executemany("INSERT INTO _phase_names VALUES (?, ?)",
+                    [(p, p) for p in ("step", "forward", "backward", "optimizer")])
+    sqlfile.run(con, "ranges")
+    ranges = con.execute("SELECT * FROM nvtx_ranges").df().replace({np.nan: None})
+    ranges = ranges.to_dict("records")
+    first, *rest = sqlfile.statements("attribution")
+    assert "TABLE _ops AS" in first
+    for thread_rule in (False, True):
+        con.execute("CREATE OR REPLACE TEMP TABLE _ops (op_id BIGINT, kind VARCHAR, "
+                    "name_id BIGINT, start_ns BIGINT, end_ns BIGINT, device_id INTEGER, "
+                    "stream_id INTEGER, launch_start_ns BIGINT, launch_global_tid BIGINT)")
+        con.executemany("INSERT INTO _ops VALUES (?, 'kernel', 1, 0, 1, 0, 0, ?, ?)", ops)
+        for sql in rest:
+            con.execute(sql, {"thread_rule": thread_rule} if "$thread_rule" in sql else None)
+        pairs, attrib = _brute_force_attribution(ranges, ops, thread_rule)
+        assert set(con.execute("SELECT op_id, range_id FROM op_ranges").fetchall()) == pairs
+        got = {op: (r, p, s) for op, r, p, s in con.execute(
+            "SELECT op_id, range_id, phase_range_id, step_range_id FROM gpu_ops").fetchall()}
+        assert got == attrib

@@ -11,22 +11,9 @@
 --
 -- $exclude_class: a class to leave out (e.g. 'gemm'), or NULL. $top: rows per phase, or NULL.
 
-WITH k AS (
-    SELECT coalesce(CAST(phase AS VARCHAR), '(none)') AS phase, name_id, dur_ns
-    FROM gpu_ops g
-    WHERE kind = 'kernel'
-), tagged AS (
-    SELECT 'all' AS phase, name_id, dur_ns FROM k
-    UNION ALL
-    SELECT phase, name_id, dur_ns FROM k
-), grouped AS (
-    SELECT t.phase, t.name_id, n.name, n.kernel_class,
-           CAST(sum(t.dur_ns) AS BIGINT) AS total_ns, count(*) AS instances, avg(t.dur_ns) AS avg_ns,
-           median(t.dur_ns) AS med_ns, min(t.dur_ns) AS min_ns, max(t.dur_ns) AS max_ns,
-           coalesce(stddev_samp(t.dur_ns), 0) AS std_ns
-    FROM tagged t JOIN kernel_names n USING (name_id)
-    WHERE $exclude_class IS NULL OR n.kernel_class <> $exclude_class
-    GROUP BY ALL
+WITH grouped AS (
+    SELECT * FROM _kernel_groups
+    WHERE $exclude_class IS NULL OR kernel_class <> $exclude_class
 ), ranked AS (
     SELECT *,
            100.0 * total_ns / sum(total_ns) OVER (PARTITION BY phase) AS time_pct,

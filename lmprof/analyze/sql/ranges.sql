@@ -29,7 +29,9 @@ WITH types AS (
     FROM _nvtx_events e LEFT JOIN _strings s ON s.id = e.text_id, types
     WHERE e.event_type = types.dc
 )
-SELECT row_number() OVER (ORDER BY e.start_ns, e.global_tid, e.end_ns DESC) - 1 AS range_id,
+SELECT row_number() OVER (ORDER BY e.start_ns, e.global_tid,
+                          coalesce(e.end_ns, greatest(types.trace_end_ns, e.start_ns)) DESC)
+           - 1 AS range_id,
        coalesce(e.text, s.value, '') AS name,
        coalesce(d.domain, '') AS domain,
        CASE WHEN e.event_type = types.pp THEN 'PushPop' ELSE 'StartEnd' END AS style,
@@ -46,13 +48,16 @@ WHERE e.event_type IN (types.pp, types.se);
 
 CREATE OR REPLACE TEMP TABLE _ranges_level AS
 WITH edges AS (
-    SELECT range_id, global_tid, start_ns AS t, 1 AS delta FROM _ranges_flat WHERE style = 'PushPop'
+    SELECT range_id, global_tid, start_ns AS t, 1 AS delta, 1 AS kind
+    FROM _ranges_flat WHERE style = 'PushPop'
     UNION ALL
-    SELECT range_id, global_tid, end_ns AS t, -1 AS delta FROM _ranges_flat WHERE style = 'PushPop'
+    SELECT range_id, global_tid, end_ns AS t, -1 AS delta, CASE WHEN end_ns > start_ns THEN 0 ELSE 1 END
+    FROM _ranges_flat WHERE style = 'PushPop'
 ), depth AS (
-    -- at equal times closes come before opens; an outer range opens before its inner one
+    -- at equal times closes come before opens (kind 0), except that a zero-length range closes
+    -- right after it opens (kind 1, same range_id); an outer range opens before its inner one
     SELECT range_id, delta,
-           sum(delta) OVER (PARTITION BY global_tid ORDER BY t, delta, range_id
+           sum(delta) OVER (PARTITION BY global_tid ORDER BY t, kind, range_id, delta DESC
                             ROWS UNBOUNDED PRECEDING) AS open_after
     FROM edges
 )
