@@ -29,6 +29,7 @@ from lmprof.annotate import BACKWARD, FORWARD, INFERENCE, OPTIMIZER, STEP, WARMU
 from lmprof.capture import devices, environment
 from lmprof.errors import UserError
 from lmprof.model import ModelConfig, config_for, n_params, step_flops
+from lmprof.model.transformer import TransformerLM, cross_entropy
 
 MODES = ("forward", "forward-backward", "train")
 # Testing hook, fired at the start of forward: ``KIND[:FIELD=VALUE,...][;KIND...]`` with KIND one of
@@ -176,7 +177,7 @@ class StepRunner:
         self.prep = prep
         spec, cfg, device = prep.spec, prep.cfg, prep.device
         torch.manual_seed(spec.seed)
-        model = TransformerLMOnDevice(cfg, device)
+        model = TransformerLM(cfg).to(device)
         self.model = model
         self.forward = torch.compile(model) if spec.compile else model
         self.optimizer = (
@@ -237,18 +238,6 @@ class StepRunner:
                 self.optimizer.zero_grad(set_to_none=True)
         else:
             self.model.zero_grad(set_to_none=True)
-
-
-def TransformerLMOnDevice(cfg: ModelConfig, device: torch.device):
-    from lmprof.model.transformer import TransformerLM
-
-    return TransformerLM(cfg).to(device)
-
-
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    from lmprof.model.transformer import cross_entropy as ce
-
-    return ce(logits, targets)
 
 
 @dataclass
