@@ -307,6 +307,12 @@ def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, w
     dev = devices.resolve_device(device)
     for dt in dtypes:
         devices.check_dtype(dt, dev)
+    defaults = {"a": PART_A, "b": PART_B, "c": PART_C}
+    wanted = set(impls) if impls else {i for p in parts for i in defaults[p]["impls"]}
+    if wanted & {"flash", "flash-atomic"}:
+        from lmprof.kernels import check_flash_available
+
+        check_flash_available(dev)  # before any work: CPU needs TRITON_INTERPRET=1
     out_root = rundir.check_writable_dir(Path(out))
     run_dir = out_root / rundir.new_run_id(label or "attention-" + "".join(parts))
     run_dir.mkdir()

@@ -17,7 +17,8 @@ def check_flash_available(device, d_head: int | None = None) -> None:
     except ImportError as exc:
         raise UserError(f"--attention flash is not available: {exc}") from None
     if getattr(device, "type", str(device)) != "cuda" and not flash.INTERPRET:
-        raise UserError("--attention flash needs --device cuda (or TRITON_INTERPRET=1 on CPU)")
+        raise UserError("the Triton flash-attention kernel needs --device cuda (or TRITON_INTERPRET=1 "
+                        "to interpret it on CPU)")
     if d_head is not None and not flash.MIN_HEAD_DIM <= d_head <= flash.MAX_HEAD_DIM:
         raise UserError(f"--attention flash supports head dimensions {flash.MIN_HEAD_DIM}–"
                         f"{flash.MAX_HEAD_DIM}; this model's d_model/num_heads is {d_head}")
