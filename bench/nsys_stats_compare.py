@@ -21,7 +21,6 @@ from benchenv import child_env  # noqa: E402  (bench/ is on sys.path when run as
 import argparse
 import datetime as dt
 import shutil
-import os
 import subprocess
 import sys
 import time

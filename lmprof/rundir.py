@@ -62,6 +62,19 @@ def new_run_id(label: str) -> str:
     return f"{stamp}-{label}-{secrets.token_hex(2)}"
 
 
+def utc_now() -> str:
+    """The time for run.json's ``created_utc`` (ISO-8601, seconds, UTC)."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def create_run_dir(out_root: Path, label: str) -> Path:
+    """A new, empty ``<out_root>/<run-id>`` (out_root created and proven writable first)."""
+    check_writable_dir(out_root)
+    run_dir = out_root / new_run_id(label)
+    run_dir.mkdir()
+    return run_dir
+
+
 def check_writable_dir(path: Path) -> Path:
     """Create ``path`` if needed and prove it writable, or raise a one-line UserError."""
     try:

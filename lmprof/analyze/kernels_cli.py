@@ -171,7 +171,6 @@ SCHEMA_SQL = ("SELECT table_schema AS schema, table_name AS name, table_type AS 
 @out_option
 def sql_cmd(file, query, show_schema, attribution, phase_ranges, nsys_path, fmt, out) -> None:
     """Run your own SQL QUERY over the tables and views of an nsys export (or --db file)."""
-    from lmprof.analyze import db as dbmod
     from lmprof.render import emit
 
     if not show_schema and not query:

@@ -313,15 +313,14 @@ def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, w
         from lmprof.kernels import check_flash_available
 
         check_flash_available(dev)  # before any work: CPU needs TRITON_INTERPRET=1
-    out_root = rundir.check_writable_dir(Path(out))
-    run_dir = out_root / rundir.new_run_id(label or "attention-" + "".join(parts))
-    run_dir.mkdir()
+    out_root = Path(out)
+    run_dir = rundir.create_run_dir(out_root, label or "attention-" + "".join(parts))
     config = {"parts": list(parts), "impls": list(impls), "seq": list(seqs), "d": list(ds),
               "dtype": list(dtypes), "batch": batch, "heads": heads, "causal": causal,
               "iters": iters, "warmup": warmup, "device": device}
     record: dict[str, Any] = {
         "run_id": run_dir.name, "kind": "attention",
-        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "created_utc": rundir.utc_now(),
         "status": "OK", "error": None, "config": config, "environment": _environment(dev),
         "artifacts": {"attention": RESULTS_FILE},
     }

@@ -17,7 +17,6 @@ Results go to ``<out>/<run-id>/precision.json`` beside a run.json of kind ``prec
 from __future__ import annotations
 
 import json
-import time
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -133,8 +132,8 @@ def autocast_dtypes(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
 
 def run(device: torch.device, out_root: Path) -> Path:
     """Run both experiments on ``device``; write and return the run directory."""
-    rundir.check_writable_dir(out_root)
-    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    run_dir = rundir.create_run_dir(out_root, f"precision-{device.type}")
+    created = rundir.utc_now()
     results = {
         "device": device.type,
         "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
@@ -143,8 +142,6 @@ def run(device: torch.device, out_root: Path) -> Path:
         "accumulation": accumulation(device),
         "autocast": {name: autocast_dtypes(device, dt) for name, dt in AUTOCAST_DTYPES.items()},
     }
-    run_dir = out_root / rundir.new_run_id(f"precision-{device.type}")
-    run_dir.mkdir()
     (run_dir / RESULT_FILE).write_text(json.dumps(results, indent=1) + "\n")
     rundir.write_run(run_dir, {
         "run_id": run_dir.name, "created_utc": created, "kind": "precision",

@@ -256,7 +256,7 @@ def execute(prep: Prepared, run_dir: Path, hooks: Hooks, progress: bool) -> dict
     spec = prep.spec
     record: dict[str, Any] = {
         "run_id": run_dir.name,
-        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "created_utc": rundir.utc_now(),
         "status": "OK",
         "error": None,
         "config": spec.to_dict(),
@@ -319,8 +319,4 @@ def execute(prep: Prepared, run_dir: Path, hooks: Hooks, progress: bool) -> dict
 
 
 def new_run_dir(out: Path, prep: Prepared) -> Path:
-    rundir.check_writable_dir(out)
-    label = prep.spec.label or run_label(prep.spec, prep.cfg)
-    run_dir = out / rundir.new_run_id(label)
-    run_dir.mkdir()
-    return run_dir
+    return rundir.create_run_dir(out, prep.spec.label or run_label(prep.spec, prep.cfg))

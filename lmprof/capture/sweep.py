@@ -450,7 +450,7 @@ def _stand_in_record(cell: Cell, status: str, error: str) -> dict[str, Any]:
     spec = cell.spec
     record: dict[str, Any] = {
         "run_id": cell.name,
-        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "created_utc": rundir.utc_now(),
         "status": status, "error": error, "config": spec.to_dict(),
         "model": {}, "flops": {},
         "environment": {"hostname": socket.gethostname(), "python": platform.python_version(),

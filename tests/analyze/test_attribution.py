@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import duckdb
 import numpy as np
-import pandas as pd
 import pytest
 
 from lmprof.analyze import kernels, trace

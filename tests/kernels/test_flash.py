@@ -8,7 +8,6 @@ comparison, and inputs are fresh random numbers each run (the seed is in the fai
 
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
