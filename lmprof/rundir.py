@@ -149,6 +149,17 @@ def artifact_path(record: dict[str, Any], key: str) -> Path | None:
     return Path(record["run_dir"]) / rel
 
 
+def read_json_artifact(record: dict[str, Any], key: str) -> Any:
+    """The JSON artifact ``key`` named in run.json; UserError when absent or unreadable."""
+    path = artifact_path(record, key)
+    if path is None:
+        raise UserError(f"run {record.get('run_id')!r} names no {key} results")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read {str(path)!r}: {exc}") from None
+
+
 def find_run_for(path: str | Path) -> dict[str, Any] | None:
     """The run.json beside a raw artifact (a report.sqlite, a memory snapshot), if any."""
     parent = Path(path).resolve().parent

@@ -28,7 +28,7 @@ from lmprof import rundir
 from lmprof.annotate import BACKWARD, FORWARD, INFERENCE, OPTIMIZER, STEP, WARMUP, phase
 from lmprof.capture import devices, environment
 from lmprof.errors import UserError
-from lmprof.model import ModelConfig, config_for, n_params, step_flops
+from lmprof.model import ModelConfig, config_for, model_summary, step_flops
 from lmprof.model.transformer import TransformerLM, cross_entropy
 
 MODES = ("forward", "forward-backward", "train")
@@ -260,7 +260,7 @@ def execute(prep: Prepared, run_dir: Path, hooks: Hooks, progress: bool) -> dict
         "status": "OK",
         "error": None,
         "config": spec.to_dict(),
-        "model": {**prep.cfg.to_dict(), "d_head": prep.cfg.d_head, "n_params": n_params(prep.cfg)},
+        "model": model_summary(prep.cfg),
         "flops": step_flops(prep.cfg, spec.batch_size, spec.mode),
         "environment": environment.collect(prep.device),
         "timings": {},

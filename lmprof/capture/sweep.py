@@ -445,7 +445,7 @@ def _stand_in_record(cell: Cell, status: str, error: str) -> dict[str, Any]:
     import platform
     import socket
 
-    from lmprof.model import config_for, n_params, step_flops
+    from lmprof.model import config_for, model_summary, step_flops
 
     spec = cell.spec
     record: dict[str, Any] = {
@@ -462,7 +462,7 @@ def _stand_in_record(cell: Cell, status: str, error: str) -> dict[str, Any]:
             cfg = config_for(spec.size, context_length=spec.context_length, d_model=spec.d_model,
                              d_ff=spec.d_ff, num_layers=spec.num_layers, num_heads=spec.num_heads,
                              vocab_size=spec.vocab_size, attention=spec.attention)
-            record["model"] = {**cfg.to_dict(), "d_head": cfg.d_head, "n_params": n_params(cfg)}
+            record["model"] = model_summary(cfg)
             record["flops"] = step_flops(cfg, spec.batch_size, spec.mode)
         except UserError:
             pass

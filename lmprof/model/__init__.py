@@ -7,6 +7,7 @@ from lmprof.model.config import ATTENTION_IMPLS, SIZES, ModelConfig, config_for
 from lmprof.model.flops import (
     backward_flops,
     forward_flops,
+    model_summary,
     n_params,
     optimizer_flops,
     peak_tflops,
@@ -15,7 +16,7 @@ from lmprof.model.flops import (
 
 __all__ = [
     "ATTENTION_IMPLS", "SIZES", "ModelConfig", "config_for", "backward_flops", "forward_flops",
-    "n_params", "optimizer_flops", "peak_tflops", "step_flops", "TransformerLM", "cross_entropy",
+    "model_summary", "n_params", "optimizer_flops", "peak_tflops", "step_flops", "TransformerLM", "cross_entropy",
 ]
 
 

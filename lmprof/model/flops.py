@@ -87,3 +87,8 @@ def peak_tflops(gpu_name: str | None, dtype: str) -> float | None:
         if key in gpu_name:
             return table.get(dtype) or None
     return None
+
+
+def model_summary(cfg: ModelConfig) -> dict:
+    """run.json's ``model``: the resolved config plus d_head and the parameter count."""
+    return {**cfg.to_dict(), "d_head": cfg.d_head, "n_params": n_params(cfg)}

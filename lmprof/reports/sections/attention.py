@@ -9,26 +9,15 @@ fastest SDPA backend at each point).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pandas as pd
 
+from lmprof import rundir
+from lmprof.errors import UserError
 from lmprof.reports.report import ReportContext
 
 SDPA_PREFIX = "sdpa-"
-
-
-def load_results(record: dict[str, Any]) -> dict[str, Any] | None:
-    from lmprof import rundir
-
-    path = rundir.artifact_path(record, "attention")
-    if path is None or not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
 
 
 def _fmt(v, spec: str) -> str:
@@ -174,8 +163,12 @@ def plot_tflops(rows: list[dict], path) -> bool:
 def section(ctx: ReportContext) -> str | None:
     bodies = []
     for record in ctx.runs:
-        results = load_results(record)
-        if results is None:
+        if record.get("kind") != "attention":
+            continue
+        try:
+            results = rundir.read_json_artifact(record, "attention")
+        except UserError as exc:
+            bodies.append(f"Run `{record.get('run_id')}`: its results could not be read ({exc}).")
             continue
         body = [f"Run `{record.get('run_id')}`.", render_tables(results).rstrip()]
         if results.get("part_c"):

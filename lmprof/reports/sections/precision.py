@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pandas as pd
 
 from lmprof import rundir
-from lmprof.errors import UserError
 from lmprof.reports.report import ReportContext
 
 ACCUMULATION_NOTE = (
@@ -22,16 +20,6 @@ AUTOCAST_NOTE = (
     "loss) under `torch.autocast`. Parameters stay fp32 and autocast casts per op, so the answer "
     "is the device's autocast op lists (CUDA's float32 list has layer_norm): compare devices."
 )
-
-
-def load_results(record: dict[str, Any]) -> dict[str, Any]:
-    path = rundir.artifact_path(record, "precision")
-    if path is None:
-        raise UserError(f"run {record.get('run_id')!r} names no precision results")
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"cannot read {str(path)!r}: {exc}") from None
 
 
 def accumulation_table(results: dict[str, Any]) -> pd.DataFrame:
@@ -60,7 +48,7 @@ def autocast_table(results: dict[str, Any]) -> tuple[pd.DataFrame, list[str]]:
 
 def tables(record: dict[str, Any]) -> str:
     """Both tables of one ``capture precision`` run, as markdown."""
-    res = load_results(record)
+    res = rundir.read_json_artifact(record, "precision")
     where = res["device"] + (f" ({res['gpu_name']})" if res.get("gpu_name") else "")
     acc = accumulation_table(res)
     dtypes, errors = autocast_table(res)
