@@ -171,13 +171,13 @@ def find_run_for(path: str | Path) -> dict[str, Any] | None:
     return None
 
 
-def run_label(record: dict[str, Any]) -> str:
-    """A short human label: size, context, mode, dtype, compile, attention."""
+def run_label(record: dict[str, Any], sep: str = " ") -> str:
+    """A short label from a run's config: size, context, mode, dtype, compile, attention."""
     c = record.get("config", {})
-    parts = [str(c.get("size") or "custom"), f"ctx{c.get('context_length')}", str(c.get("mode")),
-             str(c.get("dtype"))]
+    size = c.get("size") or (f"d{c['d_model']}" if c.get("d_model") else "custom")
+    parts = [str(size), f"ctx{c.get('context_length')}", str(c.get("mode")), str(c.get("dtype"))]
     if c.get("compile"):
         parts.append("compiled")
     if c.get("attention") and c.get("attention") != "naive":
         parts.append(str(c.get("attention")))
-    return " ".join(parts)
+    return sep.join(parts)

@@ -126,16 +126,6 @@ def prepare(spec: RunSpec) -> Prepared:
     return Prepared(spec, cfg, device, dtype)
 
 
-def run_label(spec: RunSpec, cfg: ModelConfig) -> str:
-    size = spec.size or f"d{cfg.d_model}x{cfg.num_layers}"
-    parts = [size, f"ctx{cfg.context_length}", spec.mode, spec.dtype]
-    if spec.compile:
-        parts.append("compiled")
-    if spec.attention != "naive":
-        parts.append(spec.attention)
-    return "-".join(parts)
-
-
 def summarize(values: list[float]) -> dict[str, float]:
     return {
         "mean_s": statistics.fmean(values),
@@ -319,4 +309,4 @@ def execute(prep: Prepared, run_dir: Path, hooks: Hooks, progress: bool) -> dict
 
 
 def new_run_dir(out: Path, prep: Prepared) -> Path:
-    return rundir.create_run_dir(out, prep.spec.label or run_label(prep.spec, prep.cfg))
+    return rundir.create_run_dir(out, prep.spec.label or rundir.run_label({"config": prep.spec.to_dict()}, sep="-"))
