@@ -5,12 +5,13 @@ splits each cell's wall time into the steps themselves and the rest (process sta
 model build, environment probe, result write), plus the sweep's own bookkeeping per cell.
 
 GPU fan-out (``--gpus 0,1``): runs the same grid with ``--gpus 0`` and with ``--gpus 0,1`` into
-fresh directories and prints the ratio of wall times (ideal: the number of GPUs).
+fresh directories and prints the ratio of wall times (ideal: the number of GPUs), with the
+wall split into cell time, the busiest GPU's share and the sweep's own start-up and tail.
 
 Both append a section to bench/results/sweep.md with the machine, versions and date.
 
     python bench/bench_sweep.py                      # CPU overhead, 6 tiny cells
-    python bench/bench_sweep.py --gpus 0,1           # GPU ratio, small model, 8 cells
+    python bench/bench_sweep.py --gpus 0,1 --model small,medium --context-length 128,256,512
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def fan_out(gpus: str, model: str, contexts: str, modes: str, steps: int, warmup
     start-up and tail dominate (wall minus the busiest GPU's cell time)."""
     grid = ["--model", model, "--context-length", contexts, "--mode", modes, "--warmup",
             str(warmup), "--steps", str(steps), "--device", "cuda"]
-    n = len(contexts.split(",")) * len(modes.split(","))
+    n = len(model.split(",")) * len(contexts.split(",")) * len(modes.split(","))
     first = gpus.split(",")[0]
     k = len(gpus.split(","))
     with tempfile.TemporaryDirectory() as tmp:
@@ -139,7 +140,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", type=int, default=6, help="cells for the CPU overhead run")
     ap.add_argument("--gpus", default=None, help="e.g. 0,1: measure fan-out against --gpus 0")
-    ap.add_argument("--model", default="small", help="model size for --gpus")
+    ap.add_argument("--model", default="small", help="model sizes for --gpus (comma-separated)")
     ap.add_argument("--context-length", default="128,256,512,1024", help="contexts for --gpus")
     ap.add_argument("--mode", default="forward,train", help="modes for --gpus")
     ap.add_argument("--steps", type=int, default=10)

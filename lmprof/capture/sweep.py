@@ -14,7 +14,8 @@ Children get SIGKILL when the sweep dies (Linux ``PR_SET_PDEATHSIG``), so no orp
 Cell names are deterministic (label + config hash, :mod:`lmprof.sweepdir`), hence no duplicates.
 
 Fan-out is deliberately small: ``--gpus`` runs one cell per listed GPU at a time
-(CUDA_VISIBLE_DEVICES), ``--shard I/N`` takes every N-th cell of the plan so a cluster scheduler
+(CUDA_VISIBLE_DEVICES), taking compiled and then the largest cells first so no long cell runs
+alone at the end; ``--shard I/N`` takes every N-th cell of the plan so a cluster scheduler
 can spread a sweep over machines. Results merge by reading the directories together.
 """
 
@@ -207,19 +208,35 @@ def build_grid(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Grid:
     return Grid(axes=axes, fixed=fixed)
 
 
-def check_cells(cells: list[Cell], gpus: list[int] | None) -> None:
-    """Every check ``capture run`` does before starting work, for every cell; nothing starts."""
+def check_cells(cells: list[Cell], gpus: list[int] | None) -> dict[str, tuple[bool, int]]:
+    """Every check ``capture run`` does before starting work, for every cell; nothing starts.
+
+    Returns each cell's expected cost, (compiled, FLOPs of all its steps), for ordering the work
+    over several GPUs."""
     from lmprof.capture import devices
     from lmprof.capture.runner import check_spec
+    from lmprof.model import step_flops
 
+    costs = {}
     for cell in cells:
         try:
             device = devices.resolve_device(cell.spec.device)
             if gpus and device.type != "cuda":
                 raise UserError(f"--gpus runs cells on GPUs but the cell's device is {device.type}")
-            check_spec(cell.spec, device.type)
+            cfg = check_spec(cell.spec, device.type)
         except UserError as exc:
             raise UserError(f"contradictory grid: cell {cell.name}: {exc}") from None
+        flops = sum(step_flops(cfg, cell.spec.batch_size, cell.spec.mode).values())
+        costs[cell.name] = (cell.spec.compile, flops * (cell.spec.warmup + cell.spec.steps))
+    return costs
+
+
+def longest_first(cells: list[Cell], costs: dict[str, tuple[bool, int]]) -> list[Cell]:
+    """The order in which several GPUs take cells: compiled cells first (compilation costs tens of
+    seconds whatever the size), then by FLOPs, largest first; ties keep plan order. Starting the
+    long cells first keeps one long cell from running alone at the end while the other GPUs idle
+    (the longest-processing-time rule)."""
+    return sorted(cells, key=lambda c: tuple(-x for x in costs[c.name]))
 
 
 def parse_shard(text: str | None) -> tuple[int, int] | None:
@@ -473,7 +490,7 @@ def run_cells(cells: list[Cell], slots: list[int | None],
               launch: Callable[[Cell, int | None], dict[str, Any]],
               on_start: Callable[[Cell, int | None], None],
               on_done: Callable[[Cell, dict[str, Any]], None]) -> None:
-    """Run ``cells`` in plan order, one at a time per slot (a GPU index, or None for one slot)."""
+    """Run ``cells`` in the given order, one at a time per slot (a GPU index, or None for one slot)."""
     todo: queue.Queue[Cell] = queue.Queue()
     for cell in cells:
         todo.put(cell)
@@ -526,7 +543,7 @@ def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]
     from tqdm import tqdm
 
     all_cells = grid.cells()
-    check_cells(all_cells, opts.gpus)
+    costs = check_cells(all_cells, opts.gpus)
     plan = shard_cells(all_cells, opts.shard)
     open_sweep_dir(root, grid, opts.force_mix, write=not opts.dry_run)
     done = {c.name: finished_status(root, c) for c in plan}
@@ -583,6 +600,8 @@ def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]
 
     launcher = Launcher(root, grid.grid_hash, opts.timeout_s)
     slots: list[int | None] = list(opts.gpus) if opts.gpus else [None]
+    if len(slots) > 1:
+        todo = longest_first(todo, costs)
     try:
         run_cells(todo, slots, launcher, on_start, on_done)
     except BaseException:

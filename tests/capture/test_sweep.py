@@ -164,6 +164,23 @@ def test_fault_rules_select_cells_by_spec():
     assert _fault_for(RunSpec(), "") is None
 
 
+def test_several_gpus_take_compiled_then_largest_cells_first():
+    grid = sweep.build_grid({}, {"size": "tiny,small", "context_length": "16,64",
+                                 "mode": "forward,train", "compile": "false,true", "device": "cpu"})
+    cells = grid.cells()
+    costs = sweep.check_cells(cells, None)
+    order = sweep.longest_first(cells, costs)
+    assert sorted(c.name for c in order) == sorted(c.name for c in cells)
+    specs = [c.spec for c in order]
+    assert all(s.compile for s in specs[:8]) and not any(s.compile for s in specs[8:])
+    for half in (order[:8], order[8:]):
+        flops = [costs[c.name][1] for c in half]
+        assert flops == sorted(flops, reverse=True)
+    # small, train, context 64 is the largest cell of either half; tiny forward 16 the smallest
+    assert (specs[0].size, specs[0].mode, specs[0].context_length) == ("small", "train", 64)
+    assert (specs[-1].size, specs[-1].mode, specs[-1].context_length) == ("tiny", "forward", 16)
+
+
 def test_gpu_slots_run_one_cell_each_at_a_time(monkeypatch):
     cells = sweep.build_grid({}, {"context_length": "16,32,48,64,80,96"}).cells()
     both_started = threading.Barrier(2, timeout=30)
