@@ -27,6 +27,7 @@ prints the tables. Runs on CPU under ``TRITON_INTERPRET=1`` at tiny sizes for sm
 from __future__ import annotations
 
 import json
+import signal
 import statistics
 import time
 from pathlib import Path
@@ -327,23 +328,35 @@ def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, w
     results: dict[str, Any] = {"version": RESULTS_VERSION, "environment": record["environment"],
                                "leaderboard_best_ms": LEADERBOARD_BEST_MS}
     t0 = time.perf_counter()
+    # A scheduler's SIGTERM (a job's time limit) becomes an exception, so the rows finished so
+    # far are written below with the run marked ERROR instead of being lost.
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         results["matmul_bf16_tflops"] = matmul_tflops(dev)
+        # each part appends to its list in results as rows finish (a partial part is kept)
         if "a" in parts:
-            results["part_a"] = _part_a(impls, seqs, ds, dtypes, batch, causal, iters, warmup, dev)
+            _part_a(results.setdefault("part_a", []), impls, seqs, ds, dtypes, batch, causal,
+                    iters, warmup, dev)
         if "b" in parts:
-            results["part_b"] = _part_b(impls, seqs, ds, dtypes, batch, heads, causal, dev)
+            _part_b(results.setdefault("part_b", []), impls, seqs, ds, dtypes, batch, heads,
+                    causal, dev)
         if "c" in parts:
-            results["part_c"] = _part_c(impls, seqs, ds, dtypes, batch, heads, causal, dev)
+            _part_c(results.setdefault("part_c", []), impls, seqs, ds, dtypes, batch, heads,
+                    causal, dev)
     except BaseException as exc:  # recorded, then raised: the run directory says what happened
         record["status"], record["error"] = "ERROR", f"{type(exc).__name__}: {exc}"[:300]
-        raise
+        if not isinstance(exc, Terminated):
+            raise
     finally:
+        signal.signal(signal.SIGTERM, previous)
         record["timings"] = {"total_s": time.perf_counter() - t0}
         (run_dir / RESULTS_FILE).write_text(json.dumps(results, indent=1, default=str) + "\n")
         rundir.write_run(run_dir, record)
         rundir.mark_latest(out_root, run_dir)
     click.echo(f"run: {run_dir}")
+    if record["status"] != "OK":  # only a SIGTERM gets here: other errors were raised above
+        click.echo(f"error: {record['error']} (partial results in {run_dir})", err=True)
+        raise SystemExit(143)
     from lmprof.reports.sections.attention import render_tables
 
     click.echo(render_tables(results))
@@ -360,8 +373,15 @@ def _progress(row: dict) -> None:
     click.echo("  " + " ".join(parts) + f": {timing}", err=True)
 
 
-def _part_a(impls, seqs, ds, dtypes, batch, causal, iters, warmup, dev) -> list[dict]:
-    rows = []
+class Terminated(BaseException):  # not Exception: the per-cell handlers must not catch it
+    """SIGTERM arrived while timing."""
+
+
+def _terminated(signum, frame):
+    raise Terminated("terminated by SIGTERM; the rows finished before it are kept")
+
+
+def _part_a(rows, impls, seqs, ds, dtypes, batch, causal, iters, warmup, dev) -> list[dict]:
     for dt in _dtypes(dtypes, PART_A["dtype"]):
         for d in ds or PART_A["d"]:
             for seq in seqs or PART_A["seq"]:
@@ -369,13 +389,12 @@ def _part_a(impls, seqs, ds, dtypes, batch, causal, iters, warmup, dev) -> list[
                     row = run_cs336_cell(impl, batch or PART_A["batch"], seq, d, dt,
                                          PART_A["causal"] if causal is None else causal,
                                          warmup, iters, dev)
-                    _progress(row)
                     rows.append(row)
+                    _progress(row)
     return rows
 
 
-def _part_b(impls, seqs, ds, dtypes, batch, heads, causal, dev) -> list[dict]:
-    rows = []
+def _part_b(rows, impls, seqs, ds, dtypes, batch, heads, causal, dev) -> list[dict]:
     for dt in _dtypes(dtypes, (PART_B["dtype"],)):
         for seq in seqs or (PART_B["seq"],):
             for d in ds or (PART_B["d"],):
@@ -383,13 +402,12 @@ def _part_b(impls, seqs, ds, dtypes, batch, heads, causal, dev) -> list[dict]:
                     row = run_bench_cell(impl, batch or PART_B["batch"], heads or PART_B["heads"],
                                          seq, d, dt, PART_B["causal"] if causal is None else causal,
                                          dev)
-                    _progress(row)
                     rows.append(row)
+                    _progress(row)
     return rows
 
 
-def _part_c(impls, seqs, ds, dtypes, batch, heads, causal, dev) -> list[dict]:
-    rows = []
+def _part_c(rows, impls, seqs, ds, dtypes, batch, heads, causal, dev) -> list[dict]:
     for dt in _dtypes(dtypes, PART_C["dtype"]):
         for d in ds or PART_C["d"]:
             for seq in seqs or PART_C["seq"]:
@@ -398,7 +416,7 @@ def _part_c(impls, seqs, ds, dtypes, batch, heads, causal, dev) -> list[dict]:
                 for impl in impls or PART_C["impls"]:
                     row = run_bench_cell(impl, b, h, seq, d, dt,
                                          PART_C["causal"] if causal is None else causal, dev)
-                    _progress(row)
                     rows.append(row)
+                    _progress(row)
     return rows
 

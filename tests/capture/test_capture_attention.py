@@ -64,3 +64,34 @@ def test_flash_on_cpu_without_the_interpreter_exits_2_before_any_work(tmp_path):
     assert proc.returncode == 2
     assert "needs --device cuda" in proc.stderr and "Traceback" not in proc.stderr
     assert not any(tmp_path.iterdir())  # nothing started, no run directory
+
+
+def test_sigterm_keeps_the_rows_finished_before_it(tmp_path):
+    """A job's time limit (SIGTERM) mid-part: run.json says ERROR, finished rows are written."""
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # naive attention on CPU, many cells: the first rows finish in a second, the part takes minutes
+    args = ["--part", "a", "--impl", "naive", "--seq", "64", "--seq", "4096", "--seq", "8192",
+            "--d", "16", "--d", "32", "--d", "64", "--d", "128", "--batch", "1", "--iters", "100",
+            "--warmup", "1", "--device", "cpu", "--dtype", "fp32", "--out", "runs"]
+    proc = subprocess.Popen([sys.executable, "-m", "lmprof.capture", "attention", *args],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 120
+    lines = []
+    while time.monotonic() < deadline:  # wait until a row is reported on stderr
+        line = proc.stderr.readline()
+        lines.append(line)
+        if "impl=naive" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, "".join(lines) + err
+    assert "terminated by SIGTERM" in err and "Traceback" not in err
+    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.name != "latest"]
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "ERROR" and "SIGTERM" in record["error"]
+    rows = json.loads((run_dir / record["artifacts"]["attention"]).read_text())["part_a"]
+    assert 1 <= len(rows) < 12 and all(r["status"] == "OK" for r in rows)
