@@ -37,6 +37,9 @@ def signature(fn, dtype: str, constexprs: dict) -> dict:
     for name in fn.arg_names:
         if name in constexprs:
             sig[name] = "constexpr"
+        elif name == "DQ_DESC":  # the atomic backward's bulk reduce-add target (TMA_DQ)
+            sig[name] = (f"tensordesc<fp32[1,{constexprs['BLOCK_M']},{constexprs['BLOCK_D']}]>"
+                         if constexprs.get("TMA_DQ") else "constexpr")
         elif name in ("LSE", "DELTA") or (name == "DQ" and "atomic" in fn.__name__):
             sig[name] = "*fp32"
         elif name.isupper() and len(name) <= 5:
@@ -83,6 +86,8 @@ def main() -> None:
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--dump", type=Path, default=None, help="write each variant's PTX and TTGIR here")
     ap.add_argument("--kernel", action="append", default=None, help="only these kernels")
+    ap.add_argument("--no-tma", action="store_true",
+                    help="atomic backward with element-wise atomics instead of the TMA reduce-add")
     args = ap.parse_args()
     kernels = {"_flash_fwd_kernel": flash._flash_fwd_kernel,
                "_flash_bwd_dkdv_kernel": flash._flash_bwd_dkdv_kernel,
@@ -106,6 +111,10 @@ def main() -> None:
             # constant 1, pointers and the other integers are known multiples of 16.
             unit = {n: 1 for n in fn.arg_names if n.startswith("stride_") and n.endswith("d")}
             constexprs = {**base, **cfg.kwargs, **unit}
+            if "TMA_DQ" in fn.arg_names:
+                constexprs["TMA_DQ"] = not args.no_tma
+                if args.no_tma:
+                    constexprs["DQ_DESC"] = None
             sig = signature(fn, args.dtype, constexprs)
             attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
                      if sig[n] != "constexpr" and sig[n] != "fp32" and n != "n_heads"}

@@ -51,6 +51,11 @@ import triton.language as tl
 
 from lmprof.annotate import phase
 
+try:  # host-side TMA descriptors (Triton ≥ 3.3): the atomic backward's bulk dQ reduce-add
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: element-wise atomics only
+    TensorDescriptor = None
+
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # LMPROF_FLASH_AUTOTUNE=0: one configuration per kernel (the first of the d_head-128 list), no
 # autotuning — for tests and quick runs; autotuning compiles every configuration of the d_head
@@ -85,14 +90,16 @@ def _d_bucket(block_d: int) -> int:
 
 # Every autotuned kernel takes a D_BUCKET constexpr that its body never reads: it rides in the
 # triton.Config so that the pruning function can see which bucket a configuration belongs to.
-def _configs(tiles: dict[int, list[tuple[int, int, int, int]]]) -> list[triton.Config]:
+def _configs(tiles: dict[int, list[tuple[int, int, int, int]]], pre_hook=None
+             ) -> list[triton.Config]:
     """{d bucket: [(BLOCK_M, BLOCK_N, num_warps, num_stages)]} → triton.Config list."""
     if INTERPRET:  # autotuning in the interpreter is slow and meaningless: one small config
         return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16, "D_BUCKET": MAX_HEAD_DIM},
                               num_warps=4, num_stages=1)]
     if not AUTOTUNE:  # the first d=128 configuration serves every d_head (fits all of them)
         tiles = {MAX_HEAD_DIM: tiles[MAX_HEAD_DIM][:1]}
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "D_BUCKET": d}, num_warps=w, num_stages=s)
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "D_BUCKET": d}, num_warps=w, num_stages=s,
+                          pre_hook=pre_hook)
             for d, lst in tiles.items() for m, n, w, s in lst]
 
 
@@ -144,7 +151,9 @@ _BWD_KV_TILES = {
 # The atomic variant (an option, 2× slower than split on H200 in v1): a short list. With
 # BLOCK_M 32 its dQ product is mma.sync (wgmma needs 64 rows), the only d=128 tiles without spills.
 _BWD_KV_ATOMIC_TILES = {
-    64: [(64, 128, 8, 3), (64, 128, 8, 4), (64, 64, 8, 3), (64, 64, 8, 4)],  # 220–244 regs
+    # 238–240 / 191 regs, 0 spills (also with the TMA reduce); rejected: (128, 64, 8, 3),
+    # (128, 128, 8|16, 2), (64, 128, 4, 3) — 100 B to 2.3 KB of spills
+    64: [(64, 128, 8, 3), (64, 128, 8, 4), (64, 128, 8, 2), (64, 64, 8, 3), (64, 64, 8, 4)],
     128: [(32, 128, 8, 2), (32, 128, 8, 3)],  # rejected: (64, 64, 8, *) — 8 B of spills
 }
 # dQ: BLOCK_M queries per program (held), BLOCK_N keys per loop iteration (streamed).
@@ -362,13 +371,13 @@ def _flash_bwd_preprocess(
 
 
 @triton.jit
-def _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr,
+def _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, dq_desc, pid_bh, lse_ptr, delta_ptr,
                  stride_qm, stride_dom, stride_dqm, offs_n, offs_m, offs_d, seq_q, lo, hi,
                  qk_scale, sm_scale,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                  IS_CAUSAL: tl.constexpr, PAD_D: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr):
+                 TMA_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr):
     """Accumulate dK, dV of one key tile over query tiles [lo, hi) (transposed: keys are rows)."""
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
@@ -397,7 +406,10 @@ def _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr,
             dq = _mma(tl.trans(_to(ds_t, k.dtype, INTERPRET_BF16)), k, tl.zeros([BLOCK_M, BLOCK_D], tl.float32),
                       DOT_PRECISION, INTERPRET_BF16) * sm_scale
             ptrs = dq_ptrs + start_m * stride_dqm
-            if PAD_D:
+            if TMA_DQ:  # one bulk reduce-add of the tile by the TMA unit (rows past seq_q: zeros,
+                # and rows past the buffer are dropped by the descriptor's bounds)
+                dq_desc.atomic_add([pid_bh, start_m, 0], dq.reshape([1, BLOCK_M, BLOCK_D]))
+            elif PAD_D:
                 tl.atomic_add(ptrs, dq, mask=(rows[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM))
             elif MASKED:
                 tl.atomic_add(ptrs, dq, mask=rows[:, None] < seq_q)
@@ -408,7 +420,7 @@ def _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr,
 
 @triton.jit
 def _bwd_kv_program(
-    Q, K, V, DO, DK, DV, DQ, LSE, DELTA,
+    Q, K, V, DO, DK, DV, DQ, DQ_DESC, LSE, DELTA,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -418,7 +430,7 @@ def _bwd_kv_program(
     n_heads, seq_q, seq_k, qk_scale, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    TMA_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """One key tile: dK, dV (and, with ATOMIC_DQ, its share of dQ) over the query tiles that see it.
 
@@ -458,24 +470,34 @@ def _bwd_kv_program(
         m_lo = 0
         m_diag = 0
     m_full = tl.maximum(m_diag, seq_q // BLOCK_M * BLOCK_M)
-    dk, dv = _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr, stride_qm,
+    dk, dv = _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, DQ_DESC, pid_bh, lse_ptr,
+                          delta_ptr, stride_qm,
                           stride_dom, stride_dqm, offs_n, offs_m, offs_d, seq_q, m_lo, m_diag,
                           qk_scale, sm_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, True, IS_CAUSAL, PAD_D,
-                          ATOMIC_DQ, DOT_PRECISION, INTERPRET_BF16)
-    dk, dv = _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr, stride_qm,
+                          ATOMIC_DQ, TMA_DQ, DOT_PRECISION, INTERPRET_BF16)
+    dk, dv = _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, DQ_DESC, pid_bh, lse_ptr,
+                          delta_ptr, stride_qm,
                           stride_dom, stride_dqm, offs_n, offs_m, offs_d, seq_q, m_diag, m_full,
                           qk_scale, sm_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, False, IS_CAUSAL, PAD_D,
-                          ATOMIC_DQ, DOT_PRECISION, INTERPRET_BF16)
-    dk, dv = _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, lse_ptr, delta_ptr, stride_qm,
+                          ATOMIC_DQ, TMA_DQ, DOT_PRECISION, INTERPRET_BF16)
+    dk, dv = _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, DQ_DESC, pid_bh, lse_ptr,
+                          delta_ptr, stride_qm,
                           stride_dom, stride_dqm, offs_n, offs_m, offs_d, seq_q, m_full, seq_q,
                           qk_scale, sm_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, True, IS_CAUSAL, PAD_D,
-                          ATOMIC_DQ, DOT_PRECISION, INTERPRET_BF16)
+                          ATOMIC_DQ, TMA_DQ, DOT_PRECISION, INTERPRET_BF16)
     dk_ptrs = (DK + off_b * stride_dkb + off_h * stride_dkh
                + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
     dv_ptrs = (DV + off_b * stride_dkb + off_h * stride_dkh
                + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
     _store(dk_ptrs, _to(dk * sm_scale, DK.dtype.element_ty, INTERPRET_BF16), offs_n, seq_k, offs_d, HEAD_DIM, PAD_D)
     _store(dv_ptrs, _to(dv, DV.dtype.element_ty, INTERPRET_BF16), offs_n, seq_k, offs_d, HEAD_DIM, PAD_D)
+
+
+def _set_dq_box(nargs: dict) -> None:
+    """Autotuner pre-hook: the dQ descriptor's box is one (BLOCK_M, BLOCK_D) tile."""
+    desc = nargs.get("DQ_DESC")
+    if desc is not None:
+        desc.block_shape = [1, nargs["BLOCK_M"], nargs["BLOCK_D"]]
 
 
 _KV_PRUNE = {"early_config_prune": _prune_factory("BLOCK_N", "BLOCK_M", "SEQ_K_BUCKET",
@@ -497,7 +519,7 @@ def _flash_bwd_dkdv_kernel(
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_BUCKET: tl.constexpr,
 ):
-    _bwd_kv_program(Q, K, V, DO, DK, DV, DQ, LSE, DELTA,
+    _bwd_kv_program(Q, K, V, DO, DK, DV, DQ, None, LSE, DELTA,
                     stride_qb, stride_qh, stride_qm, stride_qd,
                     stride_kb, stride_kh, stride_kn, stride_kd,
                     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -505,15 +527,16 @@ def _flash_bwd_dkdv_kernel(
                     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
                     n_heads, seq_q, seq_k, qk_scale, sm_scale,
-                    HEAD_DIM, BLOCK_D, IS_CAUSAL, DOT_PRECISION, INTERPRET_BF16, False,
+                    HEAD_DIM, BLOCK_D, IS_CAUSAL, DOT_PRECISION, INTERPRET_BF16, False, False,
                     BLOCK_M, BLOCK_N)
 
 
-@triton.autotune(configs=_configs(_BWD_KV_ATOMIC_TILES), key=_KEY, prune_configs_by=_KV_PRUNE,
+@triton.autotune(configs=_configs(_BWD_KV_ATOMIC_TILES, pre_hook=_set_dq_box), key=_KEY,
+                 prune_configs_by=_KV_PRUNE,
                  reset_to_zero=["DQ"])  # autotuning reruns the kernel: restart dQ from zero
 @triton.jit
 def _flash_bwd_dkdv_dq_atomic_kernel(
-    Q, K, V, DO, DK, DV, DQ, LSE, DELTA,
+    Q, K, V, DO, DK, DV, DQ, DQ_DESC, LSE, DELTA,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -523,9 +546,9 @@ def _flash_bwd_dkdv_dq_atomic_kernel(
     n_heads, seq_q, seq_k, qk_scale, sm_scale, SEQ_Q_BUCKET, SEQ_K_BUCKET, BH_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_BUCKET: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_BUCKET: tl.constexpr, TMA_DQ: tl.constexpr,
 ):
-    _bwd_kv_program(Q, K, V, DO, DK, DV, DQ, LSE, DELTA,
+    _bwd_kv_program(Q, K, V, DO, DK, DV, DQ, DQ_DESC, LSE, DELTA,
                     stride_qb, stride_qh, stride_qm, stride_qd,
                     stride_kb, stride_kh, stride_kn, stride_kd,
                     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -533,7 +556,7 @@ def _flash_bwd_dkdv_dq_atomic_kernel(
                     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
                     n_heads, seq_q, seq_k, qk_scale, sm_scale,
-                    HEAD_DIM, BLOCK_D, IS_CAUSAL, DOT_PRECISION, INTERPRET_BF16, True,
+                    HEAD_DIM, BLOCK_D, IS_CAUSAL, DOT_PRECISION, INTERPRET_BF16, True, TMA_DQ,
                     BLOCK_M, BLOCK_N)
 
 
@@ -687,6 +710,22 @@ def _launch_args(q: torch.Tensor, k: torch.Tensor, is_causal: bool) -> dict:
     )
 
 
+def _tma_reduce_available(t: torch.Tensor) -> bool:
+    """Bulk tensor reduce-add (TMA) for the atomic backward's dQ: Hopper or newer, compiled."""
+    if INTERPRET or t.device.type != "cuda" or os.environ.get("LMPROF_FLASH_TMA", "1") == "0":
+        return False
+    return TensorDescriptor is not None and torch.cuda.get_device_capability(t.device)[0] >= 9
+
+
+def _dq_descriptor(dq_acc: torch.Tensor):
+    """(B·h, Tq, BLOCK_D) view of the fp32 dQ accumulator; the box is set per config by
+    ``_set_dq_box`` (it depends on the autotuned BLOCK_M)."""
+    bh = dq_acc.shape[0] * dq_acc.shape[1]
+    shape = [bh, dq_acc.shape[2], dq_acc.shape[3]]
+    return TensorDescriptor(dq_acc, shape, [shape[1] * shape[2], shape[2], 1],
+                            [1, 16, shape[2]])
+
+
 def _on_device(t: torch.Tensor):
     return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
@@ -756,12 +795,17 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
                 *do.stride(), *dq.stride(), *common, **args)
             _record("_flash_bwd_dq_kernel", compiled)
         else:
-            dq_acc = torch.zeros((b, h, tq, d), dtype=torch.float32, device=q.device)
+            tma = _tma_reduce_available(q)
+            # with TMA the fp32 accumulator is padded to BLOCK_D columns: one box per tile
+            dq_acc = torch.zeros((b, h, tq, args["BLOCK_D"] if tma else d), dtype=torch.float32,
+                                 device=q.device)
+            desc = _dq_descriptor(dq_acc) if tma else None
             compiled = _flash_bwd_dkdv_dq_atomic_kernel[kv_grid](
-                q, k, v, do, dk, dv, dq_acc, lse, delta, *q.stride(), *k.stride(), *v.stride(),
-                *do.stride(), *dk.stride(), *dq_acc.stride(), *common, **args)
+                q, k, v, do, dk, dv, dq_acc, desc, lse, delta, *q.stride(), *k.stride(),
+                *v.stride(), *do.stride(), *dk.stride(), *dq_acc.stride(), *common,
+                TMA_DQ=tma, **args)
             _record("_flash_bwd_dkdv_dq_atomic_kernel", compiled)
-            dq = dq_acc.to(q.dtype)
+            dq = dq_acc[..., :d].to(q.dtype)
     return dq, dk, dv
 
 
