@@ -138,14 +138,17 @@ _BWD_KV_TILES = {
         (32, 128, 8, 3), (32, 128, 8, 4), (32, 128, 8, 5),     # 160 regs
         (64, 64, 4, 3), (64, 64, 4, 4),                        # 226–236 regs, 2 CTAs/SM
         (64, 64, 8, 3),                                        # 183 regs
+        (128, 128, 8, 2), (128, 64, 8, 3),                     # 255 regs, 40 B of spills: timed anyway
         # rejected: (32, 128, 4, *) — 24 B of spills; (64, 128, 4, *) — 2.2 KB of spills;
-        # (128, 64, 8, *), (128, 128, 8, *) — 8–56 B of spills; (16, 128, 4, *) — N = 16 products
+        # (16, 128, 4, *) — N = 16 products
     ],
     128: [
         (32, 128, 8, 2), (32, 128, 8, 3), (32, 128, 8, 4),     # 242–248 regs
         (64, 64, 8, 2), (64, 64, 8, 3), (64, 64, 8, 4),        # 233–253 regs
         (32, 64, 4, 3), (16, 64, 4, 4),
-        # rejected: (64, 128, 8, *) — 64+ B of spills; (64, 64, 4, *), (32, 128, 4, *) — spills
+        (64, 128, 8, 2), (64, 128, 8, 3),                      # 255 regs, 64–96 B of spills: timed anyway
+        # rejected: (64, 128, 16, 2), (128, 64, 16, 2) — 0.5–2 KB of spills; (64, 64, 4, *),
+        # (32, 128, 4, *) — spills
     ],
 }
 # The atomic variant (an option, 2× slower than split on H200 in v1): a short list. With
