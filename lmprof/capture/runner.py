@@ -167,7 +167,10 @@ class StepRunner:
         self.prep = prep
         spec, cfg, device = prep.spec, prep.cfg, prep.device
         torch.manual_seed(spec.seed)
-        model = TransformerLM(cfg).to(device)
+        # Built on the device: initialising a large model on the CPU takes seconds of every core
+        # (trunc_normal_ on OpenMP threads), which cells sharing a machine fight over.
+        with device:
+            model = TransformerLM(cfg)
         self.model = model
         self.forward = torch.compile(model) if spec.compile else model
         self.optimizer = (

@@ -357,8 +357,9 @@ _PRCTL = _load_prctl()  # looked up here: the child must not import between fork
 class Launcher:
     """Runs one cell in a fresh process and always returns its finished run.json record."""
 
-    def __init__(self, root: Path, grid_hash: str, timeout_s: float | None):
+    def __init__(self, root: Path, grid_hash: str, timeout_s: float | None, slots: int = 1):
         self.root = root
+        self.slots = slots
         self.grid_hash = grid_hash
         self.timeout_s = timeout_s
         self.live: dict[int, subprocess.Popen] = {}
@@ -370,6 +371,10 @@ class Launcher:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [self.code_root, env.get("PYTHONPATH")]))
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = _visible_device(gpu)
+        if self.slots > 1 and "OMP_NUM_THREADS" not in env:
+            # cells side by side share the CPU cores instead of each starting one OpenMP thread
+            # per core (as torchrun does); a value the user set is kept
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.slots))
         return env
 
     def __call__(self, cell: Cell, gpu: int | None) -> dict[str, Any]:
@@ -598,8 +603,8 @@ def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]
             bar.update()
             postfix()
 
-    launcher = Launcher(root, grid.grid_hash, opts.timeout_s)
     slots: list[int | None] = list(opts.gpus) if opts.gpus else [None]
+    launcher = Launcher(root, grid.grid_hash, opts.timeout_s, len(slots))
     if len(slots) > 1:
         todo = longest_first(todo, costs)
     try:

@@ -210,6 +210,13 @@ def test_gpu_slots_run_one_cell_each_at_a_time(monkeypatch):
     env = sweep.Launcher(Path("."), "h", None)._env(0)
     assert env["CUDA_VISIBLE_DEVICES"] == "3"
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    env = sweep.Launcher(Path("."), "h", None)._env(0)
+    assert "OMP_NUM_THREADS" not in env  # one cell at a time: torch's own default
+    env = sweep.Launcher(Path("."), "h", None, slots=2)._env(1)
+    assert env["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2))
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert sweep.Launcher(Path("."), "h", None, slots=2)._env(1)["OMP_NUM_THREADS"] == "3"
 
 
 # ---------------------------------------------------------------- real cells (CPU, tiny)
