@@ -99,12 +99,17 @@ def overhead(n: int) -> str:
     return "\n".join(lines)
 
 
-def _busy(out: Path) -> tuple[float, float]:
-    """Sum of cell wall times, and the busiest GPU's share of it (its cells' walls added up)."""
+def _busy(out: Path) -> tuple[float, float, float, float]:
+    """Sum of cell walls, the busiest GPU's share of it (its cells' walls added up), and the sums
+    of the cells' warm-up plus measured steps and of their whole in-process run."""
     per_gpu: dict = {}
+    steps = in_run = 0.0
     for r in cells(out):
         per_gpu[r["sweep"].get("gpu")] = per_gpu.get(r["sweep"].get("gpu"), 0.0) + r["sweep"]["wall_s"]
-    return sum(per_gpu.values()), max(per_gpu.values())
+        t = r["timings"]
+        steps += sum(x["step_s"] for x in t["steps"]) + t.get("warmup_s", 0.0)
+        in_run += t["total_s"]
+    return sum(per_gpu.values()), max(per_gpu.values()), steps, in_run
 
 
 def fan_out(gpus: str, model: str, contexts: str, modes: str, steps: int, warmup: int) -> str:
@@ -119,11 +124,15 @@ def fan_out(gpus: str, model: str, contexts: str, modes: str, steps: int, warmup
     k = len(gpus.split(","))
     with tempfile.TemporaryDirectory() as tmp:
         one = run_sweep(Path(tmp) / "one", grid, ["--gpus", first])
-        one_sum, _ = _busy(Path(tmp) / "one")
+        one_sum, _, one_steps, one_run = _busy(Path(tmp) / "one")
         many = run_sweep(Path(tmp) / "many", grid, ["--gpus", gpus])
-        many_sum, many_max = _busy(Path(tmp) / "many")
+        many_sum, many_max, many_steps, many_run = _busy(Path(tmp) / "many")
     ratio = one / many
     rows = [("sweep wall", one, many), ("sum of cell walls", one_sum, many_sum),
+            ("· of which warm-up and measured steps", one_steps, many_steps),
+            ("· of which the rest of the run (model build, probe)", one_run - one_steps,
+             many_run - many_steps),
+            ("· of which process start, imports, exit", one_sum - one_run, many_sum - many_run),
             ("busiest GPU's cell walls", one_sum, many_max),
             ("sweep start-up and tail (wall - busiest)", one - one_sum, many - many_max)]
     table = "\n".join(f"| {name} | {a:.1f} | {b:.1f} |" for name, a, b in rows)
