@@ -8,7 +8,8 @@ in fresh processes:
 2. ``analyze kernels --attribution thread`` producing the same three summaries (top_kernels,
    range_kernels, ranges), and ``analyze kernels`` with every default table (a)-(f).
 
-It also checks that the numbers agree (kernel totals and instances, per-range kernel counts and
+Each command runs ``--repeat`` times (median kept), after one discarded run of each that warms
+the file cache and writes the interpreter's bytecode caches. It also checks that the numbers agree (kernel totals and instances, per-range kernel counts and
 times, per-range GPU-op counts). Target: analyze >= 10x faster than nsys stats. Prints and
 appends one row per export to bench/results/nsys_stats_compare.md.
 
@@ -21,6 +22,7 @@ from benchenv import child_env  # noqa: E402  (bench/ is on sys.path when run as
 import argparse
 import datetime as dt
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -72,6 +74,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--factors", type=int, nargs="+", default=[1, 100])
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/lmprof-kernels-bench"))
+    ap.add_argument("--repeat", type=int, default=3, help="timed runs of each command (median)")
     ap.add_argument("--nsys", default=shutil.which("nsys"), help="nsys executable")
     args = ap.parse_args()
     if not args.nsys:
@@ -94,16 +97,23 @@ def main() -> None:
         shutil.copyfile(src, copy)
         nsys_dir = args.workdir / f"nsys-stats-x{factor}"
         nsys_dir.mkdir(exist_ok=True)
-        t_nsys = timed([args.nsys, "stats", "-q", "--force-export=false", "-r", ",".join(REPORTS),
-                        "-f", "csv", "--force-overwrite=true", "-o", str(nsys_dir / "s"),
-                        str(copy)])
         ours = args.workdir / f"ours-x{factor}"
-        t_same = timed([sys.executable, "-m", "lmprof.analyze", "kernels", str(src),
-                        "--attribution", "thread", "--table", "top_kernels", "--table",
-                        "range_kernels", "--table", "ranges", "--top", "1000000", "--format",
-                        "csv", "--out", str(ours)])
-        t_all = timed([sys.executable, "-m", "lmprof.analyze", "kernels", str(src), "--format",
-                       "csv", "--out", str(args.workdir / f"all-x{factor}")])
+        cmds = {
+            "nsys": [args.nsys, "stats", "-q", "--force-export=false", "-r", ",".join(REPORTS),
+                     "-f", "csv", "--force-overwrite=true", "-o", str(nsys_dir / "s"), str(copy)],
+            "same": [sys.executable, "-m", "lmprof.analyze", "kernels", str(src), "--attribution",
+                     "thread", "--table", "top_kernels", "--table", "range_kernels", "--table",
+                     "ranges", "--top", "1000000", "--format", "csv", "--out", str(ours)],
+            "all": [sys.executable, "-m", "lmprof.analyze", "kernels", str(src), "--format", "csv",
+                    "--out", str(args.workdir / f"all-x{factor}")],
+        }
+        times: dict[str, list[float]] = {k: [] for k in cmds}
+        for i in range(args.repeat + 1):  # run 0 warms caches and is discarded; alternated
+            for name, cmd in cmds.items():
+                t = timed(cmd)
+                if i:
+                    times[name].append(t)
+        t_nsys, t_same, t_all = (statistics.median(times[k]) for k in ("nsys", "same", "all"))
         agree = check(nsys_dir, ours)
         line = (f"| {dt.date.today()} | {environment()} | {version} | x{factor} | {t_nsys:.2f} | "
                 f"{t_same:.2f} | {t_nsys / t_same:.1f}x | {t_all:.2f} | {t_nsys / t_all:.1f}x | "
