@@ -17,20 +17,11 @@ from typing import Callable, Protocol
 
 import nvtx as _nvtx
 
-# Phase names the runner emits; the analysis recognises these (optionally with a ``_N`` suffix).
-STEP = "step"
-FORWARD = "forward"
-BACKWARD = "backward"
-OPTIMIZER = "optimizer"
-INFERENCE = "inference"
-WARMUP = "warmup"
-PHASES = (FORWARD, BACKWARD, OPTIMIZER, INFERENCE)
-
-# Sub-ranges of the naive attention, named as in the CS336 assignment.
-ATTENTION = "scaled dot product attention"
-ATTN_SCORES = "computing attention scores"
-ATTN_SOFTMAX = "computing softmax"
-ATTN_FINAL = "final matmul"
+# The names live in lmprof.phases (importable without nvtx); re-exported here.
+from lmprof.phases import (  # noqa: E402,F401
+    ATTENTION, ATTN_FINAL, ATTN_SCORES, ATTN_SOFTMAX, BACKWARD, FORWARD, INFERENCE, OPTIMIZER,
+    PHASES, STEP, WARMUP,
+)
 
 
 class Listener(Protocol):

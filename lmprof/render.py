@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from lmprof.errors import UserError
+
+if TYPE_CHECKING:  # pandas is imported on use: the CLIs start (and load) without it
+    import pandas as pd
 
 FORMATS = ("md", "csv", "json")
 
@@ -63,6 +65,8 @@ def display_name(col: str) -> str:
 
 def for_display(df: pd.DataFrame, shorten: dict[str, int] | None = None) -> pd.DataFrame:
     """Scale unit columns, rename them for people, and shorten long text columns."""
+    import pandas as pd
+
     out = pd.DataFrame(index=df.index)
     for col in df.columns:
         _, unit, scale = _split_unit(col)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import click
 
-from lmprof.render import FORMATS
 from lmprof.errors import run_cli
+from lmprof.render import FORMATS  # light: pandas is imported on use
 
 format_option = click.option(
     "--format", "fmt", type=click.Choice(FORMATS), default="md", show_default=True,

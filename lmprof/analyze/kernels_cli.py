@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import click
 import duckdb
 
-from lmprof import annotate
+from lmprof import phases
 from lmprof.analyze.cli import format_option, out_option
-from lmprof.analyze.kernels import TABLES
 from lmprof.errors import UserError
+
+# The names of lmprof.analyze.kernels.TABLES, in order (a test checks): that module imports
+# pandas, which this one must not do before the export starts loading (see _pandas_imported_meanwhile).
+TABLE_NAMES = ("phase_timing", "top_kernels", "top_non_gemm_kernels", "gemm_fraction",
+               "softmax_vs_matmul", "class_breakdown", "gpu_idle", "ranges", "range_kernels")
 
 _REPORTS_HELP = ("REPORT: an nsys SQLite export, a .nsys-rep (exported with nsys when available, "
                  "cached beside it) or a run directory (its run.json names the export).")
@@ -29,16 +35,42 @@ phase_option = click.option(
          "optimizer, inference); replaces the default name of that phase. Repeatable.")
 softmax_option = click.option(
     "--softmax-range", "softmax_ranges", multiple=True, metavar="NAME",
-    help=f"Range(s) whose kernels are the attention softmax [default: {annotate.ATTN_SOFTMAX!r}].")
+    help=f"Range(s) whose kernels are the attention softmax [default: {phases.ATTN_SOFTMAX!r}].")
 matmul_option = click.option(
     "--matmul-range", "matmul_ranges", multiple=True, metavar="NAME",
-    help=f"Range(s) each holding one attention matmul [default: {annotate.ATTN_SCORES!r}, "
-         f"{annotate.ATTN_FINAL!r}].")
+    help=f"Range(s) each holding one attention matmul [default: {phases.ATTN_SCORES!r}, "
+         f"{phases.ATTN_FINAL!r}].")
 nsys_option = click.option("--nsys-path", default=None,
                            help="nsys executable or its folder, to export a .nsys-rep.")
 db_option = click.option(
     "--db", type=click.Path(dir_okay=False), default=None,
     help="Persist the DuckDB database to this file (query it later with 'analyze sql').")
+
+
+def _import_quietly(name: str) -> None:
+    try:
+        __import__(name)
+    except Exception:  # noqa: BLE001 — the main thread's own import reports it, where needed
+        pass
+
+
+@contextlib.contextmanager
+def _pandas_imported_meanwhile():
+    """Import pandas (with numpy and pyarrow, ~0.2 s) in a background thread while the main
+    thread loads the export into DuckDB: the tables need it only after the load. A later
+    ``import pandas`` anywhere (DuckDB's own included) waits for this one to finish (Python's
+    per-module import lock), so nothing on the main thread may import it before the load
+    starts. Joined on the way out, also after an error: an import still running while the
+    interpreter shuts down fails."""
+    thread = None
+    if "pandas" not in sys.modules:
+        thread = threading.Thread(target=_import_quietly, args=("pandas",), name="import-pandas")
+        thread.start()
+    try:
+        yield
+    finally:
+        if thread is not None:
+            thread.join()
 
 
 def _options(attribution: str, phase_ranges: tuple[str, ...], softmax_ranges: tuple[str, ...],
@@ -105,7 +137,7 @@ def _prepare_all(con, resolved, options):
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
               help="Kernels per phase in the top-kernel tables.")
 @click.option("--table", "table_names", multiple=True,
-              type=click.Choice(tuple(TABLES)),
+              type=click.Choice(TABLE_NAMES),
               help="Only these tables (repeatable); default: all but the per-range tables ranges and "
                    "range_kernels (nsys nvtx_gpu_proj_sum / nvtx_kern_sum look-alikes).")
 @db_option
@@ -116,14 +148,15 @@ def kernels_cmd(reports, attribution, phase_ranges, softmax_ranges, matmul_range
                 table_names, db, nsys_path, fmt, out) -> None:
     """Kernel tables of one or more nsys REPORTs: phase timing, top kernels, GEMM fraction,
     softmax vs matmul, class breakdown, GPU idle gaps; cross-run tables for several reports."""
-    import pandas as pd
-
-    from lmprof.analyze import kernels
     from lmprof.render import emit
 
     options = _options(attribution, phase_ranges, softmax_ranges, matmul_ranges)
-    names = tuple(table_names) or kernels.DEFAULT_TABLES
-    with open_traces(reports, options, db, nsys_path) as (_, traces):
+    with _pandas_imported_meanwhile(), open_traces(reports, options, db, nsys_path) as (_, traces):
+        import pandas as pd
+
+        from lmprof.analyze import kernels
+
+        names = tuple(table_names) or kernels.DEFAULT_TABLES
         if len(traces) == 1:
             tables, notes = kernels.tables(traces[0], names, top)
         else:
@@ -177,6 +210,7 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, nsys_path, fmt,
         raise UserError("give a QUERY (or --schema to list the tables)")
     path = Path(file)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_pandas_imported_meanwhile())
         if path.is_file() and _is_duckdb(path):
             try:
                 con = duckdb.connect(str(path), read_only=True)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import functools
 import re
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
-import pandas as pd
+
+if TYPE_CHECKING:  # imported on use (DuckDB's .df()): a load can start before pandas is in
+    import pandas as pd
 
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 

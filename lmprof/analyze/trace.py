@@ -10,18 +10,20 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
-import pandas as pd
 
-from lmprof import annotate, rundir
+from lmprof import phases, rundir
 from lmprof.analyze import nsys, sqlfile
 from lmprof.errors import UserError
 
+if TYPE_CHECKING:  # imported on use (DuckDB's .df()): a load can start before pandas is in
+    import pandas as pd
+
 ATTRIBUTIONS = ("process", "thread")
-PHASES = annotate.PHASES  # forward, backward, optimizer, inference
-STEP = annotate.STEP
+PHASES = phases.PHASES  # forward, backward, optimizer, inference
+STEP = phases.STEP
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
@@ -32,8 +34,8 @@ class Options:
     attribution: str = "process"
     # (range name, phase): a range named NAME or NAME_<digits> marks that phase.
     phase_ranges: tuple[tuple[str, str], ...] = tuple((p, p) for p in (STEP, *PHASES))
-    softmax_ranges: tuple[str, ...] = (annotate.ATTN_SOFTMAX,)
-    matmul_ranges: tuple[str, ...] = (annotate.ATTN_SCORES, annotate.ATTN_FINAL)
+    softmax_ranges: tuple[str, ...] = (phases.ATTN_SOFTMAX,)
+    matmul_ranges: tuple[str, ...] = (phases.ATTN_SCORES, phases.ATTN_FINAL)
 
     def __post_init__(self) -> None:
         if self.attribution not in ATTRIBUTIONS:
@@ -85,7 +87,10 @@ def configure(con: duckdb.DuckDBPyConnection, temp_dir: str | Path | None) -> No
     con.execute("SET enable_progress_bar = false")
     con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
     if temp_dir is not None:
-        con.execute("SET temp_directory = ?", [str(temp_dir)])
+        # a literal, not a bound parameter: DuckDB imports pandas for any bound parameter, and the
+        # CLI imports it in a background thread while the export loads
+        literal = str(temp_dir).replace("'", "''")
+        con.execute(f"SET temp_directory = '{literal}'")
 
 
 def _classify_names(con: duckdb.DuckDBPyConnection) -> None:

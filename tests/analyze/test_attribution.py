@@ -163,8 +163,9 @@ def test_attribution_matches_containment_on_random_nesting(seed):
         for _ in range(rng.randint(0, 4)):
             a = rng.randint(0, 60)
             events.append((60, a, a + rng.randint(0, 20), tid, rng.choice(names)))
-    ops = [(i, rng.choice([None, *range(70)]), rng.choice([*tids, (9 << 24) + 4]))
-           for i in range(200)]
+    # each op: (kind, launch time or None = launch not traced, launching thread)
+    launches = [(rng.choice(["kernel", "memcpy", "memset"]), rng.choice([None, *range(70)]),
+                 rng.choice([*tids, (9 << 24) + 4])) for _ in range(200)]
 
     con = duckdb.connect()
     con.execute("CREATE TABLE session AS SELECT 59 AS nvtx_push_pop_type, "
@@ -180,17 +181,33 @@ def test_attribution_matches_containment_on_random_nesting(seed):
     sqlfile.run(con, "ranges")
     ranges = con.execute("SELECT * FROM nvtx_ranges").df().replace({np.nan: None})
     ranges = ranges.to_dict("records")
-    first, *rest = sqlfile.statements("attribution")
-    assert "TABLE _ops AS" in first
+    assert all(r["level"] is None and r["parent_id"] is None
+               for r in ranges if r["style"] == "StartEnd")
+    # GPU ops and their launching calls, as nsys.load leaves them: op ids number kernels, then
+    # memcpy, then memset, each in table order; a call matches by (process, correlation id)
+    con.execute("CREATE TABLE _kernels (start_ns BIGINT, end_ns BIGINT, device_stream BIGINT, "
+                "correlation_id BIGINT, global_pid BIGINT, name_id BIGINT)")
+    for table in ("_memcpy", "_memset"):
+        con.execute(f"CREATE TABLE {table} (start_ns BIGINT, end_ns BIGINT, device_id INTEGER, "
+                    "stream_id INTEGER, correlation_id BIGINT, global_pid BIGINT)")
+    con.execute("CREATE TABLE _runtime (start_ns BIGINT, global_tid BIGINT, "
+                "correlation_id BIGINT, name_id BIGINT)")
+    ops, by_kind = [], {"kernel": [], "memcpy": [], "memset": []}
+    for corr, (kind, t, tid) in enumerate(launches):
+        by_kind[kind].append((corr, (tid >> 24) << 24))
+        if t is not None:
+            con.execute("INSERT INTO _runtime VALUES (?, ?, ?, 0)", [t, tid, corr])
+    for kind, table in (("kernel", "_kernels"), ("memcpy", "_memcpy"), ("memset", "_memset")):
+        for corr, pid in by_kind[kind]:
+            ops.append((len(ops), launches[corr][1], launches[corr][2]))
+            values = "0, 1, 0, ?, ?, 1" if kind == "kernel" else "0, 1, 0, 0, ?, ?"
+            con.execute(f"INSERT INTO {table} VALUES ({values})", [corr, pid])
     for thread_rule in (False, True):
-        con.execute("CREATE OR REPLACE TEMP TABLE _ops (op_id BIGINT, kind VARCHAR, "
-                    "name_id BIGINT, start_ns BIGINT, end_ns BIGINT, device_id INTEGER, "
-                    "stream_id INTEGER, launch_start_ns BIGINT, launch_global_tid BIGINT)")
-        con.executemany("INSERT INTO _ops VALUES (?, 'kernel', 1, 0, 1, 0, 0, ?, ?)", ops)
-        for sql in rest:
-            con.execute(sql, {"thread_rule": thread_rule} if "$thread_rule" in sql else None)
+        sqlfile.run(con, "attribution", thread_rule=thread_rule)
         pairs, attrib = _brute_force_attribution(ranges, ops, thread_rule)
-        assert set(con.execute("SELECT op_id, range_id FROM op_ranges").fetchall()) == pairs
+        got_pairs = con.execute("SELECT op_id, range_id FROM op_ranges").fetchall()
+        assert len(got_pairs) == len(set(got_pairs))
+        assert set(got_pairs) == pairs
         got = {op: (r, p, s) for op, r, p, s in con.execute(
             "SELECT op_id, range_id, phase_range_id, step_range_id FROM gpu_ops").fetchall()}
         assert got == attrib

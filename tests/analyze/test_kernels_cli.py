@@ -216,3 +216,45 @@ def test_analyze_never_imports_torch(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("no torch")
+
+
+def test_table_names_match_the_tables():
+    from lmprof.analyze import kernels, kernels_cli
+
+    assert kernels_cli.TABLE_NAMES == tuple(kernels.TABLES)
+
+
+def test_export_starts_loading_before_pandas_is_imported(tmp_path):
+    """The CLI imports pandas in a background thread while the export loads: nothing on the main
+    thread may import pandas (or numpy, which it brings) before the load starts."""
+    code = f"""
+import builtins, sys, threading
+early = []  # pandas/numpy imports asked for on the main thread before the load
+loading = threading.Event()
+real_import = builtins.__import__
+def hooked(name, *args, **kwargs):
+    if (name.split(".")[0] in ("pandas", "numpy") and not loading.is_set()
+            and threading.current_thread() is threading.main_thread()):
+        early.append(name)
+    return real_import(name, *args, **kwargs)
+builtins.__import__ = hooked
+from lmprof.analyze import nsys
+from lmprof.analyze.cli import main
+real_load = nsys.load
+def load(*args):
+    loading.set()
+    return real_load(*args)
+nsys.load = load
+try:
+    main(["kernels", {str(REPORT)!r}, "--format", "csv", "--out", {str(tmp_path)!r}])
+except SystemExit as exc:
+    assert not exc.code, exc.code
+assert loading.is_set()
+assert not early, early
+print("pandas" in sys.modules)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "True"  # pandas did get imported (tables)
+    assert (tmp_path / "phase_timing.csv").is_file()

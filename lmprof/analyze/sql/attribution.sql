@@ -22,39 +22,19 @@
 -- the rule of nsys's nvtx_kern_sum / nvtx_gpu_proj_sum). The innermost range is the one that
 -- started last, i.e. the largest range_id (nvtx_ranges numbers ranges by start, outer first).
 --
+-- Which ranges are open in a process (or on a thread: the rule's "key") changes only where one
+-- of its ranges starts or ends. So the ranges are turned into a timeline of states first, one per
+-- (key, instant of such an edge): ranges x threads x 2 rows, not millions. Each op then needs one
+-- ASOF join with that timeline (the last state at or before its launch) and no aggregate: no
+-- join of every op with every range or every thread.
 
--- Each op with its launching call (correlation id within the process), in one pass.
-CREATE OR REPLACE TEMP TABLE _ops AS
-WITH o AS (
-    SELECT rowid AS op_id, 'kernel' AS kind, name_id, start_ns, end_ns,
-           CAST(device_stream & 65535 AS INTEGER) AS device_id,
-           CAST(device_stream >> 16 AS INTEGER) AS stream_id, correlation_id, global_pid
-    FROM _kernels
-    UNION ALL
-    SELECT rowid + (SELECT count(*) FROM _kernels), 'memcpy', NULL, start_ns, end_ns, device_id,
-           stream_id, correlation_id, global_pid
-    FROM _memcpy
-    UNION ALL
-    SELECT rowid + (SELECT count(*) FROM _kernels) + (SELECT count(*) FROM _memcpy), 'memset',
-           NULL, start_ns, end_ns, device_id, stream_id, correlation_id, global_pid
-    FROM _memset
-)
-SELECT o.op_id, o.kind, o.name_id, o.start_ns, o.end_ns, o.device_id, o.stream_id,
-       r.start_ns AS launch_start_ns, r.global_tid AS launch_global_tid
-FROM o
-LEFT JOIN _runtime r
-  ON r.correlation_id = o.correlation_id AND (r.global_tid >> 24) = (o.global_pid >> 24);
-
--- Push/pop ranges of one thread form a stack: after each push or pop the innermost open range
--- of the thread is the pushed range or the popped range's parent, and every range open then is
--- an ancestor-or-self of it. So one ASOF join of each (op, thread with ranges) with the thread's
--- last push/pop at or before the launch gives the innermost range on that thread, and a small
--- range x ancestor table gives the others: no inequality join of every op with every range (an
--- IEJoin producing every (op, enclosing range) pair). Zero-length ranges contain no instant and
--- are left out. At equal times pops come before pushes, outer pushes before inner ones.
+-- Push/pop ranges of one thread form a stack: every range open after a push or pop is an
+-- ancestor-or-self of the innermost one, so (innermost, ancestors) stands for all of them.
+-- _range_chain: every range with a positive length x its ancestors-or-self (start/end ranges
+-- have no parent: themselves only). Zero-length ranges contain no instant and are left out.
 CREATE OR REPLACE TABLE _range_chain AS
 WITH RECURSIVE chain(range_id, anc_id) AS (
-    SELECT range_id, range_id FROM nvtx_ranges WHERE style = 'PushPop' AND end_ns > start_ns
+    SELECT range_id, range_id FROM nvtx_ranges WHERE end_ns > start_ns
     UNION ALL
     SELECT c.range_id, n.parent_id
     FROM chain c JOIN nvtx_ranges n ON n.range_id = c.anc_id
@@ -71,7 +51,8 @@ SELECT range_id,
        max(anc_id) FILTER (WHERE anc_phase = 'step') AS step_range_id
 FROM _range_chain GROUP BY range_id;
 
--- Per thread and instant of a push or pop: the innermost open range after all of them.
+-- Per thread and instant of a push or pop: the innermost open range after all of them (-1:
+-- none). At equal times pops come before pushes, outer pushes before inner ones.
 CREATE OR REPLACE TEMP TABLE _range_state AS
 WITH edges AS (
     SELECT global_tid, start_ns AS t, range_id AS state, 1 AS is_push, level AS depth
@@ -83,78 +64,127 @@ WITH edges AS (
 SELECT global_tid, t, arg_max(state, (is_push, depth)) AS range_id
 FROM edges GROUP BY global_tid, t;
 
--- (op, thread with ranges in the launching process, or the launching thread): the innermost
--- range of that thread open at the launch.
-CREATE OR REPLACE TABLE _op_innermost AS
+-- The states: every (key, instant) at which the ranges open for that key may change. The key is
+-- the process (global_tid >> 24), or under $thread_rule the thread.
+CREATE OR REPLACE TABLE _attr_states AS
+SELECT row_number() OVER () AS state_id, key, t
+FROM (
+    SELECT DISTINCT CASE WHEN $thread_rule THEN global_tid ELSE global_tid >> 24 END AS key, t
+    FROM (
+        SELECT global_tid, t FROM _range_state
+        UNION ALL
+        SELECT global_tid, start_ns FROM nvtx_ranges WHERE style <> 'PushPop' AND end_ns > start_ns
+        UNION ALL
+        SELECT global_tid, end_ns FROM nvtx_ranges WHERE style <> 'PushPop' AND end_ns > start_ns
+    )
+);
+
+-- Start/end ranges do not nest: an inequality join of states with those ranges, the key
+-- equality a separate filter (in the same query the optimizer pushes it into the join, which
+-- becomes a hash join on the key with a per-pair inequality check: about 100x slower).
+CREATE OR REPLACE TEMP TABLE _start_end_candidates AS
+SELECT s.state_id, s.key, n.range_id, n.global_tid
+FROM _attr_states s
+JOIN (SELECT range_id, start_ns, end_ns, global_tid FROM nvtx_ranges WHERE style <> 'PushPop') n
+  ON s.t >= n.start_ns AND s.t < n.end_ns;
+
+-- _attr_members: per state, the innermost open push/pop range of every thread of the key with
+-- ranges (its last push or pop at or before the state's instant) and every open start/end range
+-- of the key. Every range open in a state is one of these or a push/pop ancestor of one.
+CREATE OR REPLACE TABLE _attr_members AS
 WITH threads AS (
-    SELECT DISTINCT global_tid FROM _range_state
-), op_threads AS (
-    SELECT o.op_id, o.launch_start_ns, t.global_tid
-    FROM _ops o
-    JOIN threads t
-      ON (t.global_tid >> 24) = (o.launch_global_tid >> 24)
-     AND (NOT $thread_rule OR t.global_tid = o.launch_global_tid)
-    WHERE o.launch_start_ns IS NOT NULL
+    SELECT DISTINCT global_tid,
+           CASE WHEN $thread_rule THEN global_tid ELSE global_tid >> 24 END AS key
+    FROM _range_state
 )
-SELECT ot.op_id, ot.launch_start_ns, s.range_id
-FROM op_threads ot
-ASOF JOIN _range_state s
-  ON s.global_tid = ot.global_tid AND s.t <= ot.launch_start_ns
-WHERE s.range_id >= 0;
+SELECT s.state_id, r.range_id
+FROM _attr_states s
+JOIN threads th ON th.key = s.key
+ASOF JOIN _range_state r ON r.global_tid = th.global_tid AND r.t <= s.t
+WHERE r.range_id >= 0
+UNION ALL
+SELECT state_id, range_id
+FROM _start_end_candidates
+WHERE key = CASE WHEN $thread_rule THEN global_tid ELSE global_tid >> 24 END;
 
--- Start/end ranges do not nest: an inequality join, the process/thread equality a separate
--- filter (in the same query the optimizer pushes it into the join, which becomes a hash join on
--- pid with a per-pair inequality check: about 100x slower).
-CREATE OR REPLACE TEMP TABLE _range_candidates AS
-SELECT l.op_id, n.range_id,
-       (l.launch_global_tid >> 24) = (n.global_tid >> 24) AS same_process,
-       l.launch_global_tid = n.global_tid AS same_thread
-FROM _ops l
-JOIN (SELECT * FROM nvtx_ranges WHERE style <> 'PushPop') n
-  ON l.launch_start_ns >= n.start_ns AND l.launch_start_ns < n.end_ns;
-
-CREATE OR REPLACE TABLE _op_start_end AS
-SELECT op_id, range_id
-FROM _range_candidates
-WHERE same_process AND (NOT $thread_rule OR same_thread);
-
-DROP TABLE _range_candidates;
+DROP TABLE _start_end_candidates;
 DROP TABLE _range_state;
 
--- A view: only the per-range tables read it (the containment test is a safeguard).
-CREATE OR REPLACE VIEW op_ranges AS
-SELECT i.op_id, c.anc_id AS range_id
-FROM _op_innermost i JOIN _range_chain c USING (range_id)
-WHERE c.anc_start_ns <= i.launch_start_ns AND c.anc_end_ns > i.launch_start_ns
-UNION ALL
-SELECT op_id, range_id FROM _op_start_end;
+-- Per state: the innermost range (largest range_id) and the nearest phase and step ranges over
+-- its members; NULL where no range is open (an op launched then has none).
+CREATE OR REPLACE TEMP TABLE _attr_timeline AS
+SELECT s.state_id, s.key, s.t, max(m.range_id) AS range_id,
+       max(p.phase_range_id) AS phase_range_id, max(p.step_range_id) AS step_range_id
+FROM _attr_states s
+LEFT JOIN _attr_members m USING (state_id)
+LEFT JOIN _range_phase p USING (range_id)
+GROUP BY s.state_id, s.key, s.t;
 
--- Per op: the innermost range, phase and step range, over all threads' ranges (largest range_id).
+-- Each op with its launching call (correlation id within the process) and the last state at or
+-- before the launch, in one statement: no per-op aggregate, no (op, thread) rows.
 CREATE OR REPLACE TABLE gpu_ops AS
-SELECT o.op_id,
-       CAST(o.kind AS ENUM('kernel', 'memcpy', 'memset')) AS kind,
-       o.name_id, o.start_ns, o.end_ns, o.end_ns - o.start_ns AS dur_ns,
-       o.device_id, o.stream_id, o.launch_start_ns, o.launch_global_tid,
-       a.range_id,
+WITH o AS (
+    SELECT rowid AS op_id, 'kernel' AS kind, name_id, start_ns, end_ns,
+           CAST(device_stream & 65535 AS INTEGER) AS device_id,
+           CAST(device_stream >> 16 AS INTEGER) AS stream_id, correlation_id, global_pid
+    FROM _kernels
+    UNION ALL
+    SELECT rowid + (SELECT count(*) FROM _kernels), 'memcpy', NULL, start_ns, end_ns, device_id,
+           stream_id, correlation_id, global_pid
+    FROM _memcpy
+    UNION ALL
+    SELECT rowid + (SELECT count(*) FROM _kernels) + (SELECT count(*) FROM _memcpy), 'memset',
+           NULL, start_ns, end_ns, device_id, stream_id, correlation_id, global_pid
+    FROM _memset
+), launched AS (
+    SELECT o.*, r.start_ns AS launch_start_ns, r.global_tid AS launch_global_tid,
+           CASE WHEN $thread_rule THEN r.global_tid ELSE r.global_tid >> 24 END AS key
+    FROM o
+    LEFT JOIN _runtime r
+      ON r.correlation_id = o.correlation_id AND (r.global_tid >> 24) = (o.global_pid >> 24)
+)
+SELECT l.op_id,
+       CAST(l.kind AS ENUM('kernel', 'memcpy', 'memset')) AS kind,
+       l.name_id, l.start_ns, l.end_ns, l.end_ns - l.start_ns AS dur_ns,
+       l.device_id, l.stream_id, l.launch_start_ns, l.launch_global_tid,
+       s.range_id,
        CAST(p.phase AS ENUM('forward', 'backward', 'optimizer', 'inference')) AS phase,
-       a.phase_range_id, a.step_range_id
-FROM _ops o
-LEFT JOIN (
-    WITH per_thread AS (
-        SELECT i.op_id, i.range_id, rp.phase_range_id, rp.step_range_id
-        FROM _op_innermost i JOIN _range_phase rp USING (range_id)
-        UNION ALL
-        SELECT s.op_id, s.range_id,
-               CASE WHEN n.phase IS NOT NULL AND n.phase <> 'step' THEN s.range_id END,
-               CASE WHEN n.phase = 'step' THEN s.range_id END
-        FROM _op_start_end s JOIN nvtx_ranges n USING (range_id)
-    )
-    SELECT op_id, max(range_id) AS range_id, max(phase_range_id) AS phase_range_id,
-           max(step_range_id) AS step_range_id
-    FROM per_thread GROUP BY op_id
-) a USING (op_id)
-LEFT JOIN nvtx_ranges p ON p.range_id = a.phase_range_id;
+       s.phase_range_id, s.step_range_id
+FROM launched l
+ASOF LEFT JOIN _attr_timeline s ON s.key = l.key AND s.t <= l.launch_start_ns
+LEFT JOIN nvtx_ranges p ON p.range_id = s.phase_range_id;
 
-DROP TABLE _ops;
+-- Keys with a state of several members (several threads with push/pop ranges in a process, or
+-- start/end ranges): only their ops need their state again to list every enclosing range.
+CREATE OR REPLACE TABLE _attr_multi_keys AS
+SELECT DISTINCT s.key
+FROM _attr_members m JOIN _attr_states s USING (state_id)
+GROUP BY s.state_id, s.key HAVING count(*) > 1;
+
+CREATE OR REPLACE TABLE _attr_rule AS
+SELECT CASE WHEN $thread_rule THEN 0 ELSE 24 END AS key_shift;  -- key = global_tid >> key_shift
+
+-- A view: the per-range tables and softmax_vs_matmul read it. The ranges open at an op's launch
+-- are the ancestors-or-self of its state's members. One member is the op's range_id (the
+-- largest), so only ops of keys with several members in a state look their state up again.
+-- Different members have disjoint ancestor chains (a push/pop range's ancestors are on its
+-- thread; a start/end range has none): no pair comes twice. The containment test is a safeguard.
+CREATE OR REPLACE VIEW op_ranges AS
+SELECT g.op_id, c.anc_id AS range_id
+FROM gpu_ops g JOIN _range_chain c ON c.range_id = g.range_id
+WHERE c.anc_start_ns <= g.launch_start_ns AND c.anc_end_ns > g.launch_start_ns
+UNION ALL
+SELECT k.op_id, c.anc_id
+FROM (
+    SELECT op_id, range_id, launch_start_ns, key
+    FROM (SELECT *, launch_global_tid >> (SELECT key_shift FROM _attr_rule) AS key FROM gpu_ops)
+    WHERE key IN (SELECT key FROM _attr_multi_keys)
+) k
+ASOF JOIN _attr_states s ON s.key = k.key AND s.t <= k.launch_start_ns
+JOIN _attr_members m ON m.state_id = s.state_id AND m.range_id <> k.range_id
+JOIN _range_chain c ON c.range_id = m.range_id
+WHERE c.anc_start_ns <= k.launch_start_ns AND c.anc_end_ns > k.launch_start_ns;
+
+DROP TABLE _attr_timeline;
 DROP TABLE _range_phase;
 DROP TABLE IF EXISTS _kernel_groups;  -- kernel_groups.sql's cache, of the previous gpu_ops

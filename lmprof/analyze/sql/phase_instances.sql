@@ -11,52 +11,97 @@
 --   gpu_busy_ns     BIGINT   union of GPU op intervals (ns): time some op was running
 --   gaps            BIGINT   idle gaps between GPU ops inside the span
 --   max_gap_ns      BIGINT   the longest of them (ns)
+--
+-- A gap opens before an op (ops ordered by start) that starts after the furthest end of the ops
+-- before it (covered_until). Ordering by start alone gives the same gaps as (start, end): of ops
+-- starting together only the first can open a gap, and its covered_until does not depend on the
+-- tie order.
+--
+-- Each op belongs to two instances, its phase's and its step's. Rather than ordering every op
+-- once per instance, ops are ordered once per group (phase instance, step instance): a phase
+-- instance is usually one group, a step a few (its forward, backward, optimizer) that run one
+-- after the other. When an instance's groups, ordered by first start, are separate in time (each
+-- starts strictly after every op of the groups before it started, and not before they all
+-- ended; no op ends before it starts), the instance's gaps are its groups' gaps plus the gaps
+-- between groups: inside a group, the groups before it end before its ops start and those after
+-- it start after. Any other instance (groups overlapping in time) is ordered on its own, as all
+-- were before.
 
--- The idle-gap window carries only (instance, start, end): counts and kernel time come from a
--- plain aggregate. Ordering by start alone gives the same gaps as (start, end): of ops starting
--- together only the first can open a gap, and its covered_until does not depend on the tie order.
 CREATE OR REPLACE TABLE phase_instances AS
 WITH instances AS (
     SELECT range_id, phase, dur_ns AS cpu_ns FROM nvtx_ranges WHERE phase IS NOT NULL
-), ops AS (
-    SELECT phase_range_id AS range_id, start_ns, end_ns
-    FROM gpu_ops WHERE phase_range_id IS NOT NULL
-    UNION ALL
-    SELECT step_range_id, start_ns, end_ns
-    FROM gpu_ops WHERE step_range_id IS NOT NULL
 ), ordered AS (
-    -- the furthest end of the ops before this one: one sort (DuckDB 1.5: 20% faster at x1000
-    -- than a streamed running max followed by lag, which sorts twice)
-    SELECT range_id, start_ns, end_ns,
+    -- the furthest end of the group's ops before this one: one sort (DuckDB 1.5: 20% faster at
+    -- x1000 than a streamed running max followed by lag, which sorts twice)
+    SELECT phase_range_id, step_range_id, kind, start_ns, end_ns, dur_ns,
+           max(end_ns) OVER (PARTITION BY phase_range_id, step_range_id ORDER BY start_ns
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS covered_until
+    FROM gpu_ops
+    WHERE phase_range_id IS NOT NULL OR step_range_id IS NOT NULL
+), groups AS (
+    SELECT phase_range_id, step_range_id,
+           min(start_ns) AS first_start, max(start_ns) AS last_start, max(end_ns) AS last_end,
+           count(*) FILTER (WHERE end_ns < start_ns) AS reversed,
+           count(*) AS n, count(*) FILTER (WHERE kind = 'kernel') AS k,
+           sum(dur_ns) FILTER (WHERE kind = 'kernel') AS k_ns,
+           sum(greatest(start_ns - covered_until, 0)) AS idle_ns,
+           count(*) FILTER (WHERE start_ns > covered_until) AS gaps,
+           max(start_ns - covered_until) FILTER (WHERE start_ns > covered_until) AS max_gap_ns
+    FROM ordered
+    GROUP BY phase_range_id, step_range_id
+), member AS (
+    SELECT phase_range_id AS range_id, * EXCLUDE (phase_range_id, step_range_id)
+    FROM groups WHERE phase_range_id IS NOT NULL
+    UNION ALL
+    SELECT step_range_id, * EXCLUDE (phase_range_id, step_range_id)
+    FROM groups WHERE step_range_id IS NOT NULL
+), sequenced AS (
+    -- per instance, its groups by first start, with the latest start and end before each
+    SELECT *, max(last_start) OVER w AS prev_start, max(last_end) OVER w AS prev_end
+    FROM member
+    WINDOW w AS (PARTITION BY range_id ORDER BY first_start, last_start, last_end
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+), merged AS (
+    SELECT range_id,
+           max(last_end) - min(first_start) AS gpu_span_ns,
+           sum(n) AS gpu_ops, sum(k) AS kernels, coalesce(sum(k_ns), 0) AS kernel_ns,
+           bool_and(reversed = 0 AND (prev_start IS NULL
+                                      OR (first_start > prev_start AND first_start >= prev_end)))
+               AS separate,
+           coalesce(sum(idle_ns), 0) + coalesce(sum(greatest(first_start - prev_end, 0)), 0)
+               AS idle_ns,
+           sum(gaps) + count(*) FILTER (WHERE first_start > prev_end) AS gaps,
+           greatest(coalesce(max(max_gap_ns), 0),
+                    coalesce(max(first_start - prev_end) FILTER (WHERE first_start > prev_end),
+                             0)) AS max_gap_ns
+    FROM sequenced
+    GROUP BY range_id
+), overlapping AS (
+    -- instances whose groups overlap in time: their ops ordered per instance
+    SELECT range_id, start_ns,
            max(end_ns) OVER (PARTITION BY range_id ORDER BY start_ns
                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS covered_until
-    FROM ops
-), spans AS (
+    FROM (
+        SELECT phase_range_id AS range_id, start_ns, end_ns FROM gpu_ops
+        WHERE phase_range_id IN (SELECT range_id FROM merged WHERE NOT separate)
+        UNION ALL
+        SELECT step_range_id, start_ns, end_ns FROM gpu_ops
+        WHERE step_range_id IN (SELECT range_id FROM merged WHERE NOT separate)
+    )
+), overlapping_gaps AS (
     SELECT range_id,
-           max(end_ns) - min(start_ns) AS gpu_span_ns,
-           CAST(coalesce(sum(greatest(start_ns - covered_until, 0)), 0) AS BIGINT) AS idle_ns,
+           sum(greatest(start_ns - covered_until, 0)) AS idle_ns,
            count(*) FILTER (WHERE start_ns > covered_until) AS gaps,
            coalesce(max(start_ns - covered_until) FILTER (WHERE start_ns > covered_until), 0)
                AS max_gap_ns
-    FROM ordered
-    GROUP BY range_id
-), counts AS (
-    SELECT range_id, sum(n) AS gpu_ops, sum(k) AS kernels, sum(k_ns) AS kernel_ns
-    FROM (
-        SELECT phase_range_id AS range_id, count(*) AS n,
-               count(*) FILTER (WHERE kind = 'kernel') AS k,
-               coalesce(sum(dur_ns) FILTER (WHERE kind = 'kernel'), 0) AS k_ns
-        FROM gpu_ops WHERE phase_range_id IS NOT NULL GROUP BY 1
-        UNION ALL
-        SELECT step_range_id, count(*), count(*) FILTER (WHERE kind = 'kernel'),
-               coalesce(sum(dur_ns) FILTER (WHERE kind = 'kernel'), 0)
-        FROM gpu_ops WHERE step_range_id IS NOT NULL GROUP BY 1
-    )
+    FROM overlapping
     GROUP BY range_id
 )
 SELECT i.range_id, i.phase, i.cpu_ns,
-       CAST(coalesce(c.gpu_ops, 0) AS BIGINT) AS gpu_ops,
-       CAST(coalesce(c.kernels, 0) AS BIGINT) AS kernels,
-       CAST(coalesce(c.kernel_ns, 0) AS BIGINT) AS kernel_ns, o.gpu_span_ns,
-       o.gpu_span_ns - o.idle_ns AS gpu_busy_ns, coalesce(o.gaps, 0) AS gaps, o.max_gap_ns
-FROM instances i LEFT JOIN spans o USING (range_id) LEFT JOIN counts c USING (range_id);
+       CAST(coalesce(m.gpu_ops, 0) AS BIGINT) AS gpu_ops,
+       CAST(coalesce(m.kernels, 0) AS BIGINT) AS kernels,
+       CAST(coalesce(m.kernel_ns, 0) AS BIGINT) AS kernel_ns, m.gpu_span_ns,
+       m.gpu_span_ns - CAST(coalesce(o.idle_ns, m.idle_ns) AS BIGINT) AS gpu_busy_ns,
+       CAST(coalesce(o.gaps, m.gaps, 0) AS BIGINT) AS gaps,
+       CAST(coalesce(o.max_gap_ns, m.max_gap_ns) AS BIGINT) AS max_gap_ns
+FROM instances i LEFT JOIN merged m USING (range_id) LEFT JOIN overlapping_gaps o USING (range_id);

@@ -69,7 +69,8 @@ WITH leveled AS (
 )
 SELECT c.range_id, c.name, c.domain, c.style, c.start_ns, c.end_ns,
        c.end_ns - c.start_ns AS dur_ns, c.global_tid, c.pid, c.tid, c.level,
-       p.range_id AS parent_id, ph.phase
+       -- (the ASOF join matches NULL levels: a start/end range would be its own parent)
+       CASE WHEN c.style = 'PushPop' THEN p.range_id END AS parent_id, ph.phase
 FROM leveled c
 ASOF LEFT JOIN leveled p
   ON p.global_tid = c.global_tid AND p.level = c.level - 1 AND p.start_ns <= c.start_ns
