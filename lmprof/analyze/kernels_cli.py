@@ -16,7 +16,8 @@ from lmprof.analyze.cli import format_option, out_option
 from lmprof.errors import UserError
 
 # The names of lmprof.analyze.kernels.TABLES, in order (a test checks): that module imports
-# pandas, which this one must not do before the export starts loading (see _pandas_imported_meanwhile).
+# pandas, which this one must not do before the export starts loading (see
+# _pandas_imported_meanwhile).
 TABLE_NAMES = ("phase_timing", "top_kernels", "top_non_gemm_kernels", "gemm_fraction",
                "softmax_vs_matmul", "class_breakdown", "gpu_idle", "ranges", "range_kernels")
 
