@@ -16,7 +16,8 @@ from lmprof.analyze.cli import format_option, out_option
 from lmprof.errors import UserError
 
 # The names of lmprof.analyze.kernels.TABLES, in order (a test checks): that module imports
-# pandas, which this one must not do before the export starts loading (see _pandas_imported_meanwhile).
+# pandas, which this one must not do before the export starts loading (see
+# _pandas_imported_meanwhile).
 TABLE_NAMES = ("phase_timing", "top_kernels", "top_non_gemm_kernels", "gemm_fraction",
                "softmax_vs_matmul", "class_breakdown", "gpu_idle", "ranges", "range_kernels")
 
@@ -47,24 +48,33 @@ db_option = click.option(
     help="Persist the DuckDB database to this file (query it later with 'analyze sql').")
 
 
-def _import_quietly(name: str) -> None:
-    try:
-        __import__(name)
-    except Exception:  # noqa: BLE001 — the main thread's own import reports it, where needed
-        pass
+# Imported in the background while the export loads: pandas (with numpy and pyarrow, ~0.2 s)
+# and the kernel-name rules (their regexes compile on import, ~7 ms). Neither imports a module
+# the main thread is importing meanwhile (classify imports only the standard library).
+_BACKGROUND_IMPORTS = ("pandas", "lmprof.analyze.classify")
+
+
+def _import_quietly(names: tuple[str, ...]) -> None:
+    for name in names:
+        try:
+            __import__(name)
+        except Exception:  # noqa: BLE001 — the main thread's own import reports it, where needed
+            pass
 
 
 @contextlib.contextmanager
 def _pandas_imported_meanwhile():
-    """Import pandas (with numpy and pyarrow, ~0.2 s) in a background thread while the main
-    thread loads the export into DuckDB: the tables need it only after the load. A later
+    """Import pandas (with numpy and pyarrow, ~0.2 s) and the kernel-name rules in a background
+    thread while the main thread loads the export into DuckDB: they are needed only after the
+    load. A later
     ``import pandas`` anywhere (DuckDB's own included) waits for this one to finish (Python's
     per-module import lock), so nothing on the main thread may import it before the load
     starts. Joined on the way out, also after an error: an import still running while the
     interpreter shuts down fails."""
     thread = None
     if "pandas" not in sys.modules:
-        thread = threading.Thread(target=_import_quietly, args=("pandas",), name="import-pandas")
+        thread = threading.Thread(target=_import_quietly, args=(_BACKGROUND_IMPORTS,),
+                                  name="import-pandas")
         thread.start()
     try:
         yield

@@ -44,13 +44,6 @@ SELECT c.range_id, c.anc_id, a.start_ns AS anc_start_ns, a.end_ns AS anc_end_ns,
        a.phase AS anc_phase
 FROM chain c JOIN nvtx_ranges a ON a.range_id = c.anc_id;
 
--- Per range: the nearest phase (not step) and step range among itself and its ancestors.
-CREATE OR REPLACE TEMP TABLE _range_phase AS
-SELECT range_id,
-       max(anc_id) FILTER (WHERE anc_phase IS NOT NULL AND anc_phase <> 'step') AS phase_range_id,
-       max(anc_id) FILTER (WHERE anc_phase = 'step') AS step_range_id
-FROM _range_chain GROUP BY range_id;
-
 -- Per thread and instant of a push or pop: the innermost open range after all of them (-1:
 -- none). At equal times pops come before pushes, outer pushes before inner ones.
 CREATE OR REPLACE TEMP TABLE _range_state AS
@@ -111,13 +104,21 @@ DROP TABLE _start_end_candidates;
 DROP TABLE _range_state;
 
 -- Per state: the innermost range (largest range_id) and the nearest phase and step ranges over
--- its members; NULL where no range is open (an op launched then has none).
+-- its members (each member's nearest phase (not step) and step range among itself and its
+-- ancestors); NULL where no range is open (an op launched then has none).
 CREATE OR REPLACE TEMP TABLE _attr_timeline AS
-SELECT s.state_id, s.key, s.t, max(m.range_id) AS range_id,
+WITH range_phase AS (
+    SELECT range_id,
+           max(anc_id) FILTER (WHERE anc_phase IS NOT NULL AND anc_phase <> 'step')
+               AS phase_range_id,
+           max(anc_id) FILTER (WHERE anc_phase = 'step') AS step_range_id
+    FROM _range_chain GROUP BY range_id
+)
+SELECT s.state_id, s.key, s.t, count(m.range_id) AS members, max(m.range_id) AS range_id,
        max(p.phase_range_id) AS phase_range_id, max(p.step_range_id) AS step_range_id
 FROM _attr_states s
 LEFT JOIN _attr_members m USING (state_id)
-LEFT JOIN _range_phase p USING (range_id)
+LEFT JOIN range_phase p USING (range_id)
 GROUP BY s.state_id, s.key, s.t;
 
 -- Each op with its launching call (correlation id within the process) and the last state at or
@@ -157,9 +158,7 @@ LEFT JOIN nvtx_ranges p ON p.range_id = s.phase_range_id;
 -- Keys with a state of several members (several threads with push/pop ranges in a process, or
 -- start/end ranges): only their ops need their state again to list every enclosing range.
 CREATE OR REPLACE TABLE _attr_multi_keys AS
-SELECT DISTINCT s.key
-FROM _attr_members m JOIN _attr_states s USING (state_id)
-GROUP BY s.state_id, s.key HAVING count(*) > 1;
+SELECT DISTINCT key FROM _attr_timeline WHERE members > 1;
 
 CREATE OR REPLACE TABLE _attr_rule AS
 SELECT CASE WHEN $thread_rule THEN 0 ELSE 24 END AS key_shift;  -- key = global_tid >> key_shift
@@ -186,5 +185,4 @@ JOIN _range_chain c ON c.range_id = m.range_id
 WHERE c.anc_start_ns <= k.launch_start_ns AND c.anc_end_ns > k.launch_start_ns;
 
 DROP TABLE _attr_timeline;
-DROP TABLE _range_phase;
 DROP TABLE IF EXISTS _kernel_groups;  -- kernel_groups.sql's cache, of the previous gpu_ops

@@ -7,19 +7,21 @@
 --   gemm_ns        BIGINT   summed duration of GEMM kernels (ns)
 --   gemm_pct       DOUBLE   gemm_ns / kernel_ns (%)
 
+-- Kernels are first summed per (phase, in a step, GEMM or not): a handful of rows to tag.
 WITH k AS (
-    SELECT CAST(g.phase AS VARCHAR) AS phase, g.step_range_id, g.dur_ns,
-           n.kernel_class = 'gemm' AS is_gemm
+    SELECT CAST(g.phase AS VARCHAR) AS phase, g.step_range_id IS NOT NULL AS in_step,
+           n.kernel_class = 'gemm' AS is_gemm, count(*) AS kernels, sum(g.dur_ns) AS dur_ns
     FROM gpu_ops g JOIN kernel_names n USING (name_id)
     WHERE g.kind = 'kernel'
+    GROUP BY ALL
 ), tagged AS (
-    SELECT phase, dur_ns, is_gemm FROM k WHERE phase IS NOT NULL
+    SELECT phase, kernels, dur_ns, is_gemm FROM k WHERE phase IS NOT NULL
     UNION ALL
-    SELECT 'step', dur_ns, is_gemm FROM k WHERE step_range_id IS NOT NULL
+    SELECT 'step', kernels, dur_ns, is_gemm FROM k WHERE in_step
     UNION ALL
-    SELECT 'all', dur_ns, is_gemm FROM k
+    SELECT 'all', kernels, dur_ns, is_gemm FROM k
 )
-SELECT phase, count(*) AS kernels, CAST(sum(dur_ns) AS BIGINT) AS kernel_ns,
+SELECT phase, CAST(sum(kernels) AS BIGINT) AS kernels, CAST(sum(dur_ns) AS BIGINT) AS kernel_ns,
        CAST(coalesce(sum(dur_ns) FILTER (WHERE is_gemm), 0) AS BIGINT) AS gemm_ns,
        100.0 * coalesce(sum(dur_ns) FILTER (WHERE is_gemm), 0) / nullif(sum(dur_ns), 0)
            AS gemm_pct

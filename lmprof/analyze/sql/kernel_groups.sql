@@ -6,19 +6,20 @@
 --   total_ns, instances, avg_ns, med_ns, min_ns, max_ns, std_ns   its durations (ns)
 --
 -- Built once per prepared trace (attribution.sql drops it).
+-- One pass over the kernels: GROUPING SETS gives the per-phase groups and, with the phase
+-- rolled up, the 'all' ones.
 CREATE TABLE IF NOT EXISTS _kernel_groups AS
 WITH k AS (
     SELECT coalesce(CAST(phase AS VARCHAR), '(none)') AS phase, name_id, dur_ns
     FROM gpu_ops g
     WHERE kind = 'kernel'
-), tagged AS (
-    SELECT 'all' AS phase, name_id, dur_ns FROM k
-    UNION ALL
-    SELECT phase, name_id, dur_ns FROM k
+), grouped AS (
+    SELECT CASE WHEN grouping(phase) = 1 THEN 'all' ELSE phase END AS phase, name_id,
+           CAST(sum(dur_ns) AS BIGINT) AS total_ns, count(*) AS instances,
+           avg(dur_ns) AS avg_ns, median(dur_ns) AS med_ns, min(dur_ns) AS min_ns,
+           max(dur_ns) AS max_ns, coalesce(stddev_samp(dur_ns), 0) AS std_ns
+    FROM k
+    GROUP BY GROUPING SETS ((phase, name_id), (name_id))
 )
-SELECT t.phase, t.name_id, n.name, n.kernel_class,
-       CAST(sum(t.dur_ns) AS BIGINT) AS total_ns, count(*) AS instances, avg(t.dur_ns) AS avg_ns,
-       median(t.dur_ns) AS med_ns, min(t.dur_ns) AS min_ns, max(t.dur_ns) AS max_ns,
-       coalesce(stddev_samp(t.dur_ns), 0) AS std_ns
-FROM tagged t JOIN kernel_names n USING (name_id)
-GROUP BY ALL;
+SELECT t.phase, t.name_id, n.name, n.kernel_class, t.* EXCLUDE (phase, name_id)
+FROM grouped t JOIN kernel_names n USING (name_id);

@@ -17,7 +17,7 @@
 -- Nesting comes from a running count of opens and closes per thread (push/pop ranges on one
 -- thread form a stack), and the parent from an ASOF join on (thread, level - 1): no self-join.
 
-CREATE OR REPLACE TEMP TABLE _ranges_flat AS
+CREATE OR REPLACE TABLE nvtx_ranges AS
 WITH types AS (
     SELECT nvtx_push_pop_type AS pp, nvtx_start_end_type AS se, nvtx_domain_create_type AS dc,
            trace_end_ns
@@ -28,31 +28,29 @@ WITH types AS (
            coalesce(e.text, s.value) AS domain
     FROM _nvtx_events e LEFT JOIN _strings s ON s.id = e.text_id, types
     WHERE e.event_type = types.dc
-)
-SELECT row_number() OVER (ORDER BY e.start_ns, e.global_tid,
-                          coalesce(e.end_ns, greatest(types.trace_end_ns, e.start_ns)) DESC)
-           - 1 AS range_id,
-       coalesce(e.text, s.value, '') AS name,
-       coalesce(d.domain, '') AS domain,
-       CASE WHEN e.event_type = types.pp THEN 'PushPop' ELSE 'StartEnd' END AS style,
-       e.start_ns,
-       coalesce(e.end_ns, greatest(types.trace_end_ns, e.start_ns)) AS end_ns,
-       e.global_tid,
-       CAST((e.global_tid >> 24) & 16777215 AS INTEGER) AS pid,
-       CAST(e.global_tid & 16777215 AS INTEGER) AS tid
-FROM _nvtx_events e
-CROSS JOIN types
-LEFT JOIN _strings s ON s.id = e.text_id
-LEFT JOIN domains d ON d.gpid = (e.global_tid >> 24) AND d.domain_id = e.domain_id
-WHERE e.event_type IN (types.pp, types.se);
-
-CREATE OR REPLACE TEMP TABLE _ranges_level AS
-WITH edges AS (
+), flat AS MATERIALIZED (
+    SELECT row_number() OVER (ORDER BY e.start_ns, e.global_tid,
+                              coalesce(e.end_ns, greatest(types.trace_end_ns, e.start_ns)) DESC)
+               - 1 AS range_id,
+           coalesce(e.text, s.value, '') AS name,
+           coalesce(d.domain, '') AS domain,
+           CASE WHEN e.event_type = types.pp THEN 'PushPop' ELSE 'StartEnd' END AS style,
+           e.start_ns,
+           coalesce(e.end_ns, greatest(types.trace_end_ns, e.start_ns)) AS end_ns,
+           e.global_tid,
+           CAST((e.global_tid >> 24) & 16777215 AS INTEGER) AS pid,
+           CAST(e.global_tid & 16777215 AS INTEGER) AS tid
+    FROM _nvtx_events e
+    CROSS JOIN types
+    LEFT JOIN _strings s ON s.id = e.text_id
+    LEFT JOIN domains d ON d.gpid = (e.global_tid >> 24) AND d.domain_id = e.domain_id
+    WHERE e.event_type IN (types.pp, types.se)
+), edges AS (
     SELECT range_id, global_tid, start_ns AS t, 1 AS delta, 1 AS kind
-    FROM _ranges_flat WHERE style = 'PushPop'
+    FROM flat WHERE style = 'PushPop'
     UNION ALL
     SELECT range_id, global_tid, end_ns AS t, -1 AS delta, CASE WHEN end_ns > start_ns THEN 0 ELSE 1 END
-    FROM _ranges_flat WHERE style = 'PushPop'
+    FROM flat WHERE style = 'PushPop'
 ), depth AS (
     -- at equal times closes come before opens (kind 0), except that a zero-length range closes
     -- right after it opens (kind 1, same range_id); an outer range opens before its inner one
@@ -60,12 +58,10 @@ WITH edges AS (
            sum(delta) OVER (PARTITION BY global_tid ORDER BY t, kind, range_id, delta DESC
                             ROWS UNBOUNDED PRECEDING) AS open_after
     FROM edges
-)
-SELECT range_id, CAST(open_after - 1 AS INTEGER) AS level FROM depth WHERE delta = 1;
-
-CREATE OR REPLACE TABLE nvtx_ranges AS
-WITH leveled AS (
-    SELECT f.*, l.level FROM _ranges_flat f LEFT JOIN _ranges_level l USING (range_id)
+), levels AS (
+    SELECT range_id, CAST(open_after - 1 AS INTEGER) AS level FROM depth WHERE delta = 1
+), leveled AS (
+    SELECT f.*, l.level FROM flat f LEFT JOIN levels l USING (range_id)
 )
 SELECT c.range_id, c.name, c.domain, c.style, c.start_ns, c.end_ns,
        c.end_ns - c.start_ns AS dur_ns, c.global_tid, c.pid, c.tid, c.level,
@@ -76,6 +72,3 @@ ASOF LEFT JOIN leveled p
   ON p.global_tid = c.global_tid AND p.level = c.level - 1 AND p.start_ns <= c.start_ns
 LEFT JOIN _phase_names ph ON ph.range_name = regexp_replace(c.name, '_[0-9]+$', '')
 ORDER BY c.range_id;
-
-DROP TABLE _ranges_flat;
-DROP TABLE _ranges_level;
