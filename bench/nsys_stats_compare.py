@@ -75,6 +75,8 @@ def main() -> None:
     ap.add_argument("--factors", type=int, nargs="+", default=[1, 100])
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/lmprof-kernels-bench"))
     ap.add_argument("--repeat", type=int, default=3, help="timed runs of each command (median)")
+    ap.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+                    help="time the first run too (for exports too large to run twice)")
     ap.add_argument("--nsys", default=shutil.which("nsys"), help="nsys executable")
     args = ap.parse_args()
     if not args.nsys:
@@ -108,7 +110,8 @@ def main() -> None:
                     "--out", str(args.workdir / f"all-x{factor}")],
         }
         times: dict[str, list[float]] = {k: [] for k in cmds}
-        for i in range(args.repeat + 1):  # run 0 warms caches and is discarded; alternated
+        first = 0 if args.warm_up else 1
+        for i in range(first, args.repeat + 1):  # run 0 warms caches, discarded; alternated
             for name, cmd in cmds.items():
                 t = timed(cmd)
                 if i:
