@@ -142,6 +142,35 @@ def test_gemm_fraction_goes_through_the_hook(tmp_path, monkeypatch):
     assert "### GEMM fraction by size and context length" in text and "80.0" in text
 
 
+def test_gemm_fraction_from_real_exports_matches_analyze_kernels(tmp_path, capsys):
+    """Two cells carrying real H200 nsys exports: the sweep's GEMM table shows, per context, the
+    same per-phase GEMM share that ``analyze kernels --table gemm_fraction`` prints for them."""
+    import shutil
+
+    data = Path(__file__).resolve().parents[1] / "data"
+    exports = {128: data / "h200-small-fp32" / "report.sqlite",
+               256: data / "h200-lmprof-nsys" / "report.sqlite"}
+    root = write_sweep(tmp_path / "s", [run_record(ctx=c, sqlite=True) for c in exports])
+    for ctx, src in exports.items():
+        (cell,) = [d for d in (root / sweepdir.CELLS).iterdir() if f"ctx{ctx}-" in d.name]
+        shutil.copyfile(src, cell / "report.sqlite")
+    text = section_text(root, tmp_path / "r")
+    assert "### GEMM fraction by size and context length" in text
+    table = text[text.index("### GEMM fraction"):]
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines()
+             if line.startswith("| small ")]
+    rows = {c[4]: c for c in cells}  # phase -> (size, mode, dtype, compile, phase, ctx 128, ctx 256)
+    for ctx, src in exports.items():
+        try:
+            analyze_main(["kernels", str(src), "--table", "gemm_fraction", "--format", "csv"])
+        except SystemExit as exc:
+            assert not exc.code
+        ours = pd.read_csv(__import__("io").StringIO(capsys.readouterr().out))
+        for _, r in ours[ours["phase"].isin(["forward", "backward"])].iterrows():
+            shown = float(rows[r["phase"]][5 if ctx == 128 else 6])
+            assert shown == pytest.approx(r["gemm_pct"], abs=0.06), (ctx, r["phase"])
+
+
 def test_single_run_has_no_sweep_section(tmp_path):
     root = write_sweep(tmp_path / "s", [run_record()])
     assert section_text(root, tmp_path / "r") is None
