@@ -33,6 +33,7 @@ from pathlib import Path
 
 import duckdb
 
+from lmprof.analyze.sqlfile import values_list
 from lmprof.errors import UserError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -301,9 +302,19 @@ def _load_session(sq: sqlite3.Connection, duck: duckdb.DuckDBPyConnection, prese
                  "session_start_utc_ns BIGINT, trace_start_ns BIGINT, trace_end_ns BIGINT, "
                  "nvtx_push_pop_type INTEGER, nvtx_start_end_type INTEGER, "
                  "nvtx_domain_create_type INTEGER)")
-    duck.execute("INSERT INTO session VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                 [str(path.resolve()), version, utc, start, stop, types["NvtxPushPopRange"],
-                  types["NvtxStartEndRange"], types["NvtxDomainCreate"]])
+    # literals, not bound parameters: DuckDB imports pandas for any bound parameter
+    duck.execute("INSERT INTO session VALUES " + values_list(
+        [(str(path.resolve()), _text(version), _int(utc), _int(start), _int(stop),
+          int(types["NvtxPushPopRange"]), int(types["NvtxStartEndRange"]),
+          int(types["NvtxDomainCreate"]))]))
+
+
+def _int(value):
+    return None if value is None else int(value)
+
+
+def _text(value):
+    return None if value is None else str(value)
 
 
 def _sqlite_for_rep(rep: Path, nsys_path: str | None) -> Path:

@@ -1,23 +1,56 @@
 """Running the ``.sql`` modules under ``lmprof/analyze/sql/``.
 
 A module is a sequence of statements separated by ``;`` at the end of a line; ``--`` comments
-document its output columns. Parameters are DuckDB named parameters (``$name``), always bound,
-never formatted into the text.
+document its output columns. Parameters are written ``$name``; their values go into the text as
+SQL literals made by ``literal`` (numbers, booleans, NULL, strings with quotes doubled), never as
+free text. Not bound: DuckDB imports pandas (and numpy, ~0.8 s on some machines) the first time
+a statement gets any bound parameter, and ``analyze kernels`` never needs pandas.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import re
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-if TYPE_CHECKING:  # imported on use (DuckDB's .df()): a load can start before pandas is in
+if TYPE_CHECKING:  # imported on use (DuckDB's .df()): the CLI never imports it
     import pandas as pd
 
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+class Fragment(str):
+    """SQL text a caller vouches for (e.g. ``CAST(NULL AS DOUBLE)``), put in as it is."""
+
+
+def literal(value: Any) -> str:
+    """``value`` as a DuckDB literal: None, bool, int, float (DOUBLE, exact), str, Fragment."""
+    if isinstance(value, Fragment):
+        return str(value)
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, float):
+        # a string cast parses the shortest repr back to the same double (1.5 alone is DECIMAL)
+        text = repr(value) if math.isfinite(value) else str(value)
+        return f"CAST('{text}' AS DOUBLE)"
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError("a NUL character cannot go into an SQL literal")
+        return "'" + value.replace("'", "''") + "'"
+    raise TypeError(f"no SQL literal for {type(value).__name__}")
+
+
+def values_list(rows: list[tuple]) -> str:
+    """``(a, b), (c, d)`` for an INSERT ... VALUES of literals."""
+    return ", ".join("(" + ", ".join(literal(v) for v in row) + ")" for row in rows)
 
 
 @functools.lru_cache(maxsize=None)
@@ -29,19 +62,26 @@ def statements(module: str) -> tuple[str, ...]:
     return tuple(s.strip() for s in re.split(r";\s*\n", body + "\n") if s.strip())
 
 
-def _bind(sql: str, params: dict[str, Any]) -> dict[str, Any]:
-    return {name: params[name] for name in set(_PARAM.findall(sql))}
+def _fill(sql: str, params: dict[str, Any]) -> str:
+    return _PARAM.sub(lambda m: literal(params[m.group(1)]), sql)
 
 
 def run(con: duckdb.DuckDBPyConnection, module: str, **params: Any) -> None:
     """Execute every statement of a module (DDL: it creates tables and views)."""
     for sql in statements(module):
-        con.execute(sql, _bind(sql, params) or None).fetchall()
+        con.execute(_fill(sql, params)).fetchall()
+
+
+def execute(con: duckdb.DuckDBPyConnection, module: str, **params: Any
+            ) -> duckdb.DuckDBPyConnection:
+    """Run a module whose last statement is a SELECT; returns the connection holding that
+    result, to fetch as rows (``lmprof.render.Table.fetch``) or as a DataFrame (``.df()``)."""
+    *setup, last = statements(module)
+    for sql in setup:
+        con.execute(_fill(sql, params)).fetchall()
+    return con.execute(_fill(last, params))
 
 
 def query(con: duckdb.DuckDBPyConnection, module: str, **params: Any) -> pd.DataFrame:
     """Run a module whose last statement is a SELECT and return that result as a DataFrame."""
-    *setup, last = statements(module)
-    for sql in setup:
-        con.execute(sql, _bind(sql, params) or None).fetchall()
-    return con.execute(last, _bind(last, params) or None).df()
+    return execute(con, module, **params).df()

@@ -18,7 +18,7 @@ from lmprof import phases, rundir
 from lmprof.analyze import nsys, sqlfile
 from lmprof.errors import UserError
 
-if TYPE_CHECKING:  # imported on use (DuckDB's .df()): a load can start before pandas is in
+if TYPE_CHECKING:  # imported on use (DuckDB's .df()) by the Python API; the CLI never imports it
     import pandas as pd
 
 ATTRIBUTIONS = ("process", "thread")
@@ -72,6 +72,10 @@ class Trace:
     def query(self, module: str, **params: Any) -> pd.DataFrame:
         return sqlfile.query(self.use(), module, **params)
 
+    def execute(self, module: str, **params: Any) -> duckdb.DuckDBPyConnection:
+        """The result of a module's last SELECT, not fetched yet (see ``sqlfile.execute``)."""
+        return sqlfile.execute(self.use(), module, **params)
+
     def count(self, table: str) -> int:
         return self.use().execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
 
@@ -87,35 +91,42 @@ def configure(con: duckdb.DuckDBPyConnection, temp_dir: str | Path | None) -> No
     con.execute("SET enable_progress_bar = false")
     con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
     if temp_dir is not None:
-        # a literal, not a bound parameter: DuckDB imports pandas for any bound parameter, and the
-        # CLI imports it in a background thread while the export loads
+        # a literal, not a bound parameter: DuckDB imports pandas for any bound parameter
         literal = str(temp_dir).replace("'", "''")
         con.execute(f"SET temp_directory = '{literal}'")
 
 
 def _classify_names(con: duckdb.DuckDBPyConnection) -> None:
+    """``kernel_names``: every distinct kernel name with its class. The classes go back into
+    DuckDB as literals, not a registered DataFrame: the CLI never imports pandas."""
     from lmprof.analyze.classify import classify
 
     names = con.execute(
-        "SELECT k.name_id, s.value AS name, sh.value AS short_name "
-        "FROM _kernel_short_names k LEFT JOIN _strings s ON s.id = k.name_id "
-        "LEFT JOIN _strings sh ON sh.id = k.short_name_id").df()
-    names["name"] = names["name"].fillna("")
-    names["kernel_class"] = [classify(n) for n in names["name"]]
-    con.register("_names_df", names)
+        "SELECT k.name_id, s.value AS name FROM _kernel_short_names k "
+        "LEFT JOIN _strings s ON s.id = k.name_id").fetchall()
+    con.execute("CREATE OR REPLACE TEMP TABLE _name_classes (pos BIGINT, name_id BIGINT, "
+                "kernel_class VARCHAR)")
+    for i in range(0, len(names), 1000):
+        con.execute("INSERT INTO _name_classes VALUES " + sqlfile.values_list(
+            [(pos, name_id, classify(name or "")) for pos, (name_id, name)
+             in enumerate(names[i:i + 1000], i)]))
     try:
         con.execute("CREATE OR REPLACE TABLE kernel_names AS "
-                    "SELECT CAST(name_id AS BIGINT) AS name_id, CAST(name AS VARCHAR) AS name, "
-                    "CAST(short_name AS VARCHAR) AS short_name, "
-                    "CAST(kernel_class AS VARCHAR) AS kernel_class FROM _names_df").fetchall()
+                    "SELECT CAST(k.name_id AS BIGINT) AS name_id, "
+                    "CAST(coalesce(s.value, '') AS VARCHAR) AS name, "
+                    "CAST(sh.value AS VARCHAR) AS short_name, c.kernel_class "
+                    "FROM _kernel_short_names k JOIN _name_classes c ON c.name_id = k.name_id "
+                    "LEFT JOIN _strings s ON s.id = k.name_id "
+                    "LEFT JOIN _strings sh ON sh.id = k.short_name_id ORDER BY c.pos").fetchall()
     finally:
-        con.unregister("_names_df")
+        con.execute("DROP TABLE IF EXISTS _name_classes")
 
 
 def _phase_table(con: duckdb.DuckDBPyConnection, options: Options) -> None:
     con.execute("CREATE OR REPLACE TABLE _phase_names (range_name VARCHAR, phase VARCHAR)")
     if options.phase_ranges:
-        con.executemany("INSERT INTO _phase_names VALUES (?, ?)", list(options.phase_ranges))
+        con.execute("INSERT INTO _phase_names VALUES "
+                    + sqlfile.values_list(list(options.phase_ranges)))
 
 
 def prepare(con: duckdb.DuckDBPyConnection, path: Path, options: Options, schema: str = "main",
