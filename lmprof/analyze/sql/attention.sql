@@ -10,6 +10,15 @@
 --   matmul_kernels   BIGINT   kernels launched under the matmul ranges
 --   softmax_ns       BIGINT   their summed duration (ns)
 --   matmul_ns        BIGINT   their summed duration (ns)
+--   time_ratio       DOUBLE   softmax_ns / matmul_ns
+--   softmax_flops, matmul_flops   BIGINT (DOUBLE NULL without run.json): ranges × FLOPs each
+--   flop_ratio       DOUBLE   softmax_flops / matmul_flops
+--   softmax_tflops, matmul_tflops, softmax_gbps, matmul_gbps   DOUBLE   achieved rates
+--   softmax_bw_pct, matmul_bw_pct   DOUBLE   bytes/s against the GPU's memory bandwidth (%)
+--
+-- $softmax_flops, $matmul_flops, $softmax_bytes, $matmul_bytes: per range instance, from
+-- run.json (lmprof.analyze.kernel_tables), or typed NULLs. The arithmetic is the one pandas did
+-- before (same operations in the same order, in DOUBLE); NULL where it gave NaN.
 
 WITH part_ranges AS (
     SELECT r.range_id, a.part
@@ -25,7 +34,7 @@ WITH part_ranges AS (
     FROM part_ops p JOIN gpu_ops g USING (op_id)
     WHERE g.kind = 'kernel'
     GROUP BY ALL
-)
+), parts AS (
 SELECT phase,
        coalesce(max(ranges) FILTER (WHERE part = 'softmax'), 0) AS softmax_ranges,
        coalesce(max(ranges) FILTER (WHERE part = 'matmul'), 0) AS matmul_ranges,
@@ -35,4 +44,27 @@ SELECT phase,
        coalesce(max(dur_ns) FILTER (WHERE part = 'matmul'), 0) AS matmul_ns
 FROM part_kernels
 GROUP BY phase
+), amounts AS (
+SELECT *,
+       softmax_ranges * $softmax_flops AS softmax_flops,
+       matmul_ranges * $matmul_flops AS matmul_flops,
+       CAST(softmax_ranges * $softmax_bytes AS DOUBLE) AS softmax_bytes,
+       CAST(matmul_ranges * $matmul_bytes AS DOUBLE) AS matmul_bytes,
+       CAST(nullif(softmax_ns, 0) AS DOUBLE) / 1e9 AS softmax_s,
+       CAST(nullif(matmul_ns, 0) AS DOUBLE) / 1e9 AS matmul_s,
+       (SELECT CAST(nullif(max(memory_bandwidth_bytes_per_s), 0) AS DOUBLE) FROM gpus) AS bw
+FROM parts
+)
+SELECT phase, softmax_ranges, matmul_ranges, softmax_kernels, matmul_kernels,
+       softmax_ns, matmul_ns,
+       CAST(softmax_ns AS DOUBLE) / CAST(nullif(matmul_ns, 0) AS DOUBLE) AS time_ratio,
+       softmax_flops, matmul_flops,
+       CAST(softmax_flops AS DOUBLE) / CAST(nullif(matmul_flops, 0) AS DOUBLE) AS flop_ratio,
+       CAST(softmax_flops AS DOUBLE) / softmax_s / 1e12 AS softmax_tflops,
+       CAST(matmul_flops AS DOUBLE) / matmul_s / 1e12 AS matmul_tflops,
+       softmax_bytes / softmax_s / 1e9 AS softmax_gbps,
+       matmul_bytes / matmul_s / 1e9 AS matmul_gbps,
+       100.0::DOUBLE * softmax_bytes / softmax_s / bw AS softmax_bw_pct,
+       100.0::DOUBLE * matmul_bytes / matmul_s / bw AS matmul_bw_pct
+FROM amounts
 ORDER BY list_position(['forward', 'inference', 'backward', 'optimizer', '(none)'], phase);

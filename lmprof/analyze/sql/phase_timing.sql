@@ -9,7 +9,11 @@
 --   gpu_busy_pct          DOUBLE   union of GPU op intervals / GPU span, over all instances (%)
 --   kernels_per_instance  DOUBLE   kernels launched per instance
 --   launches_per_s        DOUBLE   kernels launched per second of range wall time
+--   runner_mean_ns        DOUBLE   the runner's own mean time of the phase (run.json), or NULL
+--
+-- _runner_timing (phase, mean_ns) holds the runner's means; filled by the caller, maybe empty.
 
+WITH nvtx AS (
 SELECT phase,
        count(*) AS instances,
        avg(cpu_ns) AS cpu_mean_ns,
@@ -20,4 +24,7 @@ SELECT phase,
        sum(kernels) / nullif(sum(cpu_ns) / 1e9, 0) AS launches_per_s
 FROM phase_instances
 GROUP BY phase
-ORDER BY list_position(['step', 'forward', 'backward', 'optimizer', 'inference'], phase);
+)
+SELECT nvtx.*, r.mean_ns AS runner_mean_ns
+FROM nvtx LEFT JOIN _runner_timing r ON r.phase = nvtx.phase
+ORDER BY list_position(['step', 'forward', 'backward', 'optimizer', 'inference'], nvtx.phase);

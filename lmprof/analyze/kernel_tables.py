@@ -1,0 +1,163 @@
+"""The kernel tables of a prepared ``Trace`` as DuckDB results, without pandas.
+
+Every table is one SQL result (``lmprof/analyze/sql/<table>.sql``); what comes from run.json (the
+runner's own phase timing, attention FLOPs and bytes) goes into the SQL as literals. ``analyze
+kernels`` fetches the results as rows (``lmprof.render.Table``) and never imports pandas;
+``lmprof.analyze.kernels`` turns the same results into DataFrames for the Python API.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import duckdb
+
+from lmprof.analyze import sqlfile
+from lmprof.analyze.trace import Trace
+from lmprof.model.config import ModelConfig
+from lmprof.model.flops import attention_flops
+
+Result = duckdb.DuckDBPyConnection  # a connection holding an executed, unfetched SELECT
+
+# Bytes per element by run.json dtype, for the minimal-traffic estimate of attention parts.
+_DTYPE_BYTES = {"fp32": 4, "float32": 4, "tf32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2,
+                "float16": 2}
+
+
+def phase_timing(trace: Trace) -> Result:
+    """(a) Per phase: NVTX wall time, GPU kernel time and span, busy %, launch rate, runner."""
+    summary = ((trace.record or {}).get("timings") or {}).get("summary") or {}
+    rows = []
+    for phase, stats in summary.items():
+        mean_s = (stats or {}).get("mean_s") if isinstance(stats, dict) else None
+        if mean_s is not None:
+            rows.append((str(phase), float(mean_s * 1e9)))
+    con = trace.use()
+    con.execute("CREATE OR REPLACE TEMP TABLE _runner_timing (phase VARCHAR, mean_ns DOUBLE)")
+    if rows:
+        con.execute("INSERT INTO _runner_timing VALUES " + sqlfile.values_list(rows))
+    return trace.execute("phase_timing")
+
+
+def top_kernels(trace: Trace, top: int | None = 10, exclude_class: str | None = None) -> Result:
+    """(b, c) Top kernels per phase (phase 'all' = the whole export), optionally without a class."""
+    sqlfile.run(trace.use(), "kernel_groups")
+    return trace.execute("kernel_summary", top=top, exclude_class=exclude_class)
+
+
+def gemm_fraction(trace: Trace) -> Result:
+    """(d) Share of kernel time in GEMMs: inference, forward, backward, optimizer, step, all."""
+    return trace.execute("gemm_fraction")
+
+
+def class_breakdown(trace: Trace) -> Result:
+    """(f) Kernel time by class per phase."""
+    sqlfile.run(trace.use(), "kernel_groups")
+    return trace.execute("class_breakdown")
+
+
+def gpu_idle(trace: Trace) -> Result:
+    """(f) Idle gaps between GPU operations inside each phase's GPU span."""
+    return trace.execute("gpu_idle")
+
+
+def range_summary(trace: Trace) -> Result:
+    """Per NVTX range name: instances, wall time, attributed GPU ops and kernel time."""
+    return trace.execute("range_summary")
+
+
+def range_kernels(trace: Trace) -> Result:
+    """Per NVTX range name and kernel, like nsys's nvtx_kern_sum."""
+    return trace.execute("range_kernels")
+
+
+def attention_shapes(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Batch × heads, T, d_head and FLOPs per (range instance) from run.json, or None."""
+    if not record:
+        return None
+    model, config = record.get("model") or {}, record.get("config") or {}
+    try:
+        cfg = ModelConfig(**{k: int(model[k]) for k in (
+            "vocab_size", "d_model", "d_ff", "num_layers", "num_heads") if k in model},
+            context_length=int(config.get("context_length") or model["context_length"]))
+        batch = int(config["batch_size"])
+    except (KeyError, TypeError, ValueError, Exception):  # noqa: BLE001 — run.json of any age
+        return None
+    flops = attention_flops(cfg, batch, cfg.context_length)
+    t, d_head = cfg.context_length, int(model.get("d_head") or cfg.d_head)
+    bh = batch * cfg.num_heads
+    elem = _DTYPE_BYTES.get(str(config.get("dtype")), 4)
+    return {
+        "softmax_flops": flops["softmax_flops"],
+        # each matmul range (scores QKᵀ or the final PV) is one T×T×d_head product
+        "matmul_flops": flops["scores_flops"],
+        # minimal traffic: softmax reads and writes T×T; a matmul moves T×T plus two T×d_head
+        "softmax_bytes": bh * 2 * t * t * elem,
+        "matmul_bytes": bh * (t * t + 2 * t * d_head) * elem,
+    }
+
+
+_NO_SHAPE = sqlfile.Fragment("CAST(NULL AS DOUBLE)")
+
+
+def softmax_vs_matmul(trace: Trace) -> Result:
+    """(e) GPU time under the softmax range vs the attention matmul ranges, time and FLOP ratios,
+    achieved FLOP/s and bytes/s of each (FLOPs and bytes need run.json beside the report)."""
+    con = trace.use()
+    con.execute("CREATE OR REPLACE TEMP TABLE _attention_ranges (name VARCHAR, part VARCHAR)")
+    rows = [(n, "softmax") for n in trace.options.softmax_ranges] + \
+           [(n, "matmul") for n in trace.options.matmul_ranges]
+    if rows:
+        con.execute("INSERT INTO _attention_ranges VALUES " + sqlfile.values_list(rows))
+    shapes = attention_shapes(trace.record)
+    keys = ("softmax_flops", "matmul_flops", "softmax_bytes", "matmul_bytes")
+    params = {k: (shapes[k] if shapes else _NO_SHAPE) for k in keys}
+    return trace.execute("attention", **params)
+
+
+# name -> (function, needs NVTX ranges, note for markdown). Order is the order of output.
+TABLES: dict[str, tuple[Callable[..., Result], bool, str]] = {
+    "phase_timing": (phase_timing, True,
+                     "Means per NVTX range instance. GPU span: first to last GPU op attributed to "
+                     "the instance; busy: union of op intervals / span. Runner: run.json timing."),
+    "top_kernels": (top_kernels, False,
+                    "Per phase; phase 'all' is every kernel of the report (= nsys "
+                    "cuda_gpu_kern_sum)."),
+    "top_non_gemm_kernels": (lambda t, top=10: top_kernels(t, top, exclude_class="gemm"), False,
+                             "As above, GEMM kernels left out."),
+    "gemm_fraction": (gemm_fraction, False,
+                      "Share of kernel time in GEMM kernels; 'step' is everything inside step "
+                      "ranges, 'all' the whole report."),
+    "softmax_vs_matmul": (softmax_vs_matmul, True,
+                          "Kernels launched under the softmax range vs the attention-score and "
+                          "final matmul ranges. FLOPs and bytes (minimal traffic) from run.json."),
+    "class_breakdown": (class_breakdown, False, "Kernel time by class per phase."),
+    "gpu_idle": (gpu_idle, True, "Idle time between GPU ops inside each phase instance's span."),
+    "ranges": (range_summary, True, "Every NVTX range name with the GPU work attributed to it."),
+    "range_kernels": (range_kernels, True, "Kernels per NVTX range name (like nvtx_kern_sum)."),
+}
+# (a)-(f) of the kernel analysis; the nsys-style per-range tables are asked for by name.
+DEFAULT_TABLES = tuple(t for t in TABLES if t not in ("ranges", "range_kernels"))
+NO_RANGES_NOTE = "No NVTX ranges in this report: nothing to attribute by range."
+
+
+def results(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | None = 10,
+            fetch: Callable[[Result], Any] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """The named tables of one trace, each ``fetch``ed from its executed result (``None``: as
+    ``lmprof.render.Table``), and their notes; a phase table of a report without NVTX ranges is
+    ``None`` (no columns, no rows) and its note says why."""
+    if fetch is None:
+        from lmprof.render import Table
+
+        fetch = Table.fetch
+    has_ranges = trace.count("nvtx_ranges") > 0
+    out, notes = {}, {}
+    for name in names:
+        fn, needs_ranges, note = TABLES[name]
+        if needs_ranges and not has_ranges:
+            out[name] = None
+            notes[name] = NO_RANGES_NOTE
+            continue
+        out[name] = fetch(fn(trace, top=top) if name.startswith("top_") else fn(trace))
+        notes[name] = note
+    return out, notes
