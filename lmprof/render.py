@@ -1,16 +1,22 @@
 """Rendering of analysis tables: unit-carrying columns become display names only here.
 
-Tables are DataFrames whose column names carry their unit (``mean_s``, ``dur_ns``, ``time_pct``,
-``bytes``). Markdown shows readable names and convenient units; csv and json keep the raw columns
-and full values, so nothing is lost for machines.
+Tables are DataFrames, or ``Table``s (a DuckDB result as rows, for the CLIs that never import
+pandas), whose column names carry their unit (``mean_s``, ``dur_ns``, ``time_pct``, ``bytes``).
+Markdown shows readable names and convenient units; csv and json keep the raw columns and full
+values, so nothing is lost for machines. A ``Table`` renders byte for byte as the DataFrame
+DuckDB's ``.df()`` makes of the same result (``tests/analyze/test_render_rows.py``).
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
+import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Union
 
 from lmprof.errors import UserError
 
@@ -63,6 +69,123 @@ def display_name(col: str) -> str:
     return f"{text} ({unit})" if unit else text
 
 
+# DuckDB types a Table holds, by how DuckDB's .df() converts them: integers stay integers
+# (nullable Int64 & co. where NULLs are), HUGEINT and DECIMAL become float64, BOOLEAN bool.
+_INT_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER",
+              "UBIGINT"}
+_TO_FLOAT = re.compile(r"^(HUGEINT|DECIMAL\(\d+,\d+\))$")
+_PLAIN_TYPES = _INT_TYPES | {"DOUBLE", "VARCHAR", "BOOLEAN"}
+
+
+@dataclass
+class Table:
+    """A query result without pandas: column names, DuckDB type names, rows as tuples. Values are
+    what the DataFrame of the same result holds, as Python objects: int, float (HUGEINT and
+    DECIMAL too), str, bool, None for NULL."""
+
+    columns: list[str]
+    types: list[str]
+    rows: list[tuple]
+
+    @property
+    def empty(self) -> bool:
+        return not self.columns or not self.rows
+
+    @staticmethod
+    def supports(types: list[str], columns: list[str]) -> bool:
+        """Whether a result of these columns renders here exactly as its DataFrame would."""
+        return len(set(columns)) == len(columns) and all(
+            t in _PLAIN_TYPES or _TO_FLOAT.match(t) for t in types)
+
+    @classmethod
+    def fetch(cls, result: Any) -> Union[Table, pd.DataFrame]:
+        """The pending result of ``con.execute(...)`` as a Table; as a DataFrame (``.df()``,
+        which imports pandas) where a column's type or a repeated name is beyond ``supports``."""
+        desc = result.description
+        columns = [d[0] for d in desc or ()]
+        types = [str(d[1]) for d in desc or ()]
+        if not desc or not cls.supports(types, columns):
+            return result.df()
+        rows = result.fetchall()
+        floats = [i for i, t in enumerate(types) if _TO_FLOAT.match(t)]
+        if floats and rows:
+            rows = [_floats(row, floats) for row in rows]
+        return cls(columns, types, rows)
+
+    def numeric(self, i: int) -> bool:
+        return self.types[i] != "VARCHAR"
+
+
+def _floats(row: tuple, idx: list[int]) -> tuple:
+    row = list(row)
+    for i in idx:
+        if row[i] is not None:
+            row[i] = float(row[i])
+    return tuple(row)
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _short(v: Any, width: int) -> Any:
+    return v if not isinstance(v, str) or len(v) <= width else v[: width - 1] + "…"
+
+
+def _table_markdown(table: Table, shorten: dict[str, int] | None, floatfmt: str) -> str:
+    """``to_markdown`` of a Table: the same values, as Python objects, to the same tabulate."""
+    import tabulate
+
+    if table.empty:
+        return "_no data_"
+    cols = []  # per column: (scale or None, shorten width or None)
+    for i, col in enumerate(table.columns):
+        _, unit, scale = _split_unit(col)
+        cols.append((scale if unit and scale != 1.0 and table.numeric(i) else None,
+                     (shorten or {}).get(col)))
+    rows = []
+    for row in table.rows:
+        out = []
+        for v, (scale, width) in zip(row, cols):
+            if _missing(v):
+                out.append(None)
+                continue
+            if scale is not None:
+                v = v * scale
+            if width is not None:
+                v = _short(v, width)
+            out.append(v)
+        rows.append(out)
+    return tabulate.tabulate(rows, headers=[display_name(c) for c in table.columns],
+                             tablefmt="pipe", showindex=False, floatfmt=floatfmt, missingval="")
+
+
+def _csv_text(v: Any) -> str:
+    if _missing(v):
+        return ""
+    if isinstance(v, float):
+        return repr(v)  # numpy's str of a float64 (pandas' to_csv): the shortest repr
+    return str(v)
+
+
+def _table_csv(table: Table) -> str:
+    """``DataFrame.to_csv(index=False)``: the csv module, minimal quoting, NULL as empty."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
+    if table.columns:
+        writer.writerow(table.columns)
+    else:
+        buf.write("\n")  # pandas writes an empty line for a frame without columns
+    for row in table.rows:
+        writer.writerow([_csv_text(v) for v in row])
+    return buf.getvalue()
+
+
+def _table_json(table: Table) -> str:
+    rows = [{k: _json_safe(v) for k, v in zip(table.columns, row)} for row in table.rows]
+    return json.dumps(rows, indent=1, default=str)
+
+
 def for_display(df: pd.DataFrame, shorten: dict[str, int] | None = None) -> pd.DataFrame:
     """Scale unit columns, rename them for people, and shorten long text columns."""
     import pandas as pd
@@ -96,7 +219,15 @@ def _json_safe(v):
     return v
 
 
-def render(df: pd.DataFrame, fmt: str, shorten: dict[str, int] | None = None) -> str:
+def render(df: pd.DataFrame | Table, fmt: str, shorten: dict[str, int] | None = None) -> str:
+    if isinstance(df, Table):
+        if fmt == "md":
+            return _table_markdown(df, shorten, ".3f")
+        if fmt == "csv":
+            return _table_csv(df)
+        if fmt == "json":
+            return _table_json(df)
+        raise UserError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if fmt == "md":
         return to_markdown(df, shorten)
     if fmt == "csv":
@@ -107,7 +238,7 @@ def render(df: pd.DataFrame, fmt: str, shorten: dict[str, int] | None = None) ->
     raise UserError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
 
 
-def emit(tables: dict[str, pd.DataFrame], fmt: str, out: str | Path | None,
+def emit(tables: dict[str, pd.DataFrame | Table], fmt: str, out: str | Path | None,
          shorten: dict[str, int] | None = None, notes: dict[str, str] | None = None) -> str:
     """Render named tables to one text (stdout), and write each to ``out/<name>.<fmt>`` if given."""
     notes = notes or {}

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 import tempfile
-import threading
 from pathlib import Path
 
 import click
@@ -15,9 +13,10 @@ from lmprof import phases
 from lmprof.analyze.cli import format_option, out_option
 from lmprof.errors import UserError
 
-# The names of lmprof.analyze.kernels.TABLES, in order (a test checks): that module imports
-# pandas, which this one must not do before the export starts loading (see
-# _pandas_imported_meanwhile).
+# The names of lmprof.analyze.kernel_tables.TABLES, in order (a test checks), known without
+# importing it (it imports DuckDB's sqlite loading and the model's FLOP counts). Neither this
+# command nor 'analyze sql' imports pandas (nor numpy) for one REPORT: every table is one DuckDB
+# result fetched as rows and rendered by lmprof.render.Table.
 TABLE_NAMES = ("phase_timing", "top_kernels", "top_non_gemm_kernels", "gemm_fraction",
                "softmax_vs_matmul", "class_breakdown", "gpu_idle", "ranges", "range_kernels")
 
@@ -46,41 +45,6 @@ nsys_option = click.option("--nsys-path", default=None,
 db_option = click.option(
     "--db", type=click.Path(dir_okay=False), default=None,
     help="Persist the DuckDB database to this file (query it later with 'analyze sql').")
-
-
-# Imported in the background while the export loads: pandas (with numpy and pyarrow, ~0.2 s)
-# and the kernel-name rules (their regexes compile on import, ~7 ms). Neither imports a module
-# the main thread is importing meanwhile (classify imports only the standard library).
-_BACKGROUND_IMPORTS = ("pandas", "lmprof.analyze.classify")
-
-
-def _import_quietly(names: tuple[str, ...]) -> None:
-    for name in names:
-        try:
-            __import__(name)
-        except Exception:  # noqa: BLE001 — the main thread's own import reports it, where needed
-            pass
-
-
-@contextlib.contextmanager
-def _pandas_imported_meanwhile():
-    """Import pandas (with numpy and pyarrow, ~0.2 s) and the kernel-name rules in a background
-    thread while the main thread loads the export into DuckDB: they are needed only after the
-    load. A later
-    ``import pandas`` anywhere (DuckDB's own included) waits for this one to finish (Python's
-    per-module import lock), so nothing on the main thread may import it before the load
-    starts. Joined on the way out, also after an error: an import still running while the
-    interpreter shuts down fails."""
-    thread = None
-    if "pandas" not in sys.modules:
-        thread = threading.Thread(target=_import_quietly, args=(_BACKGROUND_IMPORTS,),
-                                  name="import-pandas")
-        thread.start()
-    try:
-        yield
-    finally:
-        if thread is not None:
-            thread.join()
 
 
 def _options(attribution: str, phase_ranges: tuple[str, ...], softmax_ranges: tuple[str, ...],
@@ -123,6 +87,7 @@ def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: st
 
 
 def _prepare_all(con, resolved, options):
+    from lmprof.analyze.sqlfile import values_list
     from lmprof.analyze.trace import prepare
 
     traces = []
@@ -133,8 +98,8 @@ def _prepare_all(con, resolved, options):
         con.execute("USE main")
         con.execute("CREATE OR REPLACE TABLE main.reports (schema_name VARCHAR, source VARCHAR, "
                     "label VARCHAR)")
-        con.executemany("INSERT INTO main.reports VALUES (?, ?, ?)",
-                        [(t.schema, str(t.path), t.label) for t in traces])
+        con.execute("INSERT INTO main.reports VALUES " + values_list(
+            [(t.schema, str(t.path), str(t.label)) for t in traces]))
     return traces
 
 
@@ -158,30 +123,40 @@ def kernels_cmd(reports, attribution, phase_ranges, softmax_ranges, matmul_range
                 table_names, db, nsys_path, fmt, out) -> None:
     """Kernel tables of one or more nsys REPORTs: phase timing, top kernels, GEMM fraction,
     softmax vs matmul, class breakdown, GPU idle gaps; cross-run tables for several reports."""
-    from lmprof.render import emit
+    from lmprof.render import Table, emit
 
     options = _options(attribution, phase_ranges, softmax_ranges, matmul_ranges)
-    with _pandas_imported_meanwhile(), open_traces(reports, options, db, nsys_path) as (_, traces):
-        import pandas as pd
+    with open_traces(reports, options, db, nsys_path) as (_, traces):
+        from lmprof.analyze import kernel_tables
 
-        from lmprof.analyze import kernels
-
-        names = tuple(table_names) or kernels.DEFAULT_TABLES
+        names = tuple(table_names) or kernel_tables.DEFAULT_TABLES
         if len(traces) == 1:
-            tables, notes = kernels.tables(traces[0], names, top)
+            tables, notes = kernel_tables.results(traces[0], names, top)
+            tables = {name: Table([], [], []) if t is None else t for name, t in tables.items()}
         else:
-            per_run: dict[str, list[pd.DataFrame]] = {n: [] for n in names}
-            notes = {}
-            for tr in traces:
-                t, n = kernels.tables(tr, names, top)
-                notes.update(n)
-                for name, df in t.items():
-                    if not df.empty:
-                        per_run[name].append(df.assign(run=tr.label)[["run", *df.columns]])
-            tables = {n: (pd.concat(dfs, ignore_index=True) if dfs else pd.DataFrame())
-                      for n, dfs in per_run.items()}
-            tables.update(kernels.cross_run(traces))
+            tables, notes = _several_reports(traces, names, top)
         click.echo(emit(tables, fmt, out, shorten={"name": 70}, notes=notes))
+
+
+def _several_reports(traces, names, top):
+    """Each table of every report with a ``run`` column first, and the cross-run tables: the
+    only path of 'analyze kernels' that imports pandas."""
+    import pandas as pd
+
+    from lmprof.analyze import kernels
+
+    per_run: dict[str, list[pd.DataFrame]] = {n: [] for n in names}
+    notes = {}
+    for tr in traces:
+        t, n = kernels.tables(tr, names, top)
+        notes.update(n)
+        for name, df in t.items():
+            if not df.empty:
+                per_run[name].append(df.assign(run=tr.label)[["run", *df.columns]])
+    tables = {n: (pd.concat(dfs, ignore_index=True) if dfs else pd.DataFrame())
+              for n, dfs in per_run.items()}
+    tables.update(kernels.cross_run(traces))
+    return tables, notes
 
 
 def _is_duckdb(path: Path) -> bool:
@@ -214,13 +189,12 @@ SCHEMA_SQL = ("SELECT table_schema AS schema, table_name AS name, table_type AS 
 @out_option
 def sql_cmd(file, query, show_schema, attribution, phase_ranges, nsys_path, fmt, out) -> None:
     """Run your own SQL QUERY over the tables and views of an nsys export (or --db file)."""
-    from lmprof.render import emit
+    from lmprof.render import Table, emit
 
     if not show_schema and not query:
         raise UserError("give a QUERY (or --schema to list the tables)")
     path = Path(file)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_pandas_imported_meanwhile())
         if path.is_file() and _is_duckdb(path):
             try:
                 con = duckdb.connect(str(path), read_only=True)
@@ -232,7 +206,8 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, nsys_path, fmt,
             con, _ = stack.enter_context(open_traces(
                 (file,), _options(attribution, phase_ranges, (), ()), None, nsys_path))
         try:
-            df = con.execute(SCHEMA_SQL if show_schema else query).df()
+            # rows, not a DataFrame, unless a column's type needs pandas to print as before
+            df = Table.fetch(con.execute(SCHEMA_SQL if show_schema else query))
         except duckdb.Error as exc:
             raise UserError(f"query failed: {' '.join(str(exc).split())}") from None
         click.echo(emit({"schema" if show_schema else "result": df}, fmt, out))

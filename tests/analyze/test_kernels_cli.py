@@ -219,42 +219,47 @@ def test_analyze_never_imports_torch(tmp_path):
 
 
 def test_table_names_match_the_tables():
-    from lmprof.analyze import kernels, kernels_cli
+    from lmprof.analyze import kernel_tables, kernels, kernels_cli
 
-    assert kernels_cli.TABLE_NAMES == tuple(kernels.TABLES)
+    assert kernels_cli.TABLE_NAMES == tuple(kernels.TABLES) == tuple(kernel_tables.TABLES)
 
 
-def test_export_starts_loading_before_pandas_is_imported(tmp_path):
-    """The CLI imports pandas in a background thread while the export loads: nothing on the main
-    thread may import pandas (or numpy, which it brings) before the load starts."""
+RUN_JSON_REPORT = ROOT / "tests" / "data" / "h200-lmprof-nsys" / "report.sqlite"
+
+
+@pytest.mark.parametrize("args", [
+    ("kernels", str(REPORT), "--format", "md"),
+    ("kernels", str(REPORT), "--format", "csv", "--attribution", "thread"),
+    ("kernels", str(RUN_JSON_REPORT), "--format", "json"),
+    ("kernels", str(RUN_JSON_REPORT), "--format", "md", "--table", "ranges", "--table",
+     "range_kernels", "--table", "phase_timing", "--table", "softmax_vs_matmul"),
+    ("sql", str(REPORT), "SELECT name, count(*) AS n, sum(dur_ns) AS total_ns, avg(dur_ns) AS "
+     "avg_ns, 1.5 AS d FROM kernels GROUP BY ALL ORDER BY total_ns DESC", "--format", "csv"),
+    ("sql", str(REPORT), "--schema", "--format", "json"),
+])
+def test_cli_never_imports_pandas(tmp_path, args):
+    """One REPORT's tables and 'analyze sql' print without pandas or numpy (0.8 s to import on
+    some machines): DuckDB results fetched as rows, SQL parameters as literals."""
     code = f"""
-import builtins, sys, threading
-early = []  # pandas/numpy imports asked for on the main thread before the load
-loading = threading.Event()
-real_import = builtins.__import__
-def hooked(name, *args, **kwargs):
-    if (name.split(".")[0] in ("pandas", "numpy") and not loading.is_set()
-            and threading.current_thread() is threading.main_thread()):
-        early.append(name)
-    return real_import(name, *args, **kwargs)
-builtins.__import__ = hooked
-from lmprof.analyze import nsys
+import sys
 from lmprof.analyze.cli import main
-real_load = nsys.load
-def load(*args):
-    loading.set()
-    return real_load(*args)
-nsys.load = load
 try:
-    main(["kernels", {str(REPORT)!r}, "--format", "csv", "--out", {str(tmp_path)!r}])
+    main({list(args) + ["--out", str(tmp_path)]!r})
 except SystemExit as exc:
     assert not exc.code, exc.code
-assert loading.is_set()
-assert not early, early
-print("pandas" in sys.modules)
+print(sorted(m for m in ("pandas", "numpy", "pyarrow") if m in sys.modules))
 """
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[-1] == "True"  # pandas did get imported (tables)
-    assert (tmp_path / "phase_timing.csv").is_file()
+    assert proc.stdout.splitlines()[-1] == "[]"
+    assert len(list(tmp_path.iterdir())) >= 1
+
+
+def test_sql_falls_back_to_pandas_for_other_types(tmp_path):
+    """A result with a type the row renderer does not print like pandas (here a TIMESTAMP) goes
+    through DuckDB's DataFrame, as before."""
+    code, out, err = run("sql", str(REPORT), "SELECT TIMESTAMP '2026-01-02 03:04:05' AS t, "
+                         "1 AS n", "--format", "csv")
+    assert code == 0, err
+    assert out == "t,n\n2026-01-02 03:04:05,1\n\n"

@@ -1,0 +1,155 @@
+"""``analyze kernels`` and ``analyze sql`` render DuckDB results as rows (``lmprof.render.Table``),
+without pandas: byte for byte what ``lmprof.render`` makes of DuckDB's DataFrame of the same
+result, for every kernel table of both fixtures and for values chosen to hit the corners."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from lmprof.analyze import kernel_tables, kernels, trace
+from lmprof.render import FORMATS, Table, emit, render
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+FIXTURES = {"no_run_json": DATA / "h200-small-fp32" / "report.sqlite",
+            "run_json": DATA / "h200-lmprof-nsys" / "report.sqlite"}
+SHORTEN = {"name": 70}
+
+
+def _trace(report: Path, attribution: str, tmp_path: Path) -> trace.Trace:
+    con = duckdb.connect()
+    con.execute("SET threads = 1")  # parallel aggregates (stddev) may differ in the last bit
+    trace.configure(con, tmp_path)
+    return trace.prepare(con, report, trace.Options(attribution=attribution))
+
+
+@pytest.fixture(scope="module", params=[(f, a) for f in FIXTURES for a in ("process", "thread")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def prepared(request, tmp_path_factory):
+    fixture, attribution = request.param
+    tr = _trace(FIXTURES[fixture], attribution, tmp_path_factory.mktemp("spill"))
+    yield tr
+    tr.con.close()
+
+
+def test_every_kernel_table_renders_as_its_dataframe(prepared):
+    names = tuple(kernel_tables.TABLES)
+    rows, notes = kernel_tables.results(prepared, names, top=10)
+    frames, frame_notes = kernels.tables(prepared, names, top=10)
+    assert notes == frame_notes
+    for name in names:
+        table = rows[name]
+        assert isinstance(table, Table), name
+        assert not table.empty, name
+        for fmt in FORMATS:
+            assert render(table, fmt, SHORTEN) == render(frames[name], fmt, SHORTEN), (name, fmt)
+    for fmt in FORMATS:
+        assert emit(rows, fmt, None, SHORTEN, notes) == emit(frames, fmt, None, SHORTEN, notes)
+
+
+def test_runner_timing_and_attention_flops_come_from_run_json(tmp_path):
+    tr = _trace(FIXTURES["run_json"], "process", tmp_path)
+    summary = tr.record["timings"]["summary"]
+    phase = kernels.phase_timing(tr)
+    for _, row in phase.iterrows():
+        assert row["runner_mean_ns"] == summary[row["phase"]]["mean_s"] * 1e9  # exact
+    attn = kernels.softmax_vs_matmul(tr)
+    shapes = kernel_tables.attention_shapes(tr.record)
+    row = attn.iloc[0]
+    assert row["softmax_flops"] == row["softmax_ranges"] * shapes["softmax_flops"]
+    secs = row["softmax_ns"] / 1e9
+    assert row["softmax_tflops"] == row["softmax_flops"] / secs / 1e12
+    assert row["softmax_gbps"] == row["softmax_ranges"] * shapes["softmax_bytes"] / secs / 1e9
+    bw = tr.con.execute("SELECT max(memory_bandwidth_bytes_per_s) FROM gpus").fetchall()[0][0]
+    assert row["softmax_bw_pct"] == \
+        100.0 * (row["softmax_ranges"] * shapes["softmax_bytes"]) / secs / bw
+    assert row["time_ratio"] == row["softmax_ns"] / row["matmul_ns"]
+    assert row["flop_ratio"] == row["softmax_flops"] / row["matmul_flops"]
+    tr.con.close()
+
+
+def _doubles(n: int, seed: int) -> list[str]:
+    rnd = random.Random(seed)
+    out = []
+    for _ in range(n):
+        v = rnd.random() * 10.0 ** rnd.randint(-25, 25) * rnd.choice((1, -1))
+        out.append(f"CAST('{v!r}' AS DOUBLE)")
+    out += [f"CAST('{v}' AS DOUBLE)" for v in ("nan", "inf", "-inf", "-0.0", "0.1", "1e16",
+                                                 "123456789012345678", "5e-324", "1e-05",
+                                                 "0.0001", "3.0", "2.5e+20")]
+    out += ["NULL", "1e308 * 10", "0.0 / 0.0"]
+    return out
+
+
+CORNERS = [
+    # doubles: every width and exponent, NaN, infinities, NULL (unit columns scale in markdown)
+    "SELECT v AS x, v AS mean_ns, v AS dur_s, v AS time_pct, v AS bytes "
+    f"FROM (VALUES {', '.join(f'({d})' for d in _doubles(300, 1))}) t(v)",
+    # integers with and without NULLs, HUGEINT and DECIMAL (float64 in pandas), unsigned, small
+    "SELECT i AS n, CASE WHEN i % 3 = 0 THEN NULL ELSE i END AS maybe_ns, "
+    "CAST(i AS HUGEINT) * 1000 AS total_ns, sum(i) OVER (ORDER BY i) AS running, "
+    "CAST((i % 1000000000) / 7 AS DECIMAL(18, 3)) AS dec_ms, CAST(i / 7 AS DECIMAL(38, 3)) AS big, "
+    "CAST(abs(i) % 200 AS UTINYINT) AS u, CAST(i % 30000 AS SMALLINT) AS s, "
+    "CAST(i % 2000 AS INTEGER) * 1000 AS i_us, "
+    "CAST(CASE WHEN i % 5 = 0 THEN NULL ELSE i % 100000 END AS INTEGER) AS maybe_int "
+    "FROM range(-50, 9000000000000000, 90000000000000) t(i)",
+    # strings: separators, quotes, newlines, unicode, empty, NULL, numeric-looking, long names
+    "SELECT * FROM (VALUES ('plain', 'a,b', 1), ('with \"quotes\"', 'line\nbreak', 2), "
+    "('', NULL, 3), (NULL, '12.5', 4), ('λ μ … ü', '007', 5), ('x' || repeat('y', 100), 'z', 6), "
+    "('void at::native::(anonymous namespace)::kernel<float, 128>(float const*, int, int)', "
+    "'1e5', 7), (' lead', 'trail ', 8)) t(name, other, k)",
+    # booleans with and without NULL, a boolean with a unit suffix
+    "SELECT i % 2 = 0 AS even, CASE WHEN i = 1 THEN NULL ELSE i > 1 END AS maybe, "
+    "i % 3 = 0 AS flag_s FROM range(4) t(i)",
+    # one column that is NULL in a row (csv writes "" for a lone empty field), and empty results
+    "SELECT * FROM (VALUES (NULL), ('a')) t(name)",
+    "SELECT 1 AS a, 'x' AS name, 2.5 AS b_ns WHERE false",
+    "SELECT NULL::BIGINT AS all_null_ns, NULL::DOUBLE AS d, NULL::VARCHAR AS name FROM range(2)",
+]
+
+
+@pytest.mark.parametrize("sql", CORNERS, ids=range(len(CORNERS)))
+def test_corner_values_render_as_their_dataframe(sql):
+    con = duckdb.connect()
+    table = Table.fetch(con.execute(sql))
+    assert isinstance(table, Table)
+    frame = con.execute(sql).df()
+    for fmt in FORMATS:
+        for shorten in (None, SHORTEN):
+            assert render(table, fmt, shorten) == render(frame, fmt, shorten), (fmt, shorten)
+
+
+def test_other_types_and_repeated_names_come_back_as_dataframes():
+    import pandas as pd
+
+    con = duckdb.connect()
+    for sql in ("SELECT DATE '2026-01-01' AS d", "SELECT [1, 2] AS l", "SELECT 1.5::FLOAT AS f",
+                "SELECT 1 AS a, 2 AS a", "SELECT {'x': 1} AS s", "SELECT INTERVAL 1 DAY AS i"):
+        assert isinstance(Table.fetch(con.execute(sql)), pd.DataFrame), sql
+
+
+def test_no_ranges_table_renders_like_an_empty_dataframe():
+    import pandas as pd
+
+    for fmt in FORMATS:
+        assert render(Table([], [], []), fmt) == render(pd.DataFrame(), fmt)
+
+
+def test_literals_round_trip():
+    from lmprof.analyze.sqlfile import literal
+
+    con = duckdb.connect()
+    rnd = random.Random(2)
+    values = [rnd.random() * 10.0 ** rnd.randint(-300, 300) for _ in range(500)]
+    values += [0.1, -0.0, 5e-324, 1.7976931348623157e308, 2**63 - 1, -2**63, True, False,
+               "it's a \"test\" -- not a comment; DROP TABLE x", "λ", ""]
+    got = con.execute("SELECT " + ", ".join(literal(v) for v in values)).fetchall()[0]
+    for v, g in zip(values, got):
+        assert type(v) is type(g) and (v == g or (isinstance(v, float) and math.isnan(v)))
+        if isinstance(v, float):
+            assert math.copysign(1, v) == math.copysign(1, g)
+    assert con.execute("SELECT " + literal(None)).fetchall() == [(None,)]
