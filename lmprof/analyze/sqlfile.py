@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import re
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -35,10 +36,11 @@ def literal(value: Any) -> str:
         return "NULL"
     if isinstance(value, bool):
         return "TRUE" if value else "FALSE"
-    if isinstance(value, int):
+    if isinstance(value, numbers.Integral):  # numpy integers too
         return str(int(value))
-    if isinstance(value, float):
+    if isinstance(value, numbers.Real):
         # a string cast parses the shortest repr back to the same double (1.5 alone is DECIMAL)
+        value = float(value)
         text = repr(value) if math.isfinite(value) else str(value)
         return f"CAST('{text}' AS DOUBLE)"
     if isinstance(value, str):
