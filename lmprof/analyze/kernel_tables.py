@@ -161,3 +161,174 @@ def results(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | No
         out[name] = fetch(fn(trace, top=top) if name.startswith("top_") else fn(trace))
         notes[name] = note
     return out, notes
+
+
+# --- several reports: per-run tables with a run column, cross-run tables, without pandas ------
+# Each mirrors the pandas code of lmprof.analyze.kernels.several_reports / cross_run, dtypes
+# included (tests/analyze/test_render_rows.py renders both); None where pandas would be needed to
+# print the same (column types that pandas would unify otherwise): the caller then uses that.
+
+_INTS = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER",
+         "UBIGINT"}
+
+
+def _stack(tables: list[Any]) -> Any:
+    """``pd.concat`` of Tables with the same columns: integer columns that are floats in some
+    table become floats (int64 + float64 -> float64), as pandas does. None: other mixes."""
+    from lmprof.render import Table
+
+    first = tables[0]
+    if any(t.columns != first.columns for t in tables):
+        return None
+    types, to_float = [], []
+    for i in range(len(first.columns)):
+        kinds = {t.types[i] for t in tables}
+        if len(kinds) == 1:
+            types.append(first.types[i])
+        elif kinds <= _INTS:
+            types.append("BIGINT")
+        elif all(k in _INTS or k in ("DOUBLE", "HUGEINT") or k.startswith("DECIMAL(")
+                 for k in kinds):
+            types.append("DOUBLE")
+            to_float.append(i)
+        else:
+            return None
+    rows = [row for t in tables for row in t.rows]
+    if to_float:
+        rows = [tuple(float(v) if (i in to_float and v is not None) else v
+                      for i, v in enumerate(row)) for row in rows]
+    return Table(list(first.columns), types, rows)
+
+
+def _frame_of_records(records: list[dict[str, Any]]) -> Any:
+    """``pd.DataFrame(records)`` (same keys in every record) as a Table: a column of ints with
+    None becomes floats (float64), str with None stays text, all None stays None (object).
+    None for anything else."""
+    from lmprof.render import Table
+
+    if not records:
+        return Table([], [], [])
+    columns = list(records[0])
+    if any(list(r) != columns for r in records):
+        return None
+    types, cols = [], []
+    for c in columns:
+        values = [r[c] for r in records]
+        present = [v for v in values if v is not None and not (isinstance(v, float) and v != v)]
+        if not present:
+            types.append("DOUBLE" if any(isinstance(v, float) for v in values) else "VARCHAR")
+            cols.append([None] * len(values))
+        elif all(isinstance(v, str) for v in present):
+            types.append("VARCHAR")
+            cols.append([v if isinstance(v, str) else None for v in values])
+        elif all(isinstance(v, int) and not isinstance(v, bool) for v in present) and \
+                len(present) == len(values):
+            types.append("BIGINT")
+            cols.append(values)
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present):
+            types.append("DOUBLE")
+            cols.append([None if v is None else float(v) for v in values])
+        else:
+            return None
+    return Table(columns, types, [tuple(row) for row in zip(*cols)])
+
+
+def _sorted(table: Any, keys: list[str]) -> Any:
+    """``sort_values(keys, na_position="last", kind="stable")``."""
+    from lmprof.render import Table
+
+    idx = [table.columns.index(k) for k in keys]
+
+    def key(row):
+        return tuple((row[i] is None or (isinstance(row[i], float) and row[i] != row[i]),
+                      row[i] if row[i] is not None else 0) for i in idx)
+
+    try:
+        rows = sorted(table.rows, key=key)
+    except TypeError:
+        return None
+    return Table(table.columns, table.types, rows)
+
+
+def _size_context(trace: Trace) -> dict[str, Any]:
+    c = (trace.record or {}).get("config") or {}
+    return {"run": trace.label, "size": c.get("size"), "context_length": c.get("context_length")}
+
+
+def _column(table: Any, name: str) -> list:
+    i = table.columns.index(name)
+    return [row[i] for row in table.rows]
+
+
+_ATTN_COLUMNS = ("softmax_ns", "matmul_ns", "time_ratio", "flop_ratio", "softmax_tflops",
+                 "matmul_tflops")
+
+
+def cross_run(traces: list[Trace]) -> dict[str, Any] | None:
+    """GEMM fraction and softmax/matmul ratios by model size × context length, one row per run
+    (Tables; None where only pandas would print them as ``lmprof.analyze.kernels.cross_run``)."""
+    from lmprof.render import Table
+
+    nan = float("nan")
+    gemm_rows, attn_rows = [], []
+    for tr in traces:
+        g = Table.fetch(gemm_fraction(tr))
+        if not isinstance(g, Table):
+            return None
+        pct = dict(zip(_column(g, "phase"), _column(g, "gemm_pct")))
+        gemm_rows.append({**_size_context(tr),
+                          **{f"{p}_gemm_pct": nan if pct.get(p) is None else pct[p] for p in
+                             ("inference", "forward", "backward", "optimizer", "step")}})
+        if tr.count("nvtx_ranges"):
+            a = Table.fetch(softmax_vs_matmul(tr))
+            if not isinstance(a, Table):
+                return None
+            for row in a.rows:
+                r = dict(zip(a.columns, row))
+                if r["phase"] not in ("forward", "inference"):
+                    continue
+                attn_rows.append({**_size_context(tr), "phase": r["phase"],
+                                  **{k: nan if r[k] is None else r[k] for k in _ATTN_COLUMNS}})
+    order = ["size", "context_length", "run"]
+    out = {}
+    for name, rows in (("gemm_fraction_by_run", gemm_rows),
+                       ("softmax_vs_matmul_by_run", attn_rows)):
+        table = _frame_of_records(rows)
+        if table is not None and not table.empty:
+            table = _sorted(table, order)
+        if table is None:
+            return None
+        out[name] = table
+    return out
+
+
+def several_reports(traces: list[Trace], names: tuple[str, ...], top: int | None
+                    ) -> tuple[dict[str, Any], dict[str, str]] | None:
+    """Every named table of each trace with a ``run`` column first, stacked, then the cross-run
+    tables, as Tables; None where a table needs pandas to print as
+    ``lmprof.analyze.kernels.several_reports`` does."""
+    from lmprof.render import Table
+
+    per_run: dict[str, list[Any]] = {n: [] for n in names}
+    notes: dict[str, str] = {}
+    for tr in traces:
+        t, n = results(tr, names, top)
+        notes.update(n)
+        for name, table in t.items():
+            if table is None or table.empty:
+                continue
+            if not isinstance(table, Table):
+                return None
+            label = str(tr.label)
+            per_run[name].append(Table(["run", *table.columns], ["VARCHAR", *table.types],
+                                       [(label, *row) for row in table.rows]))
+    tables: dict[str, Any] = {}
+    for name, parts in per_run.items():
+        tables[name] = _stack(parts) if parts else Table([], [], [])
+        if tables[name] is None:
+            return None
+    cross = cross_run(traces)
+    if cross is None:
+        return None
+    tables.update(cross)
+    return tables, notes

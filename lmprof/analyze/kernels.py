@@ -83,6 +83,24 @@ def tables(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | Non
     return {name: (pd.DataFrame() if df is None else df) for name, df in out.items()}, notes
 
 
+def several_reports(traces: list[Trace], names: tuple[str, ...] = DEFAULT_TABLES,
+                    top: int | None = 10) -> tuple[dict[str, pd.DataFrame], dict[str, str]]:
+    """The named tables of every trace stacked with a ``run`` column first (tables empty in
+    every trace stay empty), then the cross-run tables; and the notes."""
+    per_run: dict[str, list[pd.DataFrame]] = {n: [] for n in names}
+    notes = {}
+    for tr in traces:
+        t, n = tables(tr, names, top)
+        notes.update(n)
+        for name, df in t.items():
+            if not df.empty:
+                per_run[name].append(df.assign(run=tr.label)[["run", *df.columns]])
+    out = {n: (pd.concat(dfs, ignore_index=True) if dfs else pd.DataFrame())
+           for n, dfs in per_run.items()}
+    out.update(cross_run(traces))
+    return out, notes
+
+
 def _size_context(trace: Trace) -> dict[str, Any]:
     c = (trace.record or {}).get("config") or {}
     return {"run": trace.label, "size": c.get("size"), "context_length": c.get("context_length")}

@@ -15,8 +15,8 @@ from lmprof.errors import UserError
 
 # The names of lmprof.analyze.kernel_tables.TABLES, in order (a test checks), known without
 # importing it (it imports DuckDB's sqlite loading and the model's FLOP counts). Neither this
-# command nor 'analyze sql' imports pandas (nor numpy) for one REPORT: every table is one DuckDB
-# result fetched as rows and rendered by lmprof.render.Table.
+# command nor 'analyze sql' imports pandas (nor numpy): every table is one DuckDB result fetched
+# as rows and rendered by lmprof.render.Table (kernel_tables.several_reports for several REPORTs).
 TABLE_NAMES = ("phase_timing", "top_kernels", "top_non_gemm_kernels", "gemm_fraction",
                "softmax_vs_matmul", "class_breakdown", "gpu_idle", "ranges", "range_kernels")
 
@@ -139,24 +139,17 @@ def kernels_cmd(reports, attribution, phase_ranges, softmax_ranges, matmul_range
 
 
 def _several_reports(traces, names, top):
-    """Each table of every report with a ``run`` column first, and the cross-run tables: the
-    only path of 'analyze kernels' that imports pandas."""
-    import pandas as pd
+    """Each table of every report with a ``run`` column first, and the cross-run tables; through
+    pandas only where the row tables cannot print the same (column types pandas would unify
+    otherwise than kernel_tables.several_reports knows)."""
+    from lmprof.analyze import kernel_tables
 
+    done = kernel_tables.several_reports(traces, names, top)
+    if done is not None:
+        return done
     from lmprof.analyze import kernels
 
-    per_run: dict[str, list[pd.DataFrame]] = {n: [] for n in names}
-    notes = {}
-    for tr in traces:
-        t, n = kernels.tables(tr, names, top)
-        notes.update(n)
-        for name, df in t.items():
-            if not df.empty:
-                per_run[name].append(df.assign(run=tr.label)[["run", *df.columns]])
-    tables = {n: (pd.concat(dfs, ignore_index=True) if dfs else pd.DataFrame())
-              for n, dfs in per_run.items()}
-    tables.update(kernels.cross_run(traces))
-    return tables, notes
+    return kernels.several_reports(traces, names, top)
 
 
 def _is_duckdb(path: Path) -> bool:

@@ -236,9 +236,10 @@ RUN_JSON_REPORT = ROOT / "tests" / "data" / "h200-lmprof-nsys" / "report.sqlite"
     ("sql", str(REPORT), "SELECT name, count(*) AS n, sum(dur_ns) AS total_ns, avg(dur_ns) AS "
      "avg_ns, 1.5 AS d FROM kernels GROUP BY ALL ORDER BY total_ns DESC", "--format", "csv"),
     ("sql", str(REPORT), "--schema", "--format", "json"),
+    ("kernels", str(REPORT), str(RUN_JSON_REPORT.parent), "--format", "csv"),
 ])
 def test_cli_never_imports_pandas(tmp_path, args):
-    """One REPORT's tables and 'analyze sql' print without pandas or numpy (0.8 s to import on
+    """Kernel tables (one report or several) and 'analyze sql' print without pandas or numpy (0.8 s to import on
     some machines): DuckDB results fetched as rows, SQL parameters as literals."""
     code = f"""
 import sys

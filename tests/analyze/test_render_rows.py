@@ -153,3 +153,60 @@ def test_literals_round_trip():
         if isinstance(v, float):
             assert math.copysign(1, v) == math.copysign(1, g)
     assert con.execute("SELECT " + literal(None)).fetchall() == [(None,)]
+
+
+def test_several_reports_render_as_their_dataframes(tmp_path):
+    """The run column, the stacked tables (int FLOPs of one run and NULL FLOPs of the other make
+    floats, as pd.concat does) and the cross-run tables (a run without run.json: size and
+    context length missing, sorted last)."""
+    traces = [_trace(FIXTURES[f], "process", tmp_path / f) for f in ("no_run_json", "run_json")]
+    names = tuple(kernel_tables.TABLES)
+    rows, notes = kernel_tables.several_reports(traces, names, 10)
+    frames, frame_notes = kernels.several_reports(traces, names, 10)
+    assert notes == frame_notes
+    assert list(rows) == list(frames)
+    for name in frames:
+        assert isinstance(rows[name], Table) and not rows[name].empty, name
+        for fmt in FORMATS:
+            assert render(rows[name], fmt, SHORTEN) == render(frames[name], fmt, SHORTEN), \
+                (name, fmt)
+    assert "DOUBLE" == rows["softmax_vs_matmul"].types[
+        rows["softmax_vs_matmul"].columns.index("softmax_flops")]
+    for tr in traces:
+        tr.con.close()
+
+
+RECORDS = [
+    [{"run": "b", "size": "small", "context_length": 128, "x_ns": 5, "pct": 1.5},
+     {"run": "a", "size": None, "context_length": None, "x_ns": 7, "pct": float("nan")},
+     {"run": "c", "size": "small", "context_length": 64, "x_ns": 1, "pct": 2.0},
+     {"run": "d", "size": "medium", "context_length": 64, "x_ns": 1, "pct": 2.0}],
+    [{"run": "b", "size": None, "context_length": 128, "x_ns": 5, "pct": 1},
+     {"run": "a", "size": None, "context_length": 256, "x_ns": None, "pct": 2.5}],
+    [{"run": "a", "size": None, "context_length": None, "x_ns": 1, "pct": float("nan")}],
+]
+
+
+@pytest.mark.parametrize("records", RECORDS, ids=range(len(RECORDS)))
+def test_records_render_as_a_sorted_dataframe(records):
+    import pandas as pd
+
+    from lmprof.analyze.kernel_tables import _frame_of_records, _sorted
+
+    table = _sorted(_frame_of_records(records), ["size", "context_length", "run"])
+    frame = pd.DataFrame(records).sort_values(["size", "context_length", "run"],
+                                              na_position="last", kind="stable")
+    for fmt in FORMATS:
+        assert render(table, fmt) == render(frame, fmt), fmt
+
+
+def test_mixes_pandas_would_unify_otherwise_are_left_to_pandas():
+    from lmprof.analyze.kernel_tables import _frame_of_records, _stack
+
+    assert _frame_of_records([{"a": 1}, {"a": "x"}]) is None
+    assert _frame_of_records([{"a": True}, {"a": 2}]) is None
+    assert _stack([Table(["a"], ["BOOLEAN"], [(True,)]), Table(["a"], ["BIGINT"], [(1,)])]) is None
+    assert _stack([Table(["a"], ["VARCHAR"], [("x",)]), Table(["b"], ["VARCHAR"], [("y",)])]) \
+        is None
+    stacked = _stack([Table(["a"], ["BIGINT"], [(1,)]), Table(["a"], ["DOUBLE"], [(None,)])])
+    assert stacked.types == ["DOUBLE"] and stacked.rows == [(1.0,), (None,)]
