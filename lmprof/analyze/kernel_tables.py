@@ -34,8 +34,7 @@ def phase_timing(trace: Trace) -> Result:
             rows.append((str(phase), float(mean_s * 1e9)))
     con = trace.use()
     con.execute("CREATE OR REPLACE TEMP TABLE _runner_timing (phase VARCHAR, mean_ns DOUBLE)")
-    if rows:
-        con.execute("INSERT INTO _runner_timing VALUES " + sqlfile.values_list(rows))
+    sqlfile.insert_rows(con, "_runner_timing", [("phase", "VARCHAR"), ("mean_ns", "DOUBLE")], rows)
     return trace.execute("phase_timing")
 
 
@@ -107,8 +106,7 @@ def softmax_vs_matmul(trace: Trace) -> Result:
     con.execute("CREATE OR REPLACE TEMP TABLE _attention_ranges (name VARCHAR, part VARCHAR)")
     rows = [(n, "softmax") for n in trace.options.softmax_ranges] + \
            [(n, "matmul") for n in trace.options.matmul_ranges]
-    if rows:
-        con.execute("INSERT INTO _attention_ranges VALUES " + sqlfile.values_list(rows))
+    sqlfile.insert_rows(con, "_attention_ranges", [("name", "VARCHAR"), ("part", "VARCHAR")], rows)
     shapes = attention_shapes(trace.record)
     keys = ("softmax_flops", "matmul_flops", "softmax_bytes", "matmul_bytes")
     params = {k: (shapes[k] if shapes else _NO_SHAPE) for k in keys}

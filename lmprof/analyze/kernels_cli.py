@@ -87,7 +87,7 @@ def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: st
 
 
 def _prepare_all(con, resolved, options):
-    from lmprof.analyze.sqlfile import values_list
+    from lmprof.analyze.sqlfile import insert_rows
     from lmprof.analyze.trace import prepare
 
     traces = []
@@ -98,8 +98,9 @@ def _prepare_all(con, resolved, options):
         con.execute("USE main")
         con.execute("CREATE OR REPLACE TABLE main.reports (schema_name VARCHAR, source VARCHAR, "
                     "label VARCHAR)")
-        con.execute("INSERT INTO main.reports VALUES " + values_list(
-            [(t.schema, str(t.path), str(t.label)) for t in traces]))
+        insert_rows(con, "main.reports", [("schema_name", "VARCHAR"), ("source", "VARCHAR"),
+                                          ("label", "VARCHAR")],
+                    [(t.schema, str(t.path), str(t.label)) for t in traces])
     return traces
 
 

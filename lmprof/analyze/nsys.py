@@ -33,7 +33,7 @@ from pathlib import Path
 
 import duckdb
 
-from lmprof.analyze.sqlfile import values_list
+from lmprof.analyze.sqlfile import insert_rows
 from lmprof.errors import UserError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -302,11 +302,15 @@ def _load_session(sq: sqlite3.Connection, duck: duckdb.DuckDBPyConnection, prese
                  "session_start_utc_ns BIGINT, trace_start_ns BIGINT, trace_end_ns BIGINT, "
                  "nvtx_push_pop_type INTEGER, nvtx_start_end_type INTEGER, "
                  "nvtx_domain_create_type INTEGER)")
-    # literals, not bound parameters: DuckDB imports pandas for any bound parameter
-    duck.execute("INSERT INTO session VALUES " + values_list(
+    # as data, not bound parameters (DuckDB imports pandas for any) nor SQL text (the path and
+    # the version string come from outside)
+    insert_rows(duck, "session", [
+        ("source", "VARCHAR"), ("nsys_version", "VARCHAR"), ("session_start_utc_ns", "BIGINT"),
+        ("trace_start_ns", "BIGINT"), ("trace_end_ns", "BIGINT"), ("nvtx_push_pop_type", "INTEGER"),
+        ("nvtx_start_end_type", "INTEGER"), ("nvtx_domain_create_type", "INTEGER")],
         [(str(path.resolve()), _text(version), _int(utc), _int(start), _int(stop),
           int(types["NvtxPushPopRange"]), int(types["NvtxStartEndRange"]),
-          int(types["NvtxDomainCreate"]))]))
+          int(types["NvtxDomainCreate"]))])
 
 
 def _int(value):

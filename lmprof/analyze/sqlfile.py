@@ -1,9 +1,9 @@
 """Running the ``.sql`` modules under ``lmprof/analyze/sql/``.
 
 A module is a sequence of statements separated by ``;`` at the end of a line; ``--`` comments
-document its output columns. Parameters are written ``$name``; their values go into the text as
-SQL literals made by ``literal`` (numbers, booleans, NULL, strings with quotes doubled), never as
-free text. Not bound: DuckDB imports pandas (and numpy, ~0.8 s on some machines) the first time
+document its output columns. Parameters are written ``$name``; their values (numbers, booleans
+and the code's own words) go into the text as SQL literals made by ``literal``; text that comes
+from users or from the files read goes in as data through ``insert_rows``. Not bound: DuckDB imports pandas (and numpy, ~0.8 s on some machines) the first time
 a statement gets any bound parameter, and ``analyze kernels`` never needs pandas.
 """
 
@@ -51,8 +51,46 @@ def literal(value: Any) -> str:
 
 
 def values_list(rows: list[tuple]) -> str:
-    """``(a, b), (c, d)`` for an INSERT ... VALUES of literals."""
+    """``(a, b), (c, d)`` for an INSERT ... VALUES of literals (numbers and our own words only:
+    text from users or from the files read goes through ``insert_rows``)."""
     return ", ".join("(" + ", ".join(literal(v) for v in row) + ")" for row in rows)
+
+
+_TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+
+
+def insert_rows(con: duckdb.DuckDBPyConnection, table: str, columns: list[tuple[str, str]],
+                rows: list[tuple]) -> None:
+    """Append ``rows`` to ``table`` as data, never as SQL text.
+
+    Text from users (range names, labels) and from the files read (paths, versions, run.json)
+    must not be spliced into a statement, and bound parameters make DuckDB import pandas. So the
+    rows go through a newline-delimited JSON file that DuckDB reads with declared column types;
+    only ``table``, the column names and types (the caller's constants) and the file's own path
+    appear in the statement.
+    """
+    import json
+    import os
+    import tempfile
+
+    if not rows:
+        return
+    if not _TABLE_NAME.match(table) or not all(_TABLE_NAME.match(c) for c, _ in columns):
+        raise ValueError(f"bad table or column name for insert_rows: {table!r}")
+    names = [c for c, _ in columns]
+    fd, path = tempfile.mkstemp(prefix="lmprof-rows-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            for row in rows:
+                if len(row) != len(names):
+                    raise ValueError(f"row of {len(row)} values for {len(names)} columns")
+                fh.write(json.dumps(dict(zip(names, row)), allow_nan=True, default=str) + "\n")
+        spec = ", ".join(f"{literal(c)}: {literal(t)}" for c, t in columns)
+        con.execute(f"INSERT INTO {table} ({', '.join(names)}) SELECT {', '.join(names)} "
+                    f"FROM read_json({literal(path)}, format = 'newline_delimited', "
+                    f"columns = {{{spec}}})")
+    finally:
+        os.unlink(path)
 
 
 @functools.lru_cache(maxsize=None)

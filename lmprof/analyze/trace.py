@@ -124,9 +124,8 @@ def _classify_names(con: duckdb.DuckDBPyConnection) -> None:
 
 def _phase_table(con: duckdb.DuckDBPyConnection, options: Options) -> None:
     con.execute("CREATE OR REPLACE TABLE _phase_names (range_name VARCHAR, phase VARCHAR)")
-    if options.phase_ranges:
-        con.execute("INSERT INTO _phase_names VALUES "
-                    + sqlfile.values_list(list(options.phase_ranges)))
+    sqlfile.insert_rows(con, "_phase_names", [("range_name", "VARCHAR"), ("phase", "VARCHAR")],
+                        list(options.phase_ranges))
 
 
 def prepare(con: duckdb.DuckDBPyConnection, path: Path, options: Options, schema: str = "main",

@@ -211,3 +211,22 @@ def test_attribution_matches_containment_on_random_nesting(seed):
         got = {op: (r, p, s) for op, r, p, s in con.execute(
             "SELECT op_id, range_id, phase_range_id, step_range_id FROM gpu_ops").fetchall()}
         assert got == attrib
+
+
+def test_text_from_users_goes_in_as_data_not_sql():
+    """insert_rows: hostile text, NULL and NaN arrive unchanged; bad identifiers are refused."""
+    import math
+
+    from lmprof.analyze import sqlfile
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (name VARCHAR, x DOUBLE, n BIGINT)")
+    hostile = ["it's \"x\"; DROP TABLE t; --", "line\nbreak\\n", "λ ünï", "", "$thread_rule"]
+    rows = [(h, 0.1 + i, i) for i, h in enumerate(hostile)] + [(None, float("nan"), None)]
+    sqlfile.insert_rows(con, "t", [("name", "VARCHAR"), ("x", "DOUBLE"), ("n", "BIGINT")], rows)
+    got = con.execute("SELECT * FROM t").fetchall()
+    assert got[:-1] == rows[:-1]  # doubles exact, strings byte for byte
+    assert got[-1][0] is None and math.isnan(got[-1][1]) and got[-1][2] is None
+    with pytest.raises(ValueError):
+        sqlfile.insert_rows(con, "t; DROP TABLE t", [("name", "VARCHAR")], [("a",)])
+    assert con.execute("SELECT count(*) FROM t").fetchone()[0] == len(rows)

@@ -264,3 +264,19 @@ def test_sql_falls_back_to_pandas_for_other_types(tmp_path):
                          "1 AS n", "--format", "csv")
     assert code == 0, err
     assert out == "t,n\n2026-01-02 03:04:05,1\n\n"
+
+
+def test_hostile_range_names_are_data(tmp_path):
+    """Range names from the command line reach DuckDB as data: quotes and SQL in a name neither
+    break the query nor run; a real range name given the same way still works."""
+    hostile = "x'; DROP TABLE gpu_ops; --"
+    code, out, err = run("kernels", str(REPORT), "--softmax-range", hostile,
+                         "--softmax-range", "computing softmax", "--phase-range",
+                         f"forward={hostile}", "--table", "softmax_vs_matmul", "--table",
+                         "gemm_fraction", "--format", "csv", "--out", str(tmp_path))
+    assert code == 0, err
+    attn = table(tmp_path, "softmax_vs_matmul").set_index("phase")
+    assert attn.loc["inference", "softmax_kernels"] > 0  # "computing softmax" still matched
+    gemm = table(tmp_path, "gemm_fraction")
+    assert "forward" not in set(gemm["phase"])  # forward is now only the hostile name: no match
+    assert {"backward", "optimizer"} <= set(gemm["phase"])
