@@ -91,7 +91,7 @@ def configure(con: duckdb.DuckDBPyConnection, temp_dir: str | Path | None) -> No
     con.execute("SET enable_progress_bar = false")
     con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
     if temp_dir is not None:
-        # a literal, not a bound parameter: DuckDB imports pandas for any bound parameter
+        # our own temp folder, as a literal: DuckDB imports pandas for any bound parameter
         literal = str(temp_dir).replace("'", "''")
         con.execute(f"SET temp_directory = '{literal}'")
 

@@ -1,6 +1,6 @@
 -- Softmax against the two attention matmuls: GPU time of the kernels launched inside the
 -- softmax range(s) and inside the matmul ranges, per phase. The range names come from
--- _attention_ranges (name, part), filled from bound parameters; a name matches with an
+-- _attention_ranges (name, part), filled as data (sqlfile.insert_rows); a name matches with an
 -- optional _<digits> suffix. Kernels attributed to several such ranges count once per part.
 --
 --   phase            VARCHAR  forward | inference | ... (phase of the ranges' kernels)
