@@ -2,7 +2,7 @@
 
     python bench/profile_analyze.py REPORT.sqlite [--top 12]
 
-Wraps ``sqlfile.run``/``sqlfile.query`` and ``nsys.load`` with timers, runs the CLI in this
+Wraps ``sqlfile.run``/``sqlfile.execute`` (each table's query) and ``nsys.load`` with timers, runs the CLI in this
 process (all tables, csv to a scratch folder), and prints the slowest pieces. For reading fixed
 costs on a new machine; the benchmarks (bench_kernels.py, nsys_stats_compare.py) time whole
 processes.
@@ -46,7 +46,7 @@ def main() -> None:
         return wrapped
 
     sqlfile.run = timer(lambda a: f"sql {a[1]}", sqlfile.run)
-    sqlfile.query = timer(lambda a: f"sql {a[1]} (query)", sqlfile.query)
+    sqlfile.execute = timer(lambda a: f"sql {a[1]} (table)", sqlfile.execute)
     nsys.load = timer(lambda a: "load", nsys.load)
     t = time.perf_counter()
     from lmprof.analyze.cli import main as cli

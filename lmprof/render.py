@@ -220,22 +220,18 @@ def _json_safe(v):
 
 
 def render(df: pd.DataFrame | Table, fmt: str, shorten: dict[str, int] | None = None) -> str:
+    if fmt not in FORMATS:
+        raise UserError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if isinstance(df, Table):
         if fmt == "md":
             return _table_markdown(df, shorten, ".3f")
-        if fmt == "csv":
-            return _table_csv(df)
-        if fmt == "json":
-            return _table_json(df)
-        raise UserError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+        return _table_csv(df) if fmt == "csv" else _table_json(df)
     if fmt == "md":
         return to_markdown(df, shorten)
     if fmt == "csv":
         return df.to_csv(index=False)
-    if fmt == "json":
-        rows = [{k: _json_safe(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
-        return json.dumps(rows, indent=1, default=str)
-    raise UserError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    rows = [{k: _json_safe(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
+    return json.dumps(rows, indent=1, default=str)
 
 
 def emit(tables: dict[str, pd.DataFrame | Table], fmt: str, out: str | Path | None,

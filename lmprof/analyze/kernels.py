@@ -16,9 +16,6 @@ import pandas as pd
 from lmprof.analyze import kernel_tables as kt
 from lmprof.analyze.trace import Trace
 
-_attention_shapes = kt.attention_shapes  # its old name here
-
-
 def phase_timing(trace: Trace) -> pd.DataFrame:
     """(a) Per phase: NVTX wall time, GPU kernel time and span, busy %, launch rate, runner."""
     return kt.phase_timing(trace).df()

@@ -14,12 +14,9 @@ import math
 import numbers
 import re
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import duckdb
-
-if TYPE_CHECKING:  # imported on use (DuckDB's .df()): the CLI never imports it
-    import pandas as pd
 
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
@@ -120,8 +117,3 @@ def execute(con: duckdb.DuckDBPyConnection, module: str, **params: Any
     for sql in setup:
         con.execute(_fill(sql, params)).fetchall()
     return con.execute(_fill(last, params))
-
-
-def query(con: duckdb.DuckDBPyConnection, module: str, **params: Any) -> pd.DataFrame:
-    """Run a module whose last statement is a SELECT and return that result as a DataFrame."""
-    return execute(con, module, **params).df()

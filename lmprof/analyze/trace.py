@@ -69,9 +69,6 @@ class Trace:
     def df(self, sql: str, params: list | None = None) -> pd.DataFrame:
         return self.use().execute(sql, params).df()
 
-    def query(self, module: str, **params: Any) -> pd.DataFrame:
-        return sqlfile.query(self.use(), module, **params)
-
     def execute(self, module: str, **params: Any) -> duckdb.DuckDBPyConnection:
         """The result of a module's last SELECT, not fetched yet (see ``sqlfile.execute``)."""
         return sqlfile.execute(self.use(), module, **params)

@@ -381,7 +381,7 @@ def _terminated(signum, frame):
     raise Terminated("terminated by SIGTERM; the rows finished before it are kept")
 
 
-def _part_a(rows, impls, seqs, ds, dtypes, batch, causal, iters, warmup, dev) -> list[dict]:
+def _part_a(rows: list[dict], impls, seqs, ds, dtypes, batch, causal, iters, warmup, dev) -> None:
     for dt in _dtypes(dtypes, PART_A["dtype"]):
         for d in ds or PART_A["d"]:
             for seq in seqs or PART_A["seq"]:
@@ -391,10 +391,9 @@ def _part_a(rows, impls, seqs, ds, dtypes, batch, causal, iters, warmup, dev) ->
                                          warmup, iters, dev)
                     rows.append(row)
                     _progress(row)
-    return rows
 
 
-def _part_b(rows, impls, seqs, ds, dtypes, batch, heads, causal, dev) -> list[dict]:
+def _part_b(rows: list[dict], impls, seqs, ds, dtypes, batch, heads, causal, dev) -> None:
     for dt in _dtypes(dtypes, (PART_B["dtype"],)):
         for seq in seqs or (PART_B["seq"],):
             for d in ds or (PART_B["d"],):
@@ -404,10 +403,9 @@ def _part_b(rows, impls, seqs, ds, dtypes, batch, heads, causal, dev) -> list[di
                                          dev)
                     rows.append(row)
                     _progress(row)
-    return rows
 
 
-def _part_c(rows, impls, seqs, ds, dtypes, batch, heads, causal, dev) -> list[dict]:
+def _part_c(rows: list[dict], impls, seqs, ds, dtypes, batch, heads, causal, dev) -> None:
     for dt in _dtypes(dtypes, PART_C["dtype"]):
         for d in ds or PART_C["d"]:
             for seq in seqs or PART_C["seq"]:
@@ -418,5 +416,4 @@ def _part_c(rows, impls, seqs, ds, dtypes, batch, heads, causal, dev) -> list[di
                                          PART_C["causal"] if causal is None else causal, dev)
                     rows.append(row)
                     _progress(row)
-    return rows
 
