@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import importlib.util
 import sqlite3
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -250,8 +252,40 @@ def _load_table(sq: sqlite3.Connection, duck: duckdb.DuckDBPyConnection, target:
             from None
 
 
-def load(duck: duckdb.DuckDBPyConnection, path: str | Path) -> Export:
-    """Load the columns the analyses need from the export at ``path`` into ``duck``."""
+# Loaded first: what the NVTX range analysis reads (with the session row), so that it can run
+# beside the load of the GPU-side tables (``load``'s ``beside``).
+_NVTX_TABLES = ("_strings", "_nvtx_events")
+
+
+class _Beside:
+    """``fn`` in a thread; ``join`` waits for it and re-raises what it raised."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(fn,), name="lmprof-beside-load")
+        self.thread.start()
+
+    def _run(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except BaseException as exc:  # handed to the loading thread by join
+            self.error = exc
+
+    def join(self, reraise: bool = True) -> None:
+        self.thread.join()
+        if reraise and self.error is not None:
+            raise self.error
+
+
+def load(duck: duckdb.DuckDBPyConnection, path: str | Path,
+         beside: Callable[[], None] | None = None) -> Export:
+    """Load the columns the analyses need from the export at ``path`` into ``duck``.
+
+    The NVTX events, strings and the ``session`` row load first; then ``beside`` (if given) runs
+    in a thread while the kernels, runtime calls and the rest load, one table at a time as
+    without it. It must use its own connection (``duck.cursor()``) and read only those first
+    tables. ``load`` returns after it has finished, and raises what it raised.
+    """
     path = Path(path)
     sq = open_readonly(path)
     try:
@@ -268,17 +302,30 @@ def load(duck: duckdb.DuckDBPyConnection, path: str | Path) -> Export:
         keep_order = duck.execute("SELECT current_setting('preserve_insertion_order')"
                                   ).fetchall()[0][0]
         duck.execute("SET preserve_insertion_order = true")
+        order = [*_NVTX_TABLES, *(t for t in TABLES if t not in _NVTX_TABLES)]
+        helper = None
         try:
-            for target, (source, columns, tail) in TABLES.items():
+            for i, target in enumerate(order):
+                if i == len(_NVTX_TABLES):
+                    _load_session(sq, duck, present, types, path)
+                    if beside is not None:
+                        helper = _Beside(beside)
+                source, columns, tail = TABLES[target]
                 t0 = time.perf_counter()
                 export.rows[target] = _load_table(sq, duck, target, source, columns,
                                                   tail.format(nvtx_types=nvtx_types), present,
                                                   path)
                 export.load_s[target] = time.perf_counter() - t0
+            if helper is not None:
+                helper, running = None, helper
+                running.join()
+        except BaseException:
+            if helper is not None:
+                helper.join(reraise=False)  # the load's own error is the one to report
+            raise
         finally:
             duck.execute(f"SET preserve_insertion_order = {'true' if keep_order else 'false'}")
             duck.execute(f"DETACH DATABASE IF EXISTS {_SRC}")
-        _load_session(sq, duck, present, types, path)
     finally:
         sq.close()
     return export

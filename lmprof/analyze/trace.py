@@ -2,7 +2,9 @@
 
 ``prepare`` loads the export (``lmprof.analyze.nsys``), classifies the distinct kernel names in
 Python (hundreds of names, not millions of kernels) and joins the classes back in DuckDB, builds
-the NVTX range table and attributes every GPU operation to ranges (``sql/attribution.sql``).
+the NVTX range table and the attribution timeline (``sql/ranges.sql``,
+``sql/attribution_timeline.sql``: NVTX only, run beside the load of the GPU-side tables, on a
+second connection) and attributes every GPU operation to ranges (``sql/attribution.sql``).
 """
 
 from __future__ import annotations
@@ -132,11 +134,23 @@ def prepare(con: duckdb.DuckDBPyConnection, path: Path, options: Options, schema
         raise ValueError(f"bad schema name {schema!r}")
     con.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
     con.execute(f"USE {schema}")
-    export = nsys.load(con, path)
+    thread_rule = options.attribution == "thread"
+
+    def ranges_and_timeline() -> None:
+        # beside the load of kernels and runtime calls, on a connection of its own (a DuckDB
+        # connection runs one statement at a time); reads only what loads first
+        cur = con.cursor()
+        try:
+            cur.execute(f"USE {schema}")
+            _phase_table(cur, options)
+            sqlfile.run(cur, "ranges")
+            sqlfile.run(cur, "attribution_timeline", thread_rule=thread_rule)
+        finally:
+            cur.close()
+
+    export = nsys.load(con, path, beside=ranges_and_timeline)
     _classify_names(con)
-    _phase_table(con, options)
-    sqlfile.run(con, "ranges")
-    sqlfile.run(con, "attribution", thread_rule=options.attribution == "thread")
+    sqlfile.run(con, "attribution", thread_rule=thread_rule)
     sqlfile.run(con, "phase_instances")
     sqlfile.run(con, "views")
     if record is None:

@@ -203,6 +203,7 @@ def test_attribution_matches_containment_on_random_nesting(seed):
             values = "0, 1, 0, ?, ?, 1" if kind == "kernel" else "0, 1, 0, 0, ?, ?"
             con.execute(f"INSERT INTO {table} VALUES ({values})", [corr, pid])
     for thread_rule in (False, True):
+        sqlfile.run(con, "attribution_timeline", thread_rule=thread_rule)
         sqlfile.run(con, "attribution", thread_rule=thread_rule)
         pairs, attrib = _brute_force_attribution(ranges, ops, thread_rule)
         got_pairs = con.execute("SELECT op_id, range_id FROM op_ranges").fetchall()

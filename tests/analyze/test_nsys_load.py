@@ -149,3 +149,49 @@ def test_missing_sqlite_scanner_is_a_one_line_user_error(monkeypatch):
     with pytest.raises(UserError, match="sqlite scanner is not installed: install it with "
                                         "'pip install duckdb=="):
         nsys.load(duckdb.connect(), REPORT)
+
+
+def test_beside_runs_after_the_nvtx_tables_and_before_load_returns():
+    """``beside`` sees the NVTX events, strings and session row (on its own connection) and has
+    finished when ``load`` returns."""
+    duck = duckdb.connect()
+    seen = {}
+
+    def beside():
+        cur = duck.cursor()
+        seen["nvtx"] = cur.execute("SELECT count(*) FROM _nvtx_events").fetchall()[0][0]
+        seen["strings"] = cur.execute("SELECT count(*) FROM _strings").fetchall()[0][0]
+        seen["session"] = cur.execute("SELECT count(*) FROM session").fetchall()[0][0]
+        cur.close()
+
+    export = nsys.load(duck, REPORT, beside=beside)
+    assert seen == {"nvtx": export.rows["_nvtx_events"], "strings": export.rows["_strings"],
+                    "session": 1}
+    assert seen["nvtx"] > 0 and seen["strings"] > 0
+
+
+def test_beside_errors_reach_the_caller():
+    def beside():
+        raise ValueError("from beside")
+
+    with pytest.raises(ValueError, match="from beside"):
+        nsys.load(duckdb.connect(), REPORT, beside=beside)
+
+
+def test_a_load_error_wins_over_beside(tmp_path):
+    """A kernel table that cannot be read is the error reported, even when ``beside`` failed."""
+    path = writable_copy(tmp_path)
+    con = sqlite3.connect(path)
+    page = con.execute("PRAGMA page_size").fetchone()[0]
+    root = con.execute("SELECT rootpage FROM sqlite_master "
+                       "WHERE name = 'CUPTI_ACTIVITY_KIND_KERNEL'").fetchone()[0]
+    con.close()
+    with open(path, "r+b") as fh:
+        fh.seek((root - 1) * page)
+        fh.write(b"\xff" * page)
+
+    def beside():
+        raise ValueError("from beside")
+
+    with pytest.raises(UserError, match="malformed|corrupt|not a readable"):
+        nsys.load(duckdb.connect(), path, beside=beside)
