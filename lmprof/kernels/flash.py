@@ -9,13 +9,15 @@ The readable reference of the same algorithm is ``lmprof.kernels.attention_ref.a
 Algorithm (Dao 2023). Forward: one program per (batch·head, query tile of BLOCK_M rows); one pass
 over key tiles with a running row max ``m`` and row sum ``l`` in fp32 (online softmax, in base 2:
 log2(e) is folded into the score scale so the exponential is ``exp2``); saves O and the
-log-sum-exp L = ln Σ exp(scale·q·k) (natural log, fp32, shape (B, h, Tq)). Backward: D = rowsum(O∘dO)
-(``_flash_bwd_preprocess``), then P = exp(scale·q·k − L) is recomputed per tile and
-- ``backward="split"`` (default): dK/dV in one kernel (one program per key tile, looping over
-  query tiles) and dQ in another (one program per query tile, looping over key tiles). No atomics;
-  Q·Kᵀ and dO·Vᵀ are computed twice (7 tile matmuls per tile pair instead of 5).
-- ``backward="atomic"``: one kernel per key tile computes dK/dV and adds each tile's dQ part into
-  an fp32 buffer with ``tl.atomic_add`` (5 matmuls; atomics and a final cast instead).
+log-sum-exp L = ln Σ exp(scale·q·k) (natural log, fp32, shape (B, h, Tq)). Backward: P =
+exp(scale·q·k − L) is recomputed per tile, with D = rowsum(O∘dO) (fp32, shape (B·h, Tq)), and
+- ``backward="split"`` (default): dQ in one kernel (one program per query tile, looping over key
+  tiles), launched first, whose programs also compute D for their rows and store it; then dK/dV in
+  another (one program per key tile, looping over query tiles), which reads D. No atomics and no
+  separate D pass; Q·Kᵀ and dO·Vᵀ are computed twice (7 tile matmuls per tile pair instead of 5).
+- ``backward="atomic"``: D by a pre-pass (``_flash_bwd_preprocess``), then one kernel per key tile
+  computes dK/dV and adds each tile's dQ part into an fp32 buffer with ``tl.atomic_add`` (5
+  matmuls; atomics and a final cast instead).
 Which is faster on a given GPU is measured by ``bench/bench_attention.py``.
 
 Causal: top-left alignment, as torch SDPA's ``is_causal`` (query i sees keys j ≤ i, whatever Tq
@@ -162,16 +164,16 @@ _BWD_KV_ATOMIC_TILES = {
 # dQ: BLOCK_M queries per program (held), BLOCK_N keys per loop iteration (streamed).
 _BWD_Q_TILES = {
     64: [
-        (128, 64, 8, 3), (128, 64, 8, 2), (128, 64, 8, 4),     # 150 regs
+        (128, 64, 8, 3), (128, 64, 8, 2), (128, 64, 8, 4),     # 141–143 regs
         (128, 128, 8, 2), (128, 128, 8, 3),                    # 253 regs, N = 128 for S and dP
         (128, 64, 4, 3), (128, 64, 4, 4),                      # 255 regs, 0 spills, 2 CTAs/SM
-        (128, 32, 4, 3), (128, 32, 4, 4), (128, 32, 4, 5),     # 194 regs, 2 CTAs/SM
+        (128, 32, 4, 3), (128, 32, 4, 4), (128, 32, 4, 5),     # 196–198 regs, 2 CTAs/SM
         (64, 64, 4, 3),                                        # v1 winner (tuned at 2 heads)
         # rejected: (256, 64, 8, *) — 28+ B of spills; (64, 128, 4, *) — 255 regs, N = 64 dQ
     ],
     128: [
-        (128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4),     # 208–210 regs
-        (64, 64, 4, 2), (64, 64, 4, 3),                        # 222 regs
+        (128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4),     # 207–210 regs
+        (64, 64, 4, 2), (64, 64, 4, 3),                        # 220 regs
         (64, 32, 4, 3),                                        # 164 regs
         # rejected: (128, 32, 4, *) — 24–88 B of spills; (128, 64, 4, *) — 432+ B;
         # (128, 128, 8, *) — 64+ B
@@ -358,7 +360,8 @@ def _flash_bwd_preprocess(
     n_heads, seq_q,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    """D = rowsum(O ∘ dO) in fp32, shape (B·h, Tq)."""
+    """D = rowsum(O ∘ dO) in fp32, shape (B·h, Tq), for the atomic backward (the split one
+    computes D in its dQ kernel)."""
     pid_bh = tl.program_id(0)
     off_b = (pid_bh // n_heads).to(tl.int64)
     off_h = (pid_bh % n_heads).to(tl.int64)
@@ -594,10 +597,11 @@ def _bwd_q_loop(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, of
                      "BLOCK_M", "BLOCK_N", "SEQ_Q_BUCKET", "SEQ_K_BUCKET")})
 @triton.jit
 def _flash_bwd_dq_kernel(
-    Q, K, V, DO, DQ, LSE, DELTA,
+    Q, K, V, O, DO, DQ, LSE, DELTA,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
     n_heads, seq_q, seq_k, qk_scale, sm_scale, SEQ_Q_BUCKET, SEQ_K_BUCKET, BH_BUCKET,
@@ -623,7 +627,14 @@ def _flash_bwd_dq_kernel(
                + offs_d[None, :] * stride_dod, offs_m, seq_q, offs_d, HEAD_DIM, True, PAD_D)
     row = pid_bh.to(tl.int64) * seq_q + offs_m
     lse2 = tl.load(LSE + row, mask=offs_m < seq_q, other=0.0) * 1.4426950408889634
-    delta = tl.load(DELTA + row, mask=offs_m < seq_q, other=0.0)
+    # D = rowsum(O ∘ dO) of this tile's rows, here instead of in a pre-pass: the program ids
+    # (reversed or not) map one to one onto the cdiv(seq_q, BLOCK_M) query tiles, so each row of
+    # DELTA is written once, for the dK/dV kernel launched after this one. O is reduced as soon
+    # as it is loaded, so only the BLOCK_M-vector D stays live through the key loop, as before.
+    o = _load(O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om
+              + offs_d[None, :] * stride_od, offs_m, seq_q, offs_d, HEAD_DIM, True, PAD_D)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + row, delta, mask=offs_m < seq_q)
     k_ptrs = (K + off_b * stride_kb + off_h * stride_kh
               + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd)
     v_ptrs = (V + off_b * stride_vb + off_h * stride_vh
@@ -779,25 +790,26 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     delta = _alloc((b, h, tq), torch.float32, q.device)
     dk = _alloc((b, h, tk, d), k.dtype, k.device)
     dv = _alloc((b, h, tk, d), v.dtype, v.device)
-    pre_block = 32 if INTERPRET else 128
     common = (h, tq, tk, sm_scale * LOG2E, sm_scale)
     with _on_device(q):
-        _flash_bwd_preprocess[(b * h, triton.cdiv(tq, pre_block))](
-            o, do, delta, *o.stride(), *do.stride(), h, tq, HEAD_DIM=d,
-            BLOCK_D=args["BLOCK_D"], BLOCK_M=pre_block)
         kv_grid = lambda meta: (b * h, triton.cdiv(tk, meta["BLOCK_N"]))  # noqa: E731
         if mode == "split":
+            # dQ first: it also writes delta, which the dK/dV kernel (same stream) then reads.
             dq = _alloc((b, h, tq, d), q.dtype, q.device)
+            q_grid = lambda meta: (b * h, triton.cdiv(tq, meta["BLOCK_M"]))  # noqa: E731
+            compiled = _flash_bwd_dq_kernel[q_grid](
+                q, k, v, o, do, dq, lse, delta, *q.stride(), *k.stride(), *v.stride(),
+                *o.stride(), *do.stride(), *dq.stride(), *common, **args)
+            _record("_flash_bwd_dq_kernel", compiled)
             compiled = _flash_bwd_dkdv_kernel[kv_grid](
                 q, k, v, do, dk, dv, dq, lse, delta, *q.stride(), *k.stride(), *v.stride(),
                 *do.stride(), *dk.stride(), *dq.stride(), *common, **args)
             _record("_flash_bwd_dkdv_kernel", compiled)
-            q_grid = lambda meta: (b * h, triton.cdiv(tq, meta["BLOCK_M"]))  # noqa: E731
-            compiled = _flash_bwd_dq_kernel[q_grid](
-                q, k, v, do, dq, lse, delta, *q.stride(), *k.stride(), *v.stride(),
-                *do.stride(), *dq.stride(), *common, **args)
-            _record("_flash_bwd_dq_kernel", compiled)
-        else:
+        else:  # one kernel, which needs all of delta before it starts: a pre-pass computes it
+            pre_block = 32 if INTERPRET else 128
+            _flash_bwd_preprocess[(b * h, triton.cdiv(tq, pre_block))](
+                o, do, delta, *o.stride(), *do.stride(), h, tq, HEAD_DIM=d,
+                BLOCK_D=args["BLOCK_D"], BLOCK_M=pre_block)
             tma = _tma_reduce_available(q)
             # with TMA the fp32 accumulator is padded to BLOCK_D columns: one box per tile
             dq_acc = torch.zeros((b, h, tq, args["BLOCK_D"] if tma else d), dtype=torch.float32,

@@ -142,6 +142,36 @@ def test_backward_variants_agree(gen):
 
 
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("backward", fa.BACKWARD_MODES)
+def test_backward_writes_every_row_of_delta(gen, monkeypatch, is_causal, backward):
+    """D = rowsum(O∘dO), written by the split backward's dQ programs (the atomic one's pre-pass),
+    fills its NaN-poisoned buffer with the right values, and dK, dV read from it match the
+    reference. Odd lengths (partial tiles), padded d_head, and O with strides unlike dO's."""
+    b, h, tq, tk, d = 2, 2, 97, 113, 24
+    q, do = randn(gen, b, h, tq, d), randn(gen, b, h, tq, d)
+    k, v = randn(gen, b, h, tk, d), randn(gen, b, h, tk, d)
+    o, lse = fa.flash_forward(q, k, v, is_causal)
+    o = o.transpose(1, 2).contiguous().transpose(1, 2)  # stored (B, Tq, h, d): strides differ
+    buffers, poisoned = [], fa._alloc
+
+    def alloc(shape, dtype, device):
+        buffers.append(poisoned(shape, dtype, device))
+        return buffers[-1]
+
+    monkeypatch.setattr(fa, "_alloc", alloc)
+    grads = fa.flash_backward(q, k, v, o, lse, do, is_causal, mode=backward)
+    (delta,) = [t for t in buffers if t.shape == (b, h, tq)]  # the backward's only (B, h, Tq) buffer
+    msg = f"seed {gen.initial_seed()}"
+    assert max_err(delta, (o.double() * do.double()).sum(-1), "delta") < 1e-5, msg
+    kw = dict(is_causal=is_causal)
+    torch_own = run_attention(naive_o, q, k, v, do, **kw)[1:]
+    exact = run_attention(naive_o, q.double(), k.double(), v.double(), do.double(), **kw)[1:]
+    for name, g, t, e in zip(("dq", "dk", "dv"), grads, torch_own, exact):
+        err, bar = max_err(g, e, name), max_err(t, e, name)
+        assert err <= 2 * bar + ATOL[torch.float32], f"{name}: {err:.2e} vs torch's {bar:.2e}; {msg}"
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("blocks", [(16, 16), (32, 16), (16, 48)])
 def test_tiled_reference_matches_naive(gen, is_causal, blocks):
     """The readable PyTorch version of the algorithm: same o, lse and gradients as the formula."""
