@@ -47,7 +47,9 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
     out_root = Path(out)
     if spec.nsys and not under_nsys:
         nsys = nsystool.find_nsys(nsys_path)
-        target = runner.new_run_dir(out_root, prep)
+        # --run-dir (the sweep gives each cell its own) holds for a run under nsys too
+        target = Path(run_dir) if run_dir else runner.new_run_dir(out_root, prep)
+        target.mkdir(parents=True, exist_ok=True)
         record = _run_under_nsys(nsys, target, spec, nsys_args, quiet)
     else:
         target = Path(run_dir) if run_dir else runner.new_run_dir(out_root, prep)

@@ -149,3 +149,33 @@ def test_analyze_bad_run_dir(tmp_path):
     (tmp_path / "run.json").write_text("{not json")
     proc = cli("runs", str(tmp_path), module="lmprof.analyze")
     assert proc.returncode == 2 and "not a readable run.json" in proc.stderr
+
+
+def test_nsys_run_writes_into_the_given_run_dir(monkeypatch, tmp_path):
+    """``--run-dir`` (how a sweep places each cell) holds for ``--nsys`` runs too: the nsys child
+    writes there, not into a fresh directory under --out (it did: every nsys cell of a sweep then
+    ended as ERROR with no output). nsys itself is replaced: this machine has no GPU."""
+    import dataclasses
+
+    from lmprof import nsystool
+    from lmprof.capture import cli as capture_cli
+    from lmprof.capture import runner
+
+    real_prepare = runner.prepare
+    monkeypatch.setattr(runner, "prepare",
+                        lambda spec: real_prepare(dataclasses.replace(spec, nsys=False)))
+    monkeypatch.setattr(nsystool, "find_nsys", lambda path: "nsys")
+    seen = []
+
+    def under_nsys(nsys, target, spec, nsys_args, quiet):
+        seen.append(target)
+        return {"status": "OK"}
+
+    monkeypatch.setattr(capture_cli, "_run_under_nsys", under_nsys)
+    run_dir = tmp_path / "cell" / "here"
+    out = tmp_path / "out"
+    result = CliRunner().invoke(capture, ["run", *TINY, "--nsys", "--run-dir", str(run_dir),
+                                          "--out", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert seen == [run_dir] and run_dir.is_dir()
+    assert not out.exists()
