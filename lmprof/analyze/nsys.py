@@ -18,7 +18,7 @@ Differences between nsys versions are absorbed here and nowhere else:
 - NVTX text is inline (``NVTX_EVENTS.text``) or registered (``textId`` -> ``StringIds``);
 - the event-type ids of NVTX ranges are read from ``ENUM_NSYS_EVENT_TYPE`` when present.
 
-Loaded tables (prefixed ``_``; the documented views are built by ``lmprof.analyze.attribution``):
+Loaded tables (prefixed ``_``; the documented views are built by ``lmprof.analyze.trace``):
 ``_strings``, ``_kernels``, ``_runtime``, ``_nvtx_events``, ``_memcpy``, ``_memset``, ``gpus``,
 ``session``.
 """
