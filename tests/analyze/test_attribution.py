@@ -184,12 +184,14 @@ def test_attribution_matches_containment_on_random_nesting(seed):
     assert all(r["level"] is None and r["parent_id"] is None
                for r in ranges if r["style"] == "StartEnd")
     # GPU ops and their launching calls, as nsys.load leaves them: op ids number kernels, then
-    # memcpy, then memset, each in table order; a call matches by (process, correlation id)
+    # memcpy, then memset, each by export row (1..n here); a call matches by (process,
+    # correlation id)
     con.execute("CREATE TABLE _kernels (start_ns BIGINT, end_ns BIGINT, device_stream BIGINT, "
-                "correlation_id BIGINT, global_pid BIGINT, name_id BIGINT)")
+                "correlation_id BIGINT, global_pid BIGINT, name_id BIGINT, export_row BIGINT)")
     for table in ("_memcpy", "_memset"):
         con.execute(f"CREATE TABLE {table} (start_ns BIGINT, end_ns BIGINT, device_id INTEGER, "
-                    "stream_id INTEGER, correlation_id BIGINT, global_pid BIGINT)")
+                    "stream_id INTEGER, correlation_id BIGINT, global_pid BIGINT, "
+                    "export_row BIGINT)")
     con.execute("CREATE TABLE _runtime (start_ns BIGINT, global_tid BIGINT, "
                 "correlation_id BIGINT, name_id BIGINT)")
     ops, by_kind = [], {"kernel": [], "memcpy": [], "memset": []}
@@ -198,10 +200,10 @@ def test_attribution_matches_containment_on_random_nesting(seed):
         if t is not None:
             con.execute("INSERT INTO _runtime VALUES (?, ?, ?, 0)", [t, tid, corr])
     for kind, table in (("kernel", "_kernels"), ("memcpy", "_memcpy"), ("memset", "_memset")):
-        for corr, pid in by_kind[kind]:
+        for row, (corr, pid) in enumerate(by_kind[kind], 1):
             ops.append((len(ops), launches[corr][1], launches[corr][2]))
-            values = "0, 1, 0, ?, ?, 1" if kind == "kernel" else "0, 1, 0, 0, ?, ?"
-            con.execute(f"INSERT INTO {table} VALUES ({values})", [corr, pid])
+            values = "0, 1, 0, ?, ?, 1, ?" if kind == "kernel" else "0, 1, 0, 0, ?, ?, ?"
+            con.execute(f"INSERT INTO {table} VALUES ({values})", [corr, pid, row])
     for thread_rule in (False, True):
         sqlfile.run(con, "attribution_timeline", thread_rule=thread_rule)
         sqlfile.run(con, "attribution", thread_rule=thread_rule)

@@ -195,3 +195,33 @@ def test_a_load_error_wins_over_beside(tmp_path):
 
     with pytest.raises(UserError, match="malformed|corrupt|not a readable"):
         nsys.load(duckdb.connect(), path, beside=beside)
+
+
+def test_op_ids_follow_the_exports_row_ids(tmp_path):
+    """GPU ops are numbered by the export's rowid (kernels, then memcpy, then memset), whatever
+    order the tables load in; with gaps in the row ids (rows deleted) every id stays unique and
+    the kernels / memops views still find each op's own row."""
+    path = writable_copy(tmp_path)
+    edit(path, "DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid % 7 = 3",
+         "DELETE FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE rowid % 5 = 1")
+    src = sqlite3.connect(path)
+    kernels = src.execute("SELECT rowid - 1, start, correlationId FROM "
+                          "CUPTI_ACTIVITY_KIND_KERNEL").fetchall()
+    k_max = src.execute("SELECT max(rowid) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    m_max = src.execute("SELECT coalesce(max(rowid), 0) FROM CUPTI_ACTIVITY_KIND_MEMCPY"
+                        ).fetchone()[0]
+    memcpy = src.execute(f"SELECT rowid - 1 + {k_max}, start, bytes FROM "
+                         "CUPTI_ACTIVITY_KIND_MEMCPY").fetchall()
+    memset = src.execute(f"SELECT rowid - 1 + {k_max + m_max}, start, bytes FROM "
+                         "CUPTI_ACTIVITY_KIND_MEMSET").fetchall()
+    src.close()
+    assert memcpy and memset and len(kernels) < k_max
+    t = trace.prepare(duckdb.connect(), path, trace.Options())
+    con = t.use()
+    assert sorted(con.execute("SELECT op_id, start_ns, correlation_id FROM kernels").fetchall()) \
+        == sorted(kernels)
+    got = con.execute("SELECT g.op_id, g.start_ns, m.bytes FROM memops m "
+                      "JOIN gpu_ops g USING (op_id) ORDER BY g.kind, g.op_id").fetchall()
+    assert got == sorted(memcpy) + sorted(memset)
+    ids = con.execute("SELECT count(*), count(DISTINCT op_id) FROM gpu_ops").fetchall()[0]
+    assert ids == (len(kernels) + len(memcpy) + len(memset),) * 2

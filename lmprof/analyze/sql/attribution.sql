@@ -1,7 +1,8 @@
 -- Attribution of GPU work to NVTX ranges, through the CUDA call that launched it.
 --
 -- gpu_ops: every kernel, memcpy and memset, one row each (kept narrow: millions of rows).
---   op_id            BIGINT   kernels first (in _kernels order), then memcpy, then memset
+--   op_id            BIGINT   from the export's row ids: kernel export_row - 1, then memcpy after
+--                             the largest kernel row, then memset (_op_offsets)
 --   kind             ENUM     'kernel' | 'memcpy' | 'memset'
 --   name_id          BIGINT   kernel_names.name_id of a kernel (NULL for memory ops)
 --   start_ns, end_ns BIGINT   GPU execution window, session clock (ns)
@@ -33,19 +34,27 @@
 
 -- Each op with its launching call (correlation id within the process) and the last state at or
 -- before the launch, in one statement: no per-op aggregate, no (op, thread) rows.
+-- op_id = the op's export row id - 1 + its kind's offset (the export's row ids are positive, and
+-- are 1..n in the exports seen, which makes op ids 0..n-1 in export order): tables can load in any
+-- order and still give the same ids.
+CREATE OR REPLACE TABLE _op_offsets AS
+SELECT k.n AS memcpy_offset, k.n + m.n AS memset_offset
+FROM (SELECT coalesce(max(export_row), 0) AS n FROM _kernels) k,
+     (SELECT coalesce(max(export_row), 0) AS n FROM _memcpy) m;
+
 CREATE OR REPLACE TABLE gpu_ops AS
 WITH o AS (
-    SELECT rowid AS op_id, 'kernel' AS kind, name_id, start_ns, end_ns,
+    SELECT export_row - 1 AS op_id, 'kernel' AS kind, name_id, start_ns, end_ns,
            CAST(device_stream & 65535 AS INTEGER) AS device_id,
            CAST(device_stream >> 16 AS INTEGER) AS stream_id, correlation_id, global_pid
     FROM _kernels
     UNION ALL
-    SELECT rowid + (SELECT count(*) FROM _kernels), 'memcpy', NULL, start_ns, end_ns, device_id,
-           stream_id, correlation_id, global_pid
+    SELECT export_row - 1 + (SELECT memcpy_offset FROM _op_offsets), 'memcpy', NULL, start_ns,
+           end_ns, device_id, stream_id, correlation_id, global_pid
     FROM _memcpy
     UNION ALL
-    SELECT rowid + (SELECT count(*) FROM _kernels) + (SELECT count(*) FROM _memcpy), 'memset',
-           NULL, start_ns, end_ns, device_id, stream_id, correlation_id, global_pid
+    SELECT export_row - 1 + (SELECT memset_offset FROM _op_offsets), 'memset', NULL, start_ns,
+           end_ns, device_id, stream_id, correlation_id, global_pid
     FROM _memset
 ), launched AS (
     SELECT o.*, r.start_ns AS launch_start_ns, r.global_tid AS launch_global_tid,

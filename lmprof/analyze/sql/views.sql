@@ -29,7 +29,7 @@ SELECT g.op_id, n.name, n.short_name, n.kernel_class, g.start_ns, g.end_ns, g.du
        CAST((k.resources >> 8) & 16777215 AS INTEGER) AS static_smem_bytes,
        CAST(k.resources >> 32 AS INTEGER) AS dynamic_smem_bytes
 FROM gpu_ops g
-JOIN _kernels k ON k.rowid = g.op_id
+JOIN _kernels k ON k.export_row - 1 = g.op_id
 JOIN kernel_names n ON n.name_id = g.name_id
 LEFT JOIN _runtime rt
   ON rt.correlation_id = k.correlation_id AND (rt.global_tid >> 24) = (k.global_pid >> 24)
@@ -39,12 +39,12 @@ WHERE g.kind = 'kernel';
 
 CREATE OR REPLACE VIEW memops AS
 WITH m AS (
-    SELECT rowid + (SELECT count(*) FROM _kernels) AS op_id, bytes, copy_kind, correlation_id,
-           global_pid
+    SELECT export_row - 1 + (SELECT memcpy_offset FROM _op_offsets) AS op_id, bytes, copy_kind,
+           correlation_id, global_pid
     FROM _memcpy
     UNION ALL
-    SELECT rowid + (SELECT count(*) FROM _kernels) + (SELECT count(*) FROM _memcpy), bytes,
-           NULL, correlation_id, global_pid
+    SELECT export_row - 1 + (SELECT memset_offset FROM _op_offsets), bytes, NULL,
+           correlation_id, global_pid
     FROM _memset
 )
 SELECT g.op_id, CAST(g.kind AS VARCHAR) AS kind,
