@@ -248,7 +248,8 @@ def _sorted(table: Any, keys: list[str]) -> Any:
     return Table(table.columns, table.types, rows)
 
 
-def _size_context(trace: Trace) -> dict[str, Any]:
+def size_context(trace: Trace) -> dict[str, Any]:
+    """A cross-run row's labels: run, model size, context length (from run.json)."""
     c = (trace.record or {}).get("config") or {}
     return {"run": trace.label, "size": c.get("size"), "context_length": c.get("context_length")}
 
@@ -258,7 +259,8 @@ def _column(table: Any, name: str) -> list:
     return [row[i] for row in table.rows]
 
 
-_ATTN_COLUMNS = ("softmax_ns", "matmul_ns", "time_ratio", "flop_ratio", "softmax_tflops",
+# softmax_vs_matmul's columns that the cross-run table keeps
+ATTN_COLUMNS = ("softmax_ns", "matmul_ns", "time_ratio", "flop_ratio", "softmax_tflops",
                  "matmul_tflops")
 
 
@@ -274,7 +276,7 @@ def cross_run(traces: list[Trace]) -> dict[str, Any] | None:
         if not isinstance(g, Table):
             return None
         pct = dict(zip(_column(g, "phase"), _column(g, "gemm_pct")))
-        gemm_rows.append({**_size_context(tr),
+        gemm_rows.append({**size_context(tr),
                           **{f"{p}_gemm_pct": nan if pct.get(p) is None else pct[p] for p in
                              ("inference", "forward", "backward", "optimizer", "step")}})
         if tr.count("nvtx_ranges"):
@@ -285,8 +287,8 @@ def cross_run(traces: list[Trace]) -> dict[str, Any] | None:
                 r = dict(zip(a.columns, row))
                 if r["phase"] not in ("forward", "inference"):
                     continue
-                attn_rows.append({**_size_context(tr), "phase": r["phase"],
-                                  **{k: nan if r[k] is None else r[k] for k in _ATTN_COLUMNS}})
+                attn_rows.append({**size_context(tr), "phase": r["phase"],
+                                  **{k: nan if r[k] is None else r[k] for k in ATTN_COLUMNS}})
     order = ["size", "context_length", "run"]
     out = {}
     for name, rows in (("gemm_fraction_by_run", gemm_rows),

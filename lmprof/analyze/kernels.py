@@ -8,7 +8,7 @@ renders without pandas); the SQL lives in ``lmprof/analyze/sql/<table>.sql``.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -58,17 +58,14 @@ def softmax_vs_matmul(trace: Trace) -> pd.DataFrame:
     return kt.softmax_vs_matmul(trace).df()
 
 
-_FUNCTIONS: dict[str, Callable[..., pd.DataFrame]] = {
-    "phase_timing": phase_timing, "top_kernels": top_kernels,
-    "top_non_gemm_kernels": lambda t, top=10: top_kernels(t, top, exclude_class="gemm"),
-    "gemm_fraction": gemm_fraction, "softmax_vs_matmul": softmax_vs_matmul,
-    "class_breakdown": class_breakdown, "gpu_idle": gpu_idle, "ranges": range_summary,
-    "range_kernels": range_kernels,
-}
+def _as_frame(fn: Callable[..., kt.Result]) -> Callable[..., pd.DataFrame]:
+    return lambda trace, **kwargs: fn(trace, **kwargs).df()
+
+
 # name -> (function, needs NVTX ranges, note for markdown). Order is the order of output.
 TABLES: dict[str, tuple[Callable[..., pd.DataFrame], bool, str]] = {
-    name: (_FUNCTIONS[name], needs_ranges, note)
-    for name, (_, needs_ranges, note) in kt.TABLES.items()}
+    name: (_as_frame(fn), needs_ranges, note)
+    for name, (fn, needs_ranges, note) in kt.TABLES.items()}
 # (a)-(f) of the kernel analysis; the nsys-style per-range tables are asked for by name.
 DEFAULT_TABLES = kt.DEFAULT_TABLES
 
@@ -98,29 +95,20 @@ def several_reports(traces: list[Trace], names: tuple[str, ...] = DEFAULT_TABLES
     return out, notes
 
 
-def _size_context(trace: Trace) -> dict[str, Any]:
-    c = (trace.record or {}).get("config") or {}
-    return {"run": trace.label, "size": c.get("size"), "context_length": c.get("context_length")}
-
-
 def cross_run(traces: list[Trace]) -> dict[str, pd.DataFrame]:
     """GEMM fraction and softmax/matmul ratios by model size × context length, one row per run."""
     gemm_rows, attn_rows = [], []
     for tr in traces:
         g = gemm_fraction(tr).set_index("phase")["gemm_pct"]
-        gemm_rows.append({**_size_context(tr),
+        gemm_rows.append({**kt.size_context(tr),
                           **{f"{p}_gemm_pct": g.get(p, np.nan) for p in
                              ("inference", "forward", "backward", "optimizer", "step")}})
         if tr.count("nvtx_ranges"):
             a = softmax_vs_matmul(tr)
             a = a[a["phase"].isin(["forward", "inference"])]
             for _, row in a.iterrows():
-                attn_rows.append({**_size_context(tr), "phase": row["phase"],
-                                  "softmax_ns": row["softmax_ns"], "matmul_ns": row["matmul_ns"],
-                                  "time_ratio": row["time_ratio"],
-                                  "flop_ratio": row["flop_ratio"],
-                                  "softmax_tflops": row["softmax_tflops"],
-                                  "matmul_tflops": row["matmul_tflops"]})
+                attn_rows.append({**kt.size_context(tr), "phase": row["phase"],
+                                  **{k: row[k] for k in kt.ATTN_COLUMNS}})
     order = ["size", "context_length", "run"]
     gemm = pd.DataFrame(gemm_rows)
     attn = pd.DataFrame(attn_rows)

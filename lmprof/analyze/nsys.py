@@ -2,9 +2,9 @@
 
 The export is attached read-only through DuckDB's ``sqlite_scanner`` extension (``ATTACH ...
 (TYPE sqlite, READ_ONLY)``) and each needed column is copied once into a DuckDB table by DuckDB's
-own parallel scan (insertion order is not kept during the load: it would serialise the scan; each
-GPU-op row carries its SQLite rowid as ``export_row`` instead): 4-5x faster than streaming rows through Python's ``sqlite3`` and Arrow
-(bench/results/kernels.md). The extension comes from the PyPI wheel
+own parallel scan (insertion order is not kept during the load: it would serialise the scan;
+each GPU-op row carries its SQLite rowid as ``export_row`` instead): 4-5x faster than streaming
+rows through Python's ``sqlite3`` and Arrow (bench/results/kernels.md). The extension comes from the PyPI wheel
 ``duckdb-extension-sqlite-scanner``, whose version must equal DuckDB's (both are pinned); it is
 loaded from the installed package, never downloaded. The small metadata reads (which tables and
 columns exist, the NVTX event-type enum, the session row) use Python's ``sqlite3``, opened
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import duckdb
 
-from lmprof.analyze.sqlfile import insert_rows
+from lmprof.analyze.sqlfile import insert_rows, literal
 from lmprof.errors import UserError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -215,19 +215,15 @@ def _scanner_file() -> Path:
 def _attach(duck: duckdb.DuckDBPyConnection, path: Path) -> None:
     ext = _scanner_file()
     try:
-        duck.execute(f"LOAD '{_quote(str(ext))}'")
+        duck.execute(f"LOAD {literal(str(ext))}")
     except duckdb.Error as exc:
         raise UserError(f"cannot load DuckDB's sqlite scanner ({ext}): "
                         f"{_first_line(exc)}") from None
     try:
-        duck.execute(f"ATTACH '{_quote(str(path.resolve()))}' AS {_SRC} (TYPE sqlite, READ_ONLY)")
+        duck.execute(f"ATTACH {literal(str(path.resolve()))} AS {_SRC} (TYPE sqlite, READ_ONLY)")
     except duckdb.Error as exc:
         raise UserError(f"{str(path)!r} is not a readable SQLite database: "
                         f"{_first_line(exc)}") from None
-
-
-def _quote(text: str) -> str:
-    return text.replace("'", "''")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -91,8 +91,7 @@ def configure(con: duckdb.DuckDBPyConnection, temp_dir: str | Path | None) -> No
     con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
     if temp_dir is not None:
         # our own temp folder, as a literal: DuckDB imports pandas for any bound parameter
-        literal = str(temp_dir).replace("'", "''")
-        con.execute(f"SET temp_directory = '{literal}'")
+        con.execute(f"SET temp_directory = {sqlfile.literal(str(temp_dir))}")
 
 
 def _classify_names(con: duckdb.DuckDBPyConnection) -> None:

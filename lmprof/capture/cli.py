@@ -45,15 +45,13 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
     spec = spec_from_kwargs(kwargs)
     prep = runner.prepare(spec)
     out_root = Path(out)
-    if spec.nsys and not under_nsys:
-        nsys = nsystool.find_nsys(nsys_path)
-        # --run-dir (the sweep gives each cell its own) holds for a run under nsys too
-        target = Path(run_dir) if run_dir else runner.new_run_dir(out_root, prep)
-        target.mkdir(parents=True, exist_ok=True)
+    nsys = nsystool.find_nsys(nsys_path) if spec.nsys and not under_nsys else None
+    # --run-dir (the sweep gives each cell its own) holds for every run, under nsys or not
+    target = Path(run_dir) if run_dir else runner.new_run_dir(out_root, prep)
+    target.mkdir(parents=True, exist_ok=True)
+    if nsys is not None:
         record = _run_under_nsys(nsys, target, spec, nsys_args, quiet)
     else:
-        target = Path(run_dir) if run_dir else runner.new_run_dir(out_root, prep)
-        target.mkdir(parents=True, exist_ok=True)
         hooks = runner.Hooks()
         if under_nsys:
             hooks.before_measured.append(nsys_mod.profiler_start)

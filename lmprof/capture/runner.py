@@ -312,4 +312,5 @@ def execute(prep: Prepared, run_dir: Path, hooks: Hooks, progress: bool) -> dict
 
 
 def new_run_dir(out: Path, prep: Prepared) -> Path:
-    return rundir.create_run_dir(out, prep.spec.label or rundir.run_label({"config": prep.spec.to_dict()}, sep="-"))
+    label = prep.spec.label or rundir.run_label({"config": prep.spec.to_dict()}, sep="-")
+    return rundir.create_run_dir(out, label)

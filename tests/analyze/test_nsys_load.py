@@ -109,18 +109,23 @@ def test_truncated_export(tmp_path, cut):
         nsys.load(duckdb.connect(), path)
 
 
-def test_corrupt_pages(tmp_path):
+def _corrupt_kernel_table(tmp_path):
+    """A copy of the fixture whose kernel table's b-tree root page is scribbled over."""
     path = writable_copy(tmp_path)
     con = sqlite3.connect(path)
     page = con.execute("PRAGMA page_size").fetchone()[0]
     root = con.execute("SELECT rootpage FROM sqlite_master "
                        "WHERE name = 'CUPTI_ACTIVITY_KIND_KERNEL'").fetchone()[0]
     con.close()
-    with open(path, "r+b") as fh:  # scribble over the kernel table's b-tree root page
+    with open(path, "r+b") as fh:
         fh.seek((root - 1) * page)
         fh.write(b"\xff" * page)
+    return path
+
+
+def test_corrupt_pages(tmp_path):
     with pytest.raises(UserError, match="malformed|corrupt|not a readable"):
-        nsys.load(duckdb.connect(), path)
+        nsys.load(duckdb.connect(), _corrupt_kernel_table(tmp_path))
 
 
 def test_launch_configuration_round_trips(process_trace):
@@ -180,21 +185,11 @@ def test_beside_errors_reach_the_caller():
 
 def test_a_load_error_wins_over_beside(tmp_path):
     """A kernel table that cannot be read is the error reported, even when ``beside`` failed."""
-    path = writable_copy(tmp_path)
-    con = sqlite3.connect(path)
-    page = con.execute("PRAGMA page_size").fetchone()[0]
-    root = con.execute("SELECT rootpage FROM sqlite_master "
-                       "WHERE name = 'CUPTI_ACTIVITY_KIND_KERNEL'").fetchone()[0]
-    con.close()
-    with open(path, "r+b") as fh:
-        fh.seek((root - 1) * page)
-        fh.write(b"\xff" * page)
-
     def beside():
         raise ValueError("from beside")
 
     with pytest.raises(UserError, match="malformed|corrupt|not a readable"):
-        nsys.load(duckdb.connect(), path, beside=beside)
+        nsys.load(duckdb.connect(), _corrupt_kernel_table(tmp_path), beside=beside)
 
 
 def test_op_ids_follow_the_exports_row_ids(tmp_path):
