@@ -8,6 +8,7 @@ kernels`` fetches the results as rows (``lmprof.render.Table``) and never import
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import duckdb
@@ -139,26 +140,68 @@ DEFAULT_TABLES = tuple(t for t in TABLES if t not in ("ranges", "range_kernels")
 NO_RANGES_NOTE = "No NVTX ranges in this report: nothing to attribute by range."
 
 
+# Tables computed one after another on one connection (a lane); lanes run at once, each on its
+# own cursor. The three kernel-group tables share _kernel_groups (built by the first that needs
+# it; two connections creating it at once would conflict); every other table is independent.
+_LANES = (("top_kernels", "top_non_gemm_kernels", "class_breakdown"), ("softmax_vs_matmul",))
+
+
+# Tables that read phase_instances, which prepare may have deferred (Trace.ready builds it): the
+# lane holding them builds it while the other lanes compute theirs.
+_READS_PHASE_INSTANCES = ("phase_timing", "gpu_idle")
+
+
+def _lanes(names: tuple[str, ...]) -> list[list[str]]:
+    lanes = [[n for n in lane if n in names] for lane in _LANES]
+    lanes.append([n for n in names if not any(n in lane for lane in _LANES)])
+    return [lane for lane in lanes if lane]
+
+
 def results(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | None = 10,
             fetch: Callable[[Result], Any] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """The named tables of one trace, each ``fetch``ed from its executed result (``None``: as
     ``lmprof.render.Table``), and their notes; a phase table of a report without NVTX ranges is
-    ``None`` (no columns, no rows) and its note says why."""
+    ``None`` (no columns, no rows) and its note says why.
+
+    Independent tables are computed at once on separate cursors (``_LANES``): a table's query
+    reads a few hundred thousand rows, which DuckDB splits into few tasks, so on a machine with
+    many cores one query at a time leaves most of them idle."""
     if fetch is None:
         from lmprof.render import Table
 
         fetch = Table.fetch
     has_ranges = trace.count("nvtx_ranges") > 0
-    out, notes = {}, {}
-    for name in names:
-        fn, needs_ranges, note = TABLES[name]
+    out: dict[str, Any] = {}
+
+    def compute(t: Trace, name: str) -> None:
+        if name in _READS_PHASE_INSTANCES:
+            t.ready()
+        fn, needs_ranges, _ = TABLES[name]
         if needs_ranges and not has_ranges:
             out[name] = None
-            notes[name] = NO_RANGES_NOTE
-            continue
-        out[name] = fetch(fn(trace, top=top) if name.startswith("top_") else fn(trace))
-        notes[name] = note
-    return out, notes
+        else:
+            out[name] = fetch(fn(t, top=top) if name.startswith("top_") else fn(t))
+
+    def lane(names_in_lane: list[str]) -> None:
+        cur = trace.con.cursor()
+        try:
+            for name in names_in_lane:
+                compute(dataclasses.replace(trace, con=cur), name)
+        finally:
+            cur.close()
+
+    lanes = _lanes(tuple(names))
+    if len(lanes) == 1:
+        for name in lanes[0]:
+            compute(trace, name)
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(lanes), thread_name_prefix="lmprof-table") as pool:
+            for future in [pool.submit(lane, names_in_lane) for names_in_lane in lanes]:
+                future.result()  # re-raises a lane's error
+    notes = {name: NO_RANGES_NOTE if out[name] is None else TABLES[name][2] for name in names}
+    return {name: out[name] for name in names}, notes
 
 
 # --- several reports: per-run tables with a run column, cross-run tables, without pandas ------

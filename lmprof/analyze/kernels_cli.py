@@ -69,9 +69,12 @@ def _options(attribution: str, phase_ranges: tuple[str, ...], softmax_ranges: tu
 
 
 @contextlib.contextmanager
-def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: str | None):
+def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: str | None,
+                defer: bool = False):
     """Load every REPORT into one DuckDB (schema main for one report, r1..rN for several);
-    yields (connection, traces) and closes the connection and its spill directory after."""
+    yields (connection, traces) and closes the connection and its spill directory after.
+    ``defer``: one report's phase_instances is built by the tables that read it (beside the
+    others, see kernel_tables.results) or by ``Trace.ready`` before the database is kept."""
     from lmprof.analyze import db as dbmod
     from lmprof.analyze.nsys import resolve_report
     from lmprof.analyze.trace import configure
@@ -81,19 +84,20 @@ def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: st
         con = dbmod.connect(db)
         try:
             configure(con, spill)
-            yield con, _prepare_all(con, resolved, options)
+            yield con, _prepare_all(con, resolved, options, defer)
         finally:
             con.close()
 
 
-def _prepare_all(con, resolved, options):
+def _prepare_all(con, resolved, options, defer=False):
     from lmprof.analyze.sqlfile import insert_rows
     from lmprof.analyze.trace import prepare
 
     traces = []
     for i, (path, record) in enumerate(resolved, 1):
         schema = "main" if len(resolved) == 1 else f"r{i}"
-        traces.append(prepare(con, path, options, schema=schema, record=record))
+        traces.append(prepare(con, path, options, schema=schema, record=record,
+                              defer_phase_instances=defer and len(resolved) == 1))
     if len(traces) > 1:
         con.execute("USE main")
         con.execute("CREATE OR REPLACE TABLE main.reports (schema_name VARCHAR, source VARCHAR, "
@@ -127,12 +131,13 @@ def kernels_cmd(reports, attribution, phase_ranges, softmax_ranges, matmul_range
     from lmprof.render import Table, emit
 
     options = _options(attribution, phase_ranges, softmax_ranges, matmul_ranges)
-    with open_traces(reports, options, db, nsys_path) as (_, traces):
+    with open_traces(reports, options, db, nsys_path, defer=True) as (_, traces):
         from lmprof.analyze import kernel_tables
 
         names = tuple(table_names) or kernel_tables.DEFAULT_TABLES
         if len(traces) == 1:
             tables, notes = kernel_tables.results(traces[0], names, top)
+            traces[0].ready()  # phase_instances, if no table asked for it (--db keeps it)
             tables = {name: Table([], [], []) if t is None else t for name, t in tables.items()}
         else:
             tables, notes = _several_reports(traces, names, top)

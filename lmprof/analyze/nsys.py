@@ -230,13 +230,13 @@ def _first_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:300]
 
 
-def _load_table(sq: sqlite3.Connection, duck: duckdb.DuckDBPyConnection, target: str,
-                source: str, columns: list[Column], tail: str, present: set[str],
-                path: Path) -> int:
+def _table_sql(sq: sqlite3.Connection, target: str, source: str, columns: list[Column],
+               tail: str, present: set[str]) -> str:
+    """The statement that creates ``target`` from the export (empty, same columns, where the
+    export has no ``source`` table)."""
     if source not in present:
         cols = ", ".join(f"CAST(NULL AS {c.type}) AS {c.name}" for c in columns)
-        duck.execute(f"CREATE OR REPLACE TABLE {target} AS SELECT {cols} LIMIT 0")
-        return 0
+        return f"CREATE OR REPLACE TABLE {target} AS SELECT {cols} LIMIT 0"
     have = _columns(sq, source)
     exprs = []
     for c in columns:
@@ -246,19 +246,31 @@ def _load_table(sq: sqlite3.Connection, duck: duckdb.DuckDBPyConnection, target:
             src = next((s for s in c.sources if s in have), None)
             expr = f'"{src}"' if src else "NULL"
         exprs.append(f"CAST({expr} AS {c.type}) AS {c.name}")
-    sql = (f'CREATE OR REPLACE TABLE {target} AS SELECT {", ".join(exprs)} '
-           f'FROM {_SRC}."{source}" {tail}')
+    return (f'CREATE OR REPLACE TABLE {target} AS SELECT {", ".join(exprs)} '
+            f'FROM {_SRC}."{source}" {tail}')
+
+
+def _run_load(duck: duckdb.DuckDBPyConnection, export: Export, target: str, sql: str,
+              path: Path) -> None:
+    source = TABLES[target][0]
+    t0 = time.perf_counter()
     try:
         duck.execute(sql)
-        return duck.execute(f"SELECT count(*) FROM {target}").fetchall()[0][0]
+        export.rows[target] = duck.execute(f"SELECT count(*) FROM {target}").fetchall()[0][0]
     except duckdb.Error as exc:
         raise UserError(f"{str(path)!r}: cannot read table {source}: {_first_line(exc)}") \
             from None
+    export.load_s[target] = time.perf_counter() - t0
 
 
 # Loaded first: what the NVTX range analysis reads (with the session row), so that it can run
 # beside the load of the GPU-side tables (``load``'s ``beside``).
 _NVTX_TABLES = ("_strings", "_nvtx_events")
+# The GPU-side tables load on two connections at once: the kernels (the largest table) on one,
+# the rest on the other. DuckDB runs each scan on its shared thread pool; two at once keep more
+# cores busy than one where a table has few row groups or its scan starts and ends serially.
+_LANES = (("_kernels",),
+          tuple(t for t in TABLES if t not in _NVTX_TABLES and t != "_kernels"))
 
 
 class _Beside:
@@ -285,10 +297,12 @@ def load(duck: duckdb.DuckDBPyConnection, path: str | Path,
          beside: Callable[[], None] | None = None) -> Export:
     """Load the columns the analyses need from the export at ``path`` into ``duck``.
 
-    The NVTX events, strings and the ``session`` row load first; then ``beside`` (if given) runs
-    in a thread while the kernels, runtime calls and the rest load, one table at a time as
-    without it. It must use its own connection (``duck.cursor()``) and read only those first
-    tables. ``load`` returns after it has finished, and raises what it raised.
+    The NVTX events, strings and the ``session`` row load first; then the kernels on one
+    connection and the other GPU-side tables (runtime calls, memcpy, memset, ...) on a second
+    load at once, and ``beside`` (if given) runs in a third thread meanwhile. It must use its own
+    connection (``duck.cursor()``) and read only those first tables. ``load`` returns after
+    everything has finished; it raises the load's first error (by table order), else what
+    ``beside`` raised. Tables go into ``duck``'s current schema.
     """
     path = Path(path)
     sq = open_readonly(path)
@@ -301,32 +315,46 @@ def load(duck: duckdb.DuckDBPyConnection, path: str | Path,
         export = Export(path=path, tables=present)
         types = _nvtx_types(sq, present)
         nvtx_types = ", ".join(str(int(types[k])) for k in sorted(types))
+        # every statement is written here, with sqlite3 on this thread; the lanes only run them
+        sql = {target: _table_sql(sq, target, source, columns,
+                                  tail.format(nvtx_types=nvtx_types), present)
+               for target, (source, columns, tail) in TABLES.items()}
+        schema = duck.execute("SELECT current_schema()").fetchall()[0][0]
         _attach(duck, path)
         # Rows need not keep the export's order (op ids come from export_row), and without it
         # DuckDB scans a table on every core instead of one (x1000 kernels: 2.3 -> 1.1 s on 2).
         keep_order = duck.execute("SELECT current_setting('preserve_insertion_order')"
                                   ).fetchall()[0][0]
         duck.execute("SET preserve_insertion_order = false")
-        order = [*_NVTX_TABLES, *(t for t in TABLES if t not in _NVTX_TABLES)]
-        helper = None
+        helpers: list[_Beside] = []
         try:
-            for i, target in enumerate(order):
-                if i == len(_NVTX_TABLES):
-                    _load_session(sq, duck, present, types, path)
-                    if beside is not None:
-                        helper = _Beside(beside)
-                source, columns, tail = TABLES[target]
-                t0 = time.perf_counter()
-                export.rows[target] = _load_table(sq, duck, target, source, columns,
-                                                  tail.format(nvtx_types=nvtx_types), present,
-                                                  path)
-                export.load_s[target] = time.perf_counter() - t0
-            if helper is not None:
-                helper, running = None, helper
+            for target in _NVTX_TABLES:
+                _run_load(duck, export, target, sql[target], path)
+            _load_session(sq, duck, present, types, path)
+            if beside is not None:
+                helpers.append(_Beside(beside))
+
+            def lane(targets: tuple[str, ...]) -> None:
+                cur = duck.cursor()
+                try:
+                    cur.execute(f"USE {schema}")
+                    for target in targets:
+                        _run_load(cur, export, target, sql[target], path)
+                finally:
+                    cur.close()
+
+            lanes = [_Beside(lambda targets=targets: lane(targets)) for targets in _LANES]
+            for running in lanes:
+                running.join(reraise=False)
+            for running in lanes:
+                if running.error is not None:
+                    raise running.error
+            for running in helpers:
                 running.join()
+            helpers = []
         except BaseException:
-            if helper is not None:
-                helper.join(reraise=False)  # the load's own error is the one to report
+            for running in helpers:
+                running.join(reraise=False)  # the load's own error is the one to report
             raise
         finally:
             duck.execute(f"SET preserve_insertion_order = {'true' if keep_order else 'false'}")

@@ -10,6 +10,8 @@ second connection) and attributes every GPU operation to ranges (``sql/attributi
 from __future__ import annotations
 
 import re
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,6 +54,21 @@ class Options:
                                 f"{', '.join((STEP, *PHASES))}")
 
 
+class Deferred:
+    """Work that ``prepare`` left for later (``defer_phase_instances``): done once, by the first
+    caller of ``Trace.ready``, whichever connection (cursor) of the database it passes."""
+
+    def __init__(self, fn: Callable[[duckdb.DuckDBPyConnection], None]) -> None:
+        self._fn: Callable[[duckdb.DuckDBPyConnection], None] | None = fn
+        self._lock = threading.Lock()
+
+    def __call__(self, con: duckdb.DuckDBPyConnection) -> None:
+        with self._lock:
+            if self._fn is not None:
+                self._fn(con)
+                self._fn = None
+
+
 @dataclass
 class Trace:
     """A prepared export: the connection, the DuckDB schema holding its tables, its run.json."""
@@ -63,6 +80,14 @@ class Trace:
     record: dict[str, Any] | None
     export: nsys.Export
     label: str = field(default="")
+    deferred: Deferred | None = None  # phase_instances, when prepare was told to defer it
+
+    def ready(self) -> duckdb.DuckDBPyConnection:
+        """``use()``, after building what ``prepare`` deferred (``phase_instances``)."""
+        con = self.use()
+        if self.deferred is not None:
+            self.deferred(con)
+        return con
 
     def use(self) -> duckdb.DuckDBPyConnection:
         self.con.execute(f"USE {self.schema}")
@@ -82,6 +107,11 @@ class Trace:
 # DuckDB may use this much memory before it spills to its temp directory; keeps a x1000 export
 # (4.3M kernels) under 1.3 GB peak at no measured cost in time.
 MEMORY_LIMIT = "1GB"
+
+
+# attribution_timeline.sql: a key whose states put more rows than this into one time bucket is
+# attributed by an ASOF join instead of the bucket join (each of its ops would meet that many rows)
+MAX_BUCKET_ROWS = 64
 
 
 def configure(con: duckdb.DuckDBPyConnection, temp_dir: str | Path | None) -> None:
@@ -126,9 +156,25 @@ def _phase_table(con: duckdb.DuckDBPyConnection, options: Options) -> None:
                         list(options.phase_ranges))
 
 
+def attribute(con: duckdb.DuckDBPyConnection, thread_rule: bool) -> None:
+    """``gpu_ops`` and ``op_ranges`` (``sql/attribution.sql``), once ``attribution_timeline.sql``
+    has run: ops of crowded keys get their state by ASOF join (``attribution_crowded.sql``),
+    only where there are such keys; then the timeline's working tables are dropped."""
+    sqlfile.run(con, "attribution", thread_rule=thread_rule)
+    if con.execute("SELECT count(*) FROM _attr_grid WHERE crowded").fetchall()[0][0]:
+        sqlfile.run(con, "attribution_crowded", thread_rule=thread_rule)
+    for table in ("_attr_timeline", "_attr_buckets", "_attr_grid"):
+        con.execute(f"DROP TABLE {table}")
+
+
 def prepare(con: duckdb.DuckDBPyConnection, path: Path, options: Options, schema: str = "main",
-            record: dict[str, Any] | None = None) -> Trace:
-    """Load ``path`` (an nsys SQLite export) into ``schema`` and attribute its GPU work."""
+            record: dict[str, Any] | None = None, defer_phase_instances: bool = False) -> Trace:
+    """Load ``path`` (an nsys SQLite export) into ``schema`` and attribute its GPU work.
+
+    With ``defer_phase_instances`` the ``phase_instances`` table is built by the first
+    ``Trace.ready()`` instead (``kernel_tables.results`` builds it on one cursor while other
+    tables are computed on others); a caller that defers must call ``ready()`` before the
+    database is used otherwise."""
     if not _SCHEMA_NAME.match(schema):
         raise ValueError(f"bad schema name {schema!r}")
     con.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
@@ -143,17 +189,21 @@ def prepare(con: duckdb.DuckDBPyConnection, path: Path, options: Options, schema
             cur.execute(f"USE {schema}")
             _phase_table(cur, options)
             sqlfile.run(cur, "ranges")
-            sqlfile.run(cur, "attribution_timeline", thread_rule=thread_rule)
+            sqlfile.run(cur, "attribution_timeline", thread_rule=thread_rule,
+                        max_bucket_rows=MAX_BUCKET_ROWS)
         finally:
             cur.close()
 
     export = nsys.load(con, path, beside=ranges_and_timeline)
     _classify_names(con)
-    sqlfile.run(con, "attribution", thread_rule=thread_rule)
-    sqlfile.run(con, "phase_instances")
+    attribute(con, thread_rule)
+    deferred = Deferred(lambda c: sqlfile.run(c, "phase_instances"))
+    if not defer_phase_instances:
+        deferred(con)
+        deferred = None
     sqlfile.run(con, "views")
     if record is None:
         record = rundir.find_run_for(path)
     label = rundir.run_label(record) if record else path.parent.name or path.name
     return Trace(con=con, schema=schema, path=path, options=options, record=record,
-                 export=export, label=label)
+                 export=export, label=label, deferred=deferred)

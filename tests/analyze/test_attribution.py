@@ -133,14 +133,17 @@ def _brute_force_attribution(ranges, ops, thread_rule):
     return pairs, attrib
 
 
+@pytest.mark.parametrize("max_bucket_rows", [64, 0], ids=["buckets", "asof"])
 @pytest.mark.parametrize("seed", range(12))
-def test_attribution_matches_containment_on_random_nesting(seed):
+def test_attribution_matches_containment_on_random_nesting(seed, max_bucket_rows):
     """The ASOF/ancestor-chain attribution equals plain interval containment: several threads and
     processes, ranges pushed or popped at the same instant, zero-length and unterminated ranges,
-    start/end ranges, launches on threads without ranges or not traced."""
+    start/end ranges, launches on threads without ranges or not traced. Both ways of finding an
+    op's state: time buckets, and the ASOF join that crowded keys fall back to (every key is
+    crowded at max_bucket_rows=0)."""
     import random
 
-    from lmprof.analyze import sqlfile
+    from lmprof.analyze import sqlfile, trace
 
     rng = random.Random(seed)
     tids = [(7 << 24) + 1, (7 << 24) + 2, (9 << 24) + 3]
@@ -164,7 +167,7 @@ def test_attribution_matches_containment_on_random_nesting(seed):
             a = rng.randint(0, 60)
             events.append((60, a, a + rng.randint(0, 20), tid, rng.choice(names)))
     # each op: (kind, launch time or None = launch not traced, launching thread)
-    launches = [(rng.choice(["kernel", "memcpy", "memset"]), rng.choice([None, *range(70)]),
+    launches = [(rng.choice(["kernel", "memcpy", "memset"]), rng.choice([None, *range(70), 199, 200, 250]),
                  rng.choice([*tids, (9 << 24) + 4])) for _ in range(200)]
 
     con = duckdb.connect()
@@ -205,8 +208,11 @@ def test_attribution_matches_containment_on_random_nesting(seed):
             values = "0, 1, 0, ?, ?, 1, ?" if kind == "kernel" else "0, 1, 0, 0, ?, ?, ?"
             con.execute(f"INSERT INTO {table} VALUES ({values})", [corr, pid, row])
     for thread_rule in (False, True):
-        sqlfile.run(con, "attribution_timeline", thread_rule=thread_rule)
-        sqlfile.run(con, "attribution", thread_rule=thread_rule)
+        sqlfile.run(con, "attribution_timeline", thread_rule=thread_rule,
+                    max_bucket_rows=max_bucket_rows)
+        crowded = con.execute("SELECT bool_and(crowded) FROM _attr_grid").fetchone()[0]
+        assert crowded is None or crowded == (max_bucket_rows == 0)
+        trace.attribute(con, thread_rule)
         pairs, attrib = _brute_force_attribution(ranges, ops, thread_rule)
         got_pairs = con.execute("SELECT op_id, range_id FROM op_ranges").fetchall()
         assert len(got_pairs) == len(set(got_pairs))

@@ -29,8 +29,9 @@
 -- ASOF join with that timeline (the last state at or before its launch) and no aggregate: no
 -- join of every op with every range or every thread.
 
--- The states (_attr_states, _attr_members, _attr_timeline) and _range_chain come from
--- attribution_timeline.sql, run before this file.
+-- The states (_attr_states, _attr_members, _attr_timeline, _attr_buckets, _attr_grid) and
+-- _range_chain come from attribution_timeline.sql, run before this file; after it,
+-- attribution_crowded.sql where a key is crowded (trace.attribute runs the three).
 
 -- Each op with its launching call (correlation id within the process) and the last state at or
 -- before the launch, in one statement: no per-op aggregate, no (op, thread) rows.
@@ -71,8 +72,12 @@ SELECT l.op_id,
        CAST(p.phase AS ENUM('forward', 'backward', 'optimizer', 'inference')) AS phase,
        s.phase_range_id, s.step_range_id
 FROM launched l
-ASOF LEFT JOIN _attr_timeline s ON s.key = l.key AND s.t <= l.launch_start_ns
+LEFT JOIN _attr_grid g ON g.key = l.key
+LEFT JOIN _attr_buckets s
+  ON s.key = l.key AND s.bucket = least((l.launch_start_ns - g.t0) // g.width, g.last_bucket)
+ AND l.launch_start_ns >= s.t AND l.launch_start_ns < s.t_next
 LEFT JOIN nvtx_ranges p ON p.range_id = s.phase_range_id;
+
 
 -- Keys with a state of several members (several threads with push/pop ranges in a process, or
 -- start/end ranges): only their ops need their state again to list every enclosing range.
@@ -103,5 +108,4 @@ JOIN _attr_members m ON m.state_id = s.state_id AND m.range_id <> k.range_id
 JOIN _range_chain c ON c.range_id = m.range_id
 WHERE c.anc_start_ns <= k.launch_start_ns AND c.anc_end_ns > k.launch_start_ns;
 
-DROP TABLE _attr_timeline;
 DROP TABLE IF EXISTS _kernel_groups;  -- kernel_groups.sql's cache, of the previous gpu_ops
