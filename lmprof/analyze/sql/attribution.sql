@@ -45,16 +45,19 @@ FROM (SELECT coalesce(max(export_row), 0) AS n FROM _kernels) k,
 
 CREATE OR REPLACE TABLE gpu_ops AS
 WITH o AS (
-    SELECT export_row - 1 AS op_id, 'kernel' AS kind, name_id, start_ns, end_ns,
+    SELECT export_row - 1 AS op_id, CAST('kernel' AS ENUM('kernel', 'memcpy', 'memset')) AS kind,
+           name_id, start_ns, end_ns,
            CAST(device_stream & 65535 AS INTEGER) AS device_id,
            CAST(device_stream >> 16 AS INTEGER) AS stream_id, correlation_id, global_pid
     FROM _kernels
     UNION ALL
-    SELECT export_row - 1 + (SELECT memcpy_offset FROM _op_offsets), 'memcpy', NULL, start_ns,
+    SELECT export_row - 1 + (SELECT memcpy_offset FROM _op_offsets),
+           CAST('memcpy' AS ENUM('kernel', 'memcpy', 'memset')), NULL, start_ns,
            end_ns, device_id, stream_id, correlation_id, global_pid
     FROM _memcpy
     UNION ALL
-    SELECT export_row - 1 + (SELECT memset_offset FROM _op_offsets), 'memset', NULL, start_ns,
+    SELECT export_row - 1 + (SELECT memset_offset FROM _op_offsets),
+           CAST('memset' AS ENUM('kernel', 'memcpy', 'memset')), NULL, start_ns,
            end_ns, device_id, stream_id, correlation_id, global_pid
     FROM _memset
 ), launched AS (
@@ -65,19 +68,16 @@ WITH o AS (
       ON r.correlation_id = o.correlation_id AND (r.global_tid >> 24) = (o.global_pid >> 24)
 )
 SELECT l.op_id,
-       CAST(l.kind AS ENUM('kernel', 'memcpy', 'memset')) AS kind,
+       l.kind,
        l.name_id, l.start_ns, l.end_ns, l.end_ns - l.start_ns AS dur_ns,
        l.device_id, l.stream_id, l.launch_start_ns, l.launch_global_tid,
        s.range_id,
-       CAST(p.phase AS ENUM('forward', 'backward', 'optimizer', 'inference')) AS phase,
-       s.phase_range_id, s.step_range_id
+       s.phase, s.phase_range_id, s.step_range_id
 FROM launched l
 LEFT JOIN _attr_grid g ON g.key = l.key
 LEFT JOIN _attr_buckets s
   ON s.key = l.key AND s.bucket = least((l.launch_start_ns - g.t0) // g.width, g.last_bucket)
- AND l.launch_start_ns >= s.t AND l.launch_start_ns < s.t_next
-LEFT JOIN nvtx_ranges p ON p.range_id = s.phase_range_id;
-
+ AND l.launch_start_ns >= s.t AND l.launch_start_ns < s.t_next;
 
 -- Keys with a state of several members (several threads with push/pop ranges in a process, or
 -- start/end ranges): only their ops need their state again to list every enclosing range.

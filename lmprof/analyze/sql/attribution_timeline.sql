@@ -126,8 +126,10 @@ SELECT s.key,
        unnest(range((s.t - g.t0) // g.width,
                     coalesce((s.t_next - 1 - g.t0) // g.width, g.last_bucket) + 1)) AS bucket,
        s.t, coalesce(s.t_next, 9223372036854775807) AS t_next,
-       s.range_id, s.phase_range_id, s.step_range_id
+       s.range_id, CAST(p.phase AS ENUM('forward', 'backward', 'optimizer', 'inference')) AS phase,
+       s.phase_range_id, s.step_range_id
 FROM s JOIN _attr_grid g USING (key)
+LEFT JOIN nvtx_ranges p ON p.range_id = s.phase_range_id
 WHERE s.members > 0;
 
 UPDATE _attr_grid SET crowded = TRUE
