@@ -142,8 +142,9 @@ NO_RANGES_NOTE = "No NVTX ranges in this report: nothing to attribute by range."
 
 # Tables computed one after another on one connection (a lane); lanes run at once, each on its
 # own cursor. The three kernel-group tables share _kernel_groups (built by the first that needs
-# it; two connections creating it at once would conflict); every other table is independent.
-_LANES = (("top_kernels", "top_non_gemm_kernels", "class_breakdown"), ("softmax_vs_matmul",))
+# it; two connections creating it at once would conflict); the two that read phase_instances
+# share its deferred build; every other table is a lane of its own.
+_LANES = (("top_kernels", "top_non_gemm_kernels", "class_breakdown"), ("phase_timing", "gpu_idle"))
 
 
 # Tables that read phase_instances, which prepare may have deferred (Trace.ready builds it): the
@@ -153,7 +154,7 @@ _READS_PHASE_INSTANCES = ("phase_timing", "gpu_idle")
 
 def _lanes(names: tuple[str, ...]) -> list[list[str]]:
     lanes = [[n for n in lane if n in names] for lane in _LANES]
-    lanes.append([n for n in names if not any(n in lane for lane in _LANES)])
+    lanes += [[n] for n in dict.fromkeys(names) if not any(n in lane for lane in _LANES)]
     return [lane for lane in lanes if lane]
 
 

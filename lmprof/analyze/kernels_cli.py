@@ -137,7 +137,8 @@ def kernels_cmd(reports, attribution, phase_ranges, softmax_ranges, matmul_range
         names = tuple(table_names) or kernel_tables.DEFAULT_TABLES
         if len(traces) == 1:
             tables, notes = kernel_tables.results(traces[0], names, top)
-            traces[0].ready()  # phase_instances, if no table asked for it (--db keeps it)
+            if db:
+                traces[0].ready()  # phase_instances, if no table asked for it: --db keeps it
             tables = {name: Table([], [], []) if t is None else t for name, t in tables.items()}
         else:
             tables, notes = _several_reports(traces, names, top)

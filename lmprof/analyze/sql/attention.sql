@@ -25,14 +25,16 @@ WITH part_ranges AS (
     FROM nvtx_ranges r
     JOIN _attention_ranges a ON a.name = regexp_replace(r.name, '_[0-9]+$', '')
 ), part_ops AS (
-    SELECT p.part, o.op_id, min(p.range_id) AS range_id
-    FROM op_ranges o JOIN part_ranges p USING (range_id)
-    GROUP BY ALL
+    SELECT p.part, o.op_id, min(p.range_id) AS range_id, any_value(o.phase) AS phase,
+           any_value(o.dur_ns) AS dur_ns
+    FROM _op_ranges_wide o JOIN part_ranges p USING (range_id)
+    WHERE o.kind = 'kernel'
+    GROUP BY p.part, o.op_id
 ), part_kernels AS (
-    SELECT coalesce(CAST(g.phase AS VARCHAR), '(none)') AS phase, p.part, count(DISTINCT p.range_id) AS ranges,
-           count(*) AS kernels, CAST(sum(g.dur_ns) AS BIGINT) AS dur_ns
-    FROM part_ops p JOIN gpu_ops g USING (op_id)
-    WHERE g.kind = 'kernel'
+    SELECT coalesce(CAST(phase AS VARCHAR), '(none)') AS phase, part,
+           count(DISTINCT range_id) AS ranges, count(*) AS kernels,
+           CAST(sum(dur_ns) AS BIGINT) AS dur_ns
+    FROM part_ops
     GROUP BY ALL
 ), parts AS (
 SELECT phase,

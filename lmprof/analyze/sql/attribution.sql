@@ -87,25 +87,29 @@ SELECT DISTINCT key FROM _attr_timeline WHERE members > 1;
 CREATE OR REPLACE TABLE _attr_rule AS
 SELECT CASE WHEN $thread_rule THEN 0 ELSE 24 END AS key_shift;  -- key = global_tid >> key_shift
 
--- A view: the per-range tables and softmax_vs_matmul read it. The ranges open at an op's launch
--- are the ancestors-or-self of its state's members. One member is the op's range_id (the
--- largest), so only ops of keys with several members in a state look their state up again.
+-- Views: the per-range tables and softmax_vs_matmul read _op_ranges_wide (each pair with the
+-- op's kind, kernel name, duration and phase: no second join with gpu_ops). The ranges open at an
+-- op's launch are the ancestors-or-self of its state's members. One member is the op's range_id
+-- (the largest), so only ops of keys with several members in a state look their state up again.
 -- Different members have disjoint ancestor chains (a push/pop range's ancestors are on its
 -- thread; a start/end range has none): no pair comes twice. The containment test is a safeguard.
-CREATE OR REPLACE VIEW op_ranges AS
-SELECT g.op_id, c.anc_id AS range_id
+CREATE OR REPLACE VIEW _op_ranges_wide AS
+SELECT g.op_id, c.anc_id AS range_id, g.kind, g.name_id, g.dur_ns, g.phase
 FROM gpu_ops g JOIN _range_chain c ON c.range_id = g.range_id
 WHERE c.anc_start_ns <= g.launch_start_ns AND c.anc_end_ns > g.launch_start_ns
 UNION ALL
-SELECT k.op_id, c.anc_id
+SELECT k.op_id, c.anc_id, k.kind, k.name_id, k.dur_ns, k.phase
 FROM (
-    SELECT op_id, range_id, launch_start_ns, key
+    SELECT op_id, range_id, launch_start_ns, key, kind, name_id, dur_ns, phase
     FROM (SELECT *, launch_global_tid >> (SELECT key_shift FROM _attr_rule) AS key FROM gpu_ops)
     WHERE key IN (SELECT key FROM _attr_multi_keys)
 ) k
-ASOF JOIN _attr_states s ON s.key = k.key AND s.t <= k.launch_start_ns
+ASOF JOIN (SELECT * FROM _attr_states WHERE key IN (SELECT key FROM _attr_multi_keys)) s
+  ON s.key = k.key AND s.t <= k.launch_start_ns  -- (filtered: nothing to sort without such keys)
 JOIN _attr_members m ON m.state_id = s.state_id AND m.range_id <> k.range_id
 JOIN _range_chain c ON c.range_id = m.range_id
 WHERE c.anc_start_ns <= k.launch_start_ns AND c.anc_end_ns > k.launch_start_ns;
+
+CREATE OR REPLACE VIEW op_ranges AS SELECT op_id, range_id FROM _op_ranges_wide;
 
 DROP TABLE IF EXISTS _kernel_groups;  -- kernel_groups.sql's cache, of the previous gpu_ops

@@ -11,21 +11,43 @@
 --   avg_ns, med_ns, min_ns, max_ns, std_ns   per launch (ns); std is the sample deviation
 --   name           VARCHAR  demangled kernel name
 
-WITH attributed AS (
-    SELECT r.domain || ':' || r.name AS range, r.style, r.pid, r.tid, o.range_id, g.name_id,
-           g.dur_ns
-    FROM op_ranges o JOIN nvtx_ranges r USING (range_id) JOIN gpu_ops g USING (op_id)
-    WHERE g.kind = 'kernel'
-    UNION ALL
-    SELECT '', '', CAST((g.launch_global_tid >> 24) & 16777215 AS INTEGER),
-           CAST(g.launch_global_tid & 16777215 AS INTEGER), NULL, g.name_id, g.dur_ns
-    FROM gpu_ops g
+-- Grouped by integer keys (a range key per (range, style, pid, tid) from nvtx_ranges' 31k-row
+-- scale, a name key per kernel name), the texts joined to the few result rows afterwards.
+
+WITH range_keys AS (
+    SELECT range_id, domain || ':' || name AS range, style, pid, tid,
+           dense_rank() OVER (ORDER BY domain || ':' || name, style, pid, tid) AS rkey
+    FROM nvtx_ranges
+), name_keys AS (
+    SELECT name_id, name, dense_rank() OVER (ORDER BY name) AS nkey FROM kernel_names
+), in_ranges AS (
+    SELECT k.rkey, n.nkey, count(DISTINCT o.range_id) AS range_instances, count(*) AS instances,
+           CAST(sum(o.dur_ns) AS BIGINT) AS total_ns, avg(o.dur_ns) AS avg_ns,
+           median(o.dur_ns) AS med_ns, min(o.dur_ns) AS min_ns, max(o.dur_ns) AS max_ns,
+           coalesce(stddev_samp(o.dur_ns), 0) AS std_ns
+    FROM _op_ranges_wide o JOIN range_keys k USING (range_id) JOIN name_keys n USING (name_id)
+    WHERE o.kind = 'kernel'
+    GROUP BY k.rkey, n.nkey
+), outside AS (
+    SELECT CAST((g.launch_global_tid >> 24) & 16777215 AS INTEGER) AS pid,
+           CAST(g.launch_global_tid & 16777215 AS INTEGER) AS tid, n.nkey,
+           0 AS range_instances, count(*) AS instances,
+           CAST(sum(g.dur_ns) AS BIGINT) AS total_ns, avg(g.dur_ns) AS avg_ns,
+           median(g.dur_ns) AS med_ns, min(g.dur_ns) AS min_ns, max(g.dur_ns) AS max_ns,
+           coalesce(stddev_samp(g.dur_ns), 0) AS std_ns
+    FROM gpu_ops g JOIN name_keys n USING (name_id)
     WHERE g.kind = 'kernel' AND g.range_id IS NULL
+    GROUP BY ALL
+), rows AS (
+    SELECT k.range, k.style, k.pid, k.tid, i.range_instances, i.instances, i.total_ns, i.avg_ns,
+           i.med_ns, i.min_ns, i.max_ns, i.std_ns, i.nkey
+    FROM in_ranges i JOIN (SELECT DISTINCT rkey, range, style, pid, tid FROM range_keys) k
+      USING (rkey)
+    UNION ALL
+    SELECT '', '', pid, tid, range_instances, instances, total_ns, avg_ns, med_ns, min_ns, max_ns, std_ns, nkey
+    FROM outside
 )
-SELECT a.range, a.style, a.pid, a.tid, count(DISTINCT a.range_id) AS range_instances,
-       count(*) AS instances, CAST(sum(a.dur_ns) AS BIGINT) AS total_ns, avg(a.dur_ns) AS avg_ns,
-       median(a.dur_ns) AS med_ns, min(a.dur_ns) AS min_ns, max(a.dur_ns) AS max_ns,
-       coalesce(stddev_samp(a.dur_ns), 0) AS std_ns, n.name
-FROM attributed a JOIN kernel_names n USING (name_id)
-GROUP BY a.range, a.style, a.pid, a.tid, n.name
-ORDER BY a.range, total_ns DESC, n.name;
+SELECT r.range, r.style, r.pid, r.tid, r.range_instances, r.instances, r.total_ns, r.avg_ns,
+       r.med_ns, r.min_ns, r.max_ns, r.std_ns, n.name
+FROM rows r JOIN (SELECT DISTINCT nkey, name FROM name_keys) n USING (nkey)
+ORDER BY r.range, r.total_ns DESC, n.name;

@@ -11,11 +11,16 @@
 --   kernels        BIGINT   kernels attributed to its instances
 --   kernel_ns      BIGINT   their summed duration (ns)
 
-WITH ops AS (
-    SELECT r.domain || ':' || r.name AS range, r.style, count(*) AS gpu_ops,
-           count(*) FILTER (WHERE g.kind = 'kernel') AS kernels,
-           CAST(coalesce(sum(g.dur_ns) FILTER (WHERE g.kind = 'kernel'), 0) AS BIGINT) AS kernel_ns
-    FROM op_ranges o JOIN nvtx_ranges r USING (range_id) JOIN gpu_ops g USING (op_id)
+WITH per_range AS (  -- per range instance first (integer key), then per name
+    SELECT range_id, count(*) AS gpu_ops, count(*) FILTER (WHERE kind = 'kernel') AS kernels,
+           sum(dur_ns) FILTER (WHERE kind = 'kernel') AS kernel_ns
+    FROM _op_ranges_wide
+    GROUP BY range_id
+), ops AS (
+    SELECT r.domain || ':' || r.name AS range, r.style, CAST(sum(p.gpu_ops) AS BIGINT) AS gpu_ops,
+           CAST(sum(p.kernels) AS BIGINT) AS kernels,
+           CAST(coalesce(sum(p.kernel_ns), 0) AS BIGINT) AS kernel_ns
+    FROM per_range p JOIN nvtx_ranges r USING (range_id)
     GROUP BY ALL
 ), ranges AS (
     SELECT domain || ':' || name AS range, style, count(*) AS instances,
