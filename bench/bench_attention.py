@@ -9,7 +9,8 @@
    True); o.sum().backward()``): forward, backward, end to end for each backward variant of the
    kernel and each SDPA backend, with the targets: fwd+bwd < 5.364 ms (CS336 leaderboard best),
    ≤ SDPA default (cuDNN), ≥ 1.3× SDPA's FlashAttention-2 backend.
-4. seq 1k–32k at d_head 64 and 128 (batch·seq = 16384, heads·d = 2048): speed-up over SDPA flash.
+4. seq 1k–32k at d_head 64 and 128 (batch·seq = 16384, heads·d = 2048): speed-up over SDPA flash,
+   with the configuration each kernel ran with at that shape (the autotuner's pick).
 5. Autotuning at the leaderboard shape: each kernel's chosen configuration and its fastest
    configurations with their times (from Triton's ``configs_timings``).
 6. The compiler's view of each kernel as compiled for the leaderboard shape (autotuned config, registers, spills,
@@ -232,12 +233,18 @@ def main() -> None:
                     row = cap.run_bench_cell(impl, b_, h_, t_, d_, torch.bfloat16, True, device)
                     cell[f"{impl}_ms"] = row.get("e2e_ms")
                     cell[f"{impl}_tflops"] = row.get("e2e_tflops")
+                    if impl.startswith("flash"):  # the configurations this shape ran with
+                        cell[f"{impl}_configs"] = {
+                            name: _config_name(tuner.best_config)
+                            for name, tuner in AUTOTUNED.items()
+                            if getattr(tuner, "best_config", None) is not None}
                 for impl in impls:
                     if cell.get(f"{impl}_ms") and cell.get("sdpa-flash_ms"):
                         cell[f"{impl}_vs_sdpa-flash"] = cell["sdpa-flash_ms"] / cell[f"{impl}_ms"]
                 sweep.append(cell)
                 print(f"  d={d_} T={t_}: " + ", ".join(
-                    f"{i} {cell.get(f'{i}_ms')}" for i in impls + ["sdpa-flash"]),
+                    f"{i} {cell.get(f'{i}_ms')}" for i in impls + ["sdpa-flash"])
+                      + "; " + "; ".join(f"{i} configs {cell.get(f'{i}_configs')}" for i in impls),
                       file=sys.stderr, flush=True)
         print("\n## causal bf16 fwd+bwd, batch·seq = 16384, heads·d = 2048 (target ≥ 1.3× sdpa-flash)\n")
         cols = ["d", "seq"] + [f"{i}_ms" for i in impls + ["sdpa-flash", "sdpa-default"]] + \
