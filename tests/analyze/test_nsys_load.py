@@ -109,13 +109,12 @@ def test_truncated_export(tmp_path, cut):
         nsys.load(duckdb.connect(), path)
 
 
-def _corrupt_kernel_table(tmp_path):
-    """A copy of the fixture whose kernel table's b-tree root page is scribbled over."""
+def _corrupt_table(tmp_path, table="CUPTI_ACTIVITY_KIND_KERNEL"):
+    """A copy of the fixture whose ``table``'s b-tree root page is scribbled over."""
     path = writable_copy(tmp_path)
     con = sqlite3.connect(path)
     page = con.execute("PRAGMA page_size").fetchone()[0]
-    root = con.execute("SELECT rootpage FROM sqlite_master "
-                       "WHERE name = 'CUPTI_ACTIVITY_KIND_KERNEL'").fetchone()[0]
+    root = con.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", [table]).fetchone()[0]
     con.close()
     with open(path, "r+b") as fh:
         fh.seek((root - 1) * page)
@@ -123,9 +122,13 @@ def _corrupt_kernel_table(tmp_path):
     return path
 
 
-def test_corrupt_pages(tmp_path):
-    with pytest.raises(UserError, match="malformed|corrupt|not a readable"):
-        nsys.load(duckdb.connect(), _corrupt_kernel_table(tmp_path))
+# the kernels load on one connection, the runtime calls and memset rows on the other
+@pytest.mark.parametrize("table", ["CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
+                                   "CUPTI_ACTIVITY_KIND_MEMSET"])
+def test_corrupt_pages(tmp_path, table):
+    with pytest.raises(UserError, match=f"cannot read table {table}: .*malformed") as err:
+        nsys.load(duckdb.connect(), _corrupt_table(tmp_path, table))
+    assert "\n" not in str(err.value)
 
 
 def test_launch_configuration_round_trips(process_trace):
@@ -189,7 +192,7 @@ def test_a_load_error_wins_over_beside(tmp_path):
         raise ValueError("from beside")
 
     with pytest.raises(UserError, match="malformed|corrupt|not a readable"):
-        nsys.load(duckdb.connect(), _corrupt_kernel_table(tmp_path), beside=beside)
+        nsys.load(duckdb.connect(), _corrupt_table(tmp_path), beside=beside)
 
 
 def test_op_ids_follow_the_exports_row_ids(tmp_path):
