@@ -140,16 +140,14 @@ DEFAULT_TABLES = tuple(t for t in TABLES if t not in ("ranges", "range_kernels")
 NO_RANGES_NOTE = "No NVTX ranges in this report: nothing to attribute by range."
 
 
+# Tables that read phase_instances, which prepare may have deferred (Trace.ready builds it): the
+# lane holding them builds it while the other lanes compute theirs.
+_READS_PHASE_INSTANCES = ("phase_timing", "gpu_idle")
 # Tables computed one after another on one connection (a lane); lanes run at once, each on its
 # own cursor. The three kernel-group tables share _kernel_groups (built by the first that needs
 # it; two connections creating it at once would conflict); the two that read phase_instances
 # share its deferred build; every other table is a lane of its own.
-_LANES = (("top_kernels", "top_non_gemm_kernels", "class_breakdown"), ("phase_timing", "gpu_idle"))
-
-
-# Tables that read phase_instances, which prepare may have deferred (Trace.ready builds it): the
-# lane holding them builds it while the other lanes compute theirs.
-_READS_PHASE_INSTANCES = ("phase_timing", "gpu_idle")
+_LANES = (("top_kernels", "top_non_gemm_kernels", "class_breakdown"), _READS_PHASE_INSTANCES)
 
 
 def _lanes(names: tuple[str, ...]) -> list[list[str]]:

@@ -210,3 +210,28 @@ def test_mixes_pandas_would_unify_otherwise_are_left_to_pandas():
         is None
     stacked = _stack([Table(["a"], ["BIGINT"], [(1,)]), Table(["a"], ["DOUBLE"], [(None,)])])
     assert stacked.types == ["DOUBLE"] and stacked.rows == [(1.0,), (None,)]
+
+
+def test_tables_computed_at_once_equal_one_after_another(prepared, monkeypatch):
+    """kernel_tables.results runs its lanes on separate cursors; the tables are those of one
+    connection computed in order (a repeated name included), and a deferred phase_instances is
+    built once, by the lane that reads it."""
+    names = (*kernel_tables.TABLES, "top_kernels")
+    assert len(kernel_tables._lanes(names)) > 2
+    at_once, notes = kernel_tables.results(prepared, names, top=10)
+    monkeypatch.setattr(kernel_tables, "_lanes", lambda names: [list(dict.fromkeys(names))])
+    in_order, in_order_notes = kernel_tables.results(prepared, names, top=10)
+    assert list(at_once) == list(in_order) == list(dict.fromkeys(names)) and notes == in_order_notes
+    for name in at_once:
+        assert at_once[name].rows == in_order[name].rows, name
+
+    built = []
+    deferred = trace.Deferred(lambda con: built.append(
+        con.execute("SELECT count(*) FROM phase_instances").fetchall()[0][0]))
+    monkeypatch.undo()
+    lazy = trace.Trace(**{**vars(prepared), "deferred": deferred})
+    again, _ = kernel_tables.results(lazy, names, top=10)
+    assert len(built) == 1 and built[0] > 0  # once, though two tables read it
+    assert again["gpu_idle"].rows == in_order["gpu_idle"].rows
+    lazy.ready()
+    assert len(built) == 1
