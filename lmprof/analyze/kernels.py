@@ -16,6 +16,7 @@ import pandas as pd
 from lmprof.analyze import kernel_tables as kt
 from lmprof.analyze.trace import Trace
 
+
 def phase_timing(trace: Trace) -> pd.DataFrame:
     """(a) Per phase: NVTX wall time, GPU kernel time and span, busy %, launch rate, runner."""
     return kt.phase_timing(trace).df()

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import importlib.util
 import sqlite3
-import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -255,8 +255,7 @@ def _run_load(duck: duckdb.DuckDBPyConnection, export: Export, target: str, sql:
     source = TABLES[target][0]
     t0 = time.perf_counter()
     try:
-        duck.execute(sql)
-        export.rows[target] = duck.execute(f"SELECT count(*) FROM {target}").fetchall()[0][0]
+        export.rows[target] = duck.execute(sql).fetchall()[0][0]  # CREATE ... AS: its row count
     except duckdb.Error as exc:
         raise UserError(f"{str(path)!r}: cannot read table {source}: {_first_line(exc)}") \
             from None
@@ -271,26 +270,6 @@ _NVTX_TABLES = ("_strings", "_nvtx_events")
 # cores busy than one where a table has few row groups or its scan starts and ends serially.
 _LANES = (("_kernels",),
           tuple(t for t in TABLES if t not in _NVTX_TABLES and t != "_kernels"))
-
-
-class _Beside:
-    """``fn`` in a thread; ``join`` waits for it and re-raises what it raised."""
-
-    def __init__(self, fn: Callable[[], None]) -> None:
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(fn,), name="lmprof-beside-load")
-        self.thread.start()
-
-    def _run(self, fn: Callable[[], None]) -> None:
-        try:
-            fn()
-        except BaseException as exc:  # handed to the loading thread by join
-            self.error = exc
-
-    def join(self, reraise: bool = True) -> None:
-        self.thread.join()
-        if reraise and self.error is not None:
-            raise self.error
 
 
 def load(duck: duckdb.DuckDBPyConnection, path: str | Path,
@@ -326,13 +305,10 @@ def load(duck: duckdb.DuckDBPyConnection, path: str | Path,
         keep_order = duck.execute("SELECT current_setting('preserve_insertion_order')"
                                   ).fetchall()[0][0]
         duck.execute("SET preserve_insertion_order = false")
-        helpers: list[_Beside] = []
         try:
             for target in _NVTX_TABLES:
                 _run_load(duck, export, target, sql[target], path)
             _load_session(sq, duck, present, types, path)
-            if beside is not None:
-                helpers.append(_Beside(beside))
 
             def lane(targets: tuple[str, ...]) -> None:
                 cur = duck.cursor()
@@ -343,19 +319,13 @@ def load(duck: duckdb.DuckDBPyConnection, path: str | Path,
                 finally:
                     cur.close()
 
-            lanes = [_Beside(lambda targets=targets: lane(targets)) for targets in _LANES]
-            for running in lanes:
-                running.join(reraise=False)
-            for running in lanes:
-                if running.error is not None:
-                    raise running.error
-            for running in helpers:
-                running.join()
-            helpers = []
-        except BaseException:
-            for running in helpers:
-                running.join(reraise=False)  # the load's own error is the one to report
-            raise
+            with ThreadPoolExecutor(len(_LANES) + 1, thread_name_prefix="lmprof-load") as pool:
+                side = [pool.submit(beside)] if beside is not None else []
+                lanes = [pool.submit(lane, targets) for targets in _LANES]
+            # all have finished (leaving the pool waits): the load's own error first
+            for future in (*lanes, *side):
+                if future.exception() is not None:
+                    raise future.exception()
         finally:
             duck.execute(f"SET preserve_insertion_order = {'true' if keep_order else 'false'}")
             duck.execute(f"DETACH DATABASE IF EXISTS {_SRC}")

@@ -162,7 +162,7 @@ def attribute(con: duckdb.DuckDBPyConnection, thread_rule: bool) -> None:
     only where there are such keys; then the timeline's working tables are dropped."""
     sqlfile.run(con, "attribution", thread_rule=thread_rule)
     if con.execute("SELECT count(*) FROM _attr_grid WHERE crowded").fetchall()[0][0]:
-        sqlfile.run(con, "attribution_crowded", thread_rule=thread_rule)
+        sqlfile.run(con, "attribution_crowded")
     for table in ("_attr_timeline", "_attr_buckets", "_attr_grid"):
         con.execute(f"DROP TABLE {table}")
 
@@ -197,10 +197,11 @@ def prepare(con: duckdb.DuckDBPyConnection, path: Path, options: Options, schema
     export = nsys.load(con, path, beside=ranges_and_timeline)
     _classify_names(con)
     attribute(con, thread_rule)
-    deferred = Deferred(lambda c: sqlfile.run(c, "phase_instances"))
-    if not defer_phase_instances:
-        deferred(con)
-        deferred = None
+    deferred = None
+    if defer_phase_instances:
+        deferred = Deferred(lambda c: sqlfile.run(c, "phase_instances"))
+    else:
+        sqlfile.run(con, "phase_instances")
     sqlfile.run(con, "views")
     if record is None:
         record = rundir.find_run_for(path)

@@ -1,23 +1,19 @@
 -- Ops of crowded keys (attribution_timeline.sql: keys whose states put more than
 -- $max_bucket_rows rows into one time bucket) have no bucket rows, so attribution.sql left them
--- unattributed: their last state at or before the launch comes from an ASOF join instead.
+-- unattributed: their last state at or before the launch comes from an ASOF join instead
+-- (the key as attribution.sql's _attr_rule makes it).
 -- trace.attribute runs this only where a key is crowded (none in the traces seen).
 UPDATE gpu_ops
 SET range_id = x.range_id, phase = x.phase, phase_range_id = x.phase_range_id,
     step_range_id = x.step_range_id
 FROM (
-    SELECT c.op_id, s.range_id,
-           CAST(p.phase AS ENUM('forward', 'backward', 'optimizer', 'inference')) AS phase,
-           s.phase_range_id, s.step_range_id
+    SELECT c.op_id, s.range_id, s.phase, s.phase_range_id, s.step_range_id
     FROM (
-        SELECT op_id, launch_start_ns,
-               CASE WHEN $thread_rule THEN launch_global_tid ELSE launch_global_tid >> 24 END
-                   AS key
-        FROM gpu_ops
-        WHERE (CASE WHEN $thread_rule THEN launch_global_tid ELSE launch_global_tid >> 24 END)
-              IN (SELECT key FROM _attr_grid WHERE crowded)
+        SELECT op_id, launch_start_ns, key
+        FROM (SELECT op_id, launch_start_ns,
+                     launch_global_tid >> (SELECT key_shift FROM _attr_rule) AS key FROM gpu_ops)
+        WHERE key IN (SELECT key FROM _attr_grid WHERE crowded)
     ) c
     ASOF JOIN _attr_timeline s ON s.key = c.key AND s.t <= c.launch_start_ns
-    LEFT JOIN nvtx_ranges p ON p.range_id = s.phase_range_id
 ) x
 WHERE gpu_ops.op_id = x.op_id;

@@ -44,7 +44,7 @@ WITH instances AS (
 ), groups AS (
     SELECT phase_range_id, step_range_id,
            min(start_ns) AS first_start, max(start_ns) AS last_start, max(end_ns) AS last_end,
-           count(*) FILTER (WHERE end_ns < start_ns OR end_ns < covered_until) AS reversed,
+           count(*) FILTER (WHERE end_ns < start_ns OR end_ns < covered_until) AS unordered,
            count(*) AS n, count(*) FILTER (WHERE kind = 'kernel') AS k,
            sum(dur_ns) FILTER (WHERE kind = 'kernel') AS k_ns,
            sum(greatest(start_ns - covered_until, 0)) AS idle_ns,
@@ -68,7 +68,7 @@ WITH instances AS (
     SELECT range_id,
            max(last_end) - min(first_start) AS gpu_span_ns,
            sum(n) AS gpu_ops, sum(k) AS kernels, coalesce(sum(k_ns), 0) AS kernel_ns,
-           bool_and(reversed = 0 AND (prev_start IS NULL
+           bool_and(unordered = 0 AND (prev_start IS NULL
                                       OR (first_start > prev_start AND first_start >= prev_end)))
                AS separate,
            coalesce(sum(idle_ns), 0) + coalesce(sum(greatest(first_start - prev_end, 0)), 0)
