@@ -105,8 +105,9 @@ def main() -> None:
             continue
         fn = tuner.fn
         for cfg in tuner.configs:
-            if cfg.kwargs["D_BUCKET"] != flash._d_bucket(base["BLOCK_D"]):
-                continue  # another d_head bucket's configuration (see flash._select)
+            bucket = flash._d_bucket(base["BLOCK_D"])  # IEEE fp32 lists: negated (flash._select)
+            if cfg.kwargs["D_BUCKET"] != (-bucket if base["DOT_PRECISION"] == "ieee" else bucket):
+                continue  # another list's configuration
             # As the JIT specializes a launch at the leaderboard shape: unit strides become the
             # constant 1, pointers and the other integers are known multiples of 16.
             unit = {n: 1 for n in fn.arg_names if n.startswith("stride_") and n.endswith("d")}

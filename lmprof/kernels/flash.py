@@ -37,7 +37,8 @@ contiguous (stride ≠ 1; e.g. the stride-0 gradient of ``o.sum()``) is copied o
 
 Tile sizes, warps and pipeline stages are autotuned per (power-of-two bucket of Tq, Tk and
 batch·heads, d, causal, dtype, fp32 precision) from a list per padded-d_head bucket (``_select``
-drops tiles longer than the sequences). Under
+drops tiles longer than the sequences), with separate, smaller lists for IEEE fp32 (no tensor
+cores: the products are FMA loops whose operands live in registers). Under
 ``TRITON_INTERPRET=1`` (CPU tests) each kernel has one small configuration.
 """
 
@@ -91,18 +92,24 @@ def _d_bucket(block_d: int) -> int:
 
 
 # Every autotuned kernel takes a D_BUCKET constexpr that its body never reads: it rides in the
-# triton.Config so that the pruning function can see which bucket a configuration belongs to.
-def _configs(tiles: dict[int, list[tuple[int, int, int, int]]], pre_hook=None
+# triton.Config so that the pruning function can see which list a configuration belongs to: the
+# d_head bucket, negated for the IEEE-fp32 lists (``_IEEE``: fp32 inputs at torch's default
+# "highest" matmul precision, whose products are FMA loops, not tensor-core instructions).
+def _configs(tiles: dict[int, list[tuple[int, int, int, int]]],
+             ieee: dict[int, list[tuple[int, int, int, int]]], pre_hook=None
              ) -> list[triton.Config]:
-    """{d bucket: [(BLOCK_M, BLOCK_N, num_warps, num_stages)]} → triton.Config list."""
+    """{d bucket: [(BLOCK_M, BLOCK_N, num_warps, num_stages)]} and the IEEE-fp32 lists of the same
+    shape → triton.Config list."""
     if INTERPRET:  # autotuning in the interpreter is slow and meaningless: one small config
         return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16, "D_BUCKET": MAX_HEAD_DIM},
                               num_warps=4, num_stages=1)]
     if not AUTOTUNE:  # the first d=128 configuration serves every d_head (fits all of them)
         tiles = {MAX_HEAD_DIM: tiles[MAX_HEAD_DIM][:1]}
+        ieee = {MAX_HEAD_DIM: ieee[MAX_HEAD_DIM][:1]}
+    lists = [(d, lst) for d, lst in tiles.items()] + [(-d, lst) for d, lst in ieee.items()]
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "D_BUCKET": d}, num_warps=w, num_stages=s,
                           pre_hook=pre_hook)
-            for d, lst in tiles.items() for m, n, w, s in lst]
+            for d, lst in lists for m, n, w, s in lst]
 
 
 # Read off `python bench/compile_flash.py --d 64|128` (sm_90, bf16, causal; Triton 3.9, ptxas
@@ -181,15 +188,42 @@ _BWD_Q_TILES = {
 }
 
 
+# IEEE fp32 (fp32 inputs, "highest" precision): every product is an FMA loop whose operands sit
+# in registers, so the tensor-core tiles above spill kilobytes per thread (fwd 128x64 8w at
+# d 64: 3.3 KB; at d 128 every one of them 27-55 KB). These are the tiles that compile with no
+# spills (`python bench/compile_flash.py --dtype fp32 --d 64|128`, sm_90, Triton 3.9).
+_IEEE = {
+    "fwd": {
+        64: [(32, 32, 4, 2), (32, 32, 4, 3), (32, 32, 8, 2), (64, 32, 8, 2), (64, 32, 8, 3),
+             (32, 64, 8, 2)],                      # 88-108 regs
+        128: [(16, 32, 4, 2), (32, 16, 4, 2), (16, 16, 4, 2), (16, 32, 8, 2)],  # 76-198 regs
+    },
+    "kv": {
+        64: [(16, 32, 4, 2), (32, 32, 8, 2), (16, 64, 8, 2)],                    # 106-254 regs
+        128: [(16, 16, 4, 2), (16, 32, 8, 2), (16, 32, 4, 2), (16, 16, 8, 2)],  # 80-234 regs
+    },
+    "kv_atomic": {
+        64: [(16, 32, 4, 2), (32, 32, 8, 2), (16, 64, 8, 2)],                    # 128-252 regs
+        128: [(16, 16, 4, 2), (16, 32, 8, 2), (16, 16, 8, 2)],                  # 80-165 regs
+    },
+    "q": {
+        64: [(32, 32, 4, 2), (64, 32, 8, 2), (32, 64, 8, 2), (32, 32, 8, 2), (32, 16, 4, 2)],
+        128: [(16, 32, 4, 2), (16, 32, 8, 2), (32, 16, 4, 2), (16, 16, 4, 2)],  # 80-128 regs
+    },
+}
+
 def _bucket(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
 def _select(configs, args: dict, outer: str, inner: str, outer_seq: str, inner_seq: str):
-    """The configurations of this launch's d_head bucket whose tiles do not exceed the padded
-    sequence lengths (larger ones only compute padding); the smallest of the bucket if none."""
+    """The configurations of this launch's list (IEEE fp32 or not, its d_head bucket) whose tiles
+    do not exceed the padded sequence lengths (larger ones only compute padding); the smallest of
+    the list if none."""
+    ieee = args.get("DOT_PRECISION") == "ieee"
+    family = [c for c in configs if (c.kwargs["D_BUCKET"] < 0) == ieee] or configs
     bucket = _d_bucket(args["BLOCK_D"])
-    mine = [c for c in configs if c.kwargs["D_BUCKET"] == bucket] or configs
+    mine = [c for c in family if abs(c.kwargs["D_BUCKET"]) == bucket] or family
     kept = [c for c in mine
             if c.kwargs[outer] <= args[outer_seq] and c.kwargs[inner] <= args[inner_seq]]
     return kept or [min(mine, key=lambda c: (c.kwargs[outer] * c.kwargs[inner], c.num_stages))]
@@ -293,7 +327,7 @@ def _fwd_loop(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, of
     return acc, l_i, m_i
 
 
-@triton.autotune(configs=_configs(_FWD_TILES), key=_KEY,
+@triton.autotune(configs=_configs(_FWD_TILES, _IEEE["fwd"]), key=_KEY,
                  prune_configs_by={"early_config_prune": _prune_factory(
                      "BLOCK_M", "BLOCK_N", "SEQ_Q_BUCKET", "SEQ_K_BUCKET")})
 @triton.jit
@@ -510,7 +544,8 @@ _KV_PRUNE = {"early_config_prune": _prune_factory("BLOCK_N", "BLOCK_M", "SEQ_K_B
                                                   "SEQ_Q_BUCKET")}
 
 
-@triton.autotune(configs=_configs(_BWD_KV_TILES), key=_KEY, prune_configs_by=_KV_PRUNE)
+@triton.autotune(configs=_configs(_BWD_KV_TILES, _IEEE["kv"]), key=_KEY,
+                 prune_configs_by=_KV_PRUNE)
 @triton.jit
 def _flash_bwd_dkdv_kernel(
     Q, K, V, DO, DK, DV, DQ, LSE, DELTA,
@@ -537,7 +572,8 @@ def _flash_bwd_dkdv_kernel(
                     BLOCK_M, BLOCK_N)
 
 
-@triton.autotune(configs=_configs(_BWD_KV_ATOMIC_TILES, pre_hook=_set_dq_box), key=_KEY,
+@triton.autotune(configs=_configs(_BWD_KV_ATOMIC_TILES, _IEEE["kv_atomic"],
+                                  pre_hook=_set_dq_box), key=_KEY,
                  prune_configs_by=_KV_PRUNE,
                  reset_to_zero=["DQ"])  # autotuning reruns the kernel: restart dQ from zero
 @triton.jit
@@ -592,7 +628,7 @@ def _bwd_q_loop(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, of
     return dq
 
 
-@triton.autotune(configs=_configs(_BWD_Q_TILES), key=_KEY,
+@triton.autotune(configs=_configs(_BWD_Q_TILES, _IEEE["q"]), key=_KEY,
                  prune_configs_by={"early_config_prune": _prune_factory(
                      "BLOCK_M", "BLOCK_N", "SEQ_Q_BUCKET", "SEQ_K_BUCKET")})
 @triton.jit

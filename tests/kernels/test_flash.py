@@ -238,21 +238,43 @@ ALL_TILES = {"fwd": fa._FWD_TILES, "dkdv": fa._BWD_KV_TILES, "dkdv_atomic": fa._
              "dq": fa._BWD_Q_TILES}
 
 
+IEEE_TILES = {"fwd": fa._IEEE["fwd"], "dkdv": fa._IEEE["kv"], "dkdv_atomic": fa._IEEE["kv_atomic"],
+              "dq": fa._IEEE["q"]}
+
+
+@pytest.mark.parametrize("ieee", [False, True], ids=["tensor-core", "ieee-fp32"])
 @pytest.mark.parametrize("kernel", ALL_TILES)
-def test_autotune_lists_are_small_and_cover_every_bucket(kernel):
+def test_autotune_lists_are_small_and_cover_every_bucket(kernel, ieee):
     """≤ 12 distinct configurations per d_head bucket (compile time on the GPU), every bucket."""
-    lists = ALL_TILES[kernel]
+    lists = (IEEE_TILES if ieee else ALL_TILES)[kernel]
     assert set(lists) == set(fa.D_BUCKETS)
     for bucket, lst in lists.items():
         assert 1 <= len(lst) <= 12, (kernel, bucket, len(lst))
         assert len(set(lst)) == len(lst), (kernel, bucket)
 
 
-def _as_configs(lists):
+def _as_configs(lists, ieee=None):
     import triton
 
+    both = [(d, lst) for d, lst in lists.items()]
+    if ieee is not None:
+        both += [(-d, lst) for d, lst in ieee.items()]
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "D_BUCKET": d}, num_warps=w, num_stages=s)
-            for d, lst in lists.items() for m, n, w, s in lst]
+            for d, lst in both for m, n, w, s in lst]
+
+
+@pytest.mark.parametrize("precision,ieee", [("ieee", True), ("tf32", False), ("tf32x3", False)])
+def test_select_takes_the_ieee_lists_for_ieee_fp32_only(precision, ieee):
+    """IEEE fp32 launches choose among the IEEE lists (FMA products: small tiles), every other
+    launch (16-bit inputs, TF32 fp32) among the tensor-core lists."""
+    configs = _as_configs(fa._BWD_Q_TILES, fa._IEEE["q"])
+    for d, bucket in ((32, 64), (128, 128)):
+        args = dict(BLOCK_D=d, SEQ_Q_BUCKET=16384, SEQ_K_BUCKET=16384, DOT_PRECISION=precision)
+        kept = fa._select(configs, args, "BLOCK_M", "BLOCK_N", "SEQ_Q_BUCKET", "SEQ_K_BUCKET")
+        want = (fa._IEEE["q"] if ieee else fa._BWD_Q_TILES)[bucket]
+        assert sorted((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+                      for c in kept) == sorted(want)
+        assert all(c.kwargs["D_BUCKET"] == (-bucket if ieee else bucket) for c in kept)
 
 
 @pytest.mark.parametrize("d,bucket", [(16, 64), (64, 64), (96, 128), (128, 128)])
@@ -342,25 +364,32 @@ def test_gpu_seq_65536_where_naive_runs_out_of_memory(gen, backward):
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32-ieee"])
 @pytest.mark.parametrize("d", [64, 128])
-def test_gpu_every_config(gen, monkeypatch, d):
-    """Each autotune configuration of each kernel, one at a time, on odd lengths (tile edges)."""
+def test_gpu_every_config(gen, monkeypatch, d, dtype):
+    """Each autotune configuration of each kernel, one at a time, on odd lengths (tile edges):
+    the tensor-core lists with bf16, the IEEE lists with fp32 at torch's default precision."""
     import triton
 
-    tuners = {fa._flash_fwd_kernel: fa._FWD_TILES, fa._flash_bwd_dkdv_kernel: fa._BWD_KV_TILES,
-              fa._flash_bwd_dkdv_dq_atomic_kernel: fa._BWD_KV_ATOMIC_TILES,
-              fa._flash_bwd_dq_kernel: fa._BWD_Q_TILES}
-    tiles = {t: lists[fa._d_bucket(d)] for t, lists in tuners.items()}
+    ieee = dtype == torch.float32
+    if ieee:
+        assert torch.get_float32_matmul_precision() == "highest"
+    tuners = {fa._flash_fwd_kernel: (fa._FWD_TILES, fa._IEEE["fwd"]),
+              fa._flash_bwd_dkdv_kernel: (fa._BWD_KV_TILES, fa._IEEE["kv"]),
+              fa._flash_bwd_dkdv_dq_atomic_kernel: (fa._BWD_KV_ATOMIC_TILES, fa._IEEE["kv_atomic"]),
+              fa._flash_bwd_dq_kernel: (fa._BWD_Q_TILES, fa._IEEE["q"])}
+    bucket = fa._d_bucket(d)
+    tiles = {t: lists[ieee][bucket] for t, lists in tuners.items()}
     for i in range(max(len(lst) for lst in tiles.values())):
         for tuner, lst in tiles.items():
             m, n, w, st = lst[i % len(lst)]
             hook = tuner.configs[0].pre_hook  # the atomic kernel sets its dQ descriptor's box
             monkeypatch.setattr(tuner, "configs", [triton.Config(
-                {"BLOCK_M": m, "BLOCK_N": n, "D_BUCKET": fa._d_bucket(d)}, num_warps=w,
-                num_stages=st, pre_hook=hook)])
+                {"BLOCK_M": m, "BLOCK_N": n, "D_BUCKET": -bucket if ieee else bucket},
+                num_warps=w, num_stages=st, pre_hook=hook)])
             monkeypatch.setattr(tuner, "cache", {})
         for backward in fa.BACKWARD_MODES:
-            check_against_reference(gen, (1, 2, 1000, d), (1, 2, 1537, d), torch.bfloat16, True,
+            check_against_reference(gen, (1, 2, 1000, d), (1, 2, 1537, d), dtype, True,
                                     backward)
 
 
