@@ -189,28 +189,33 @@ _BWD_Q_TILES = {
 
 
 # IEEE fp32 (fp32 inputs, "highest" precision): every product is an FMA loop whose operands sit
-# in registers, so the tensor-core tiles above spill kilobytes per thread (fwd 128x64 8w at
-# d 64: 3.3 KB; at d 128 every one of them 27-55 KB). These are the tiles that compile with no
-# spills (`python bench/compile_flash.py --dtype fp32 --d 64|128`, sm_90, Triton 3.9).
+# in registers, so most tensor-core tiles above spill kilobytes per thread (fwd 128x64 8w at d 64:
+# 3.3 KB; at d 128 every one of them 27-55 KB) and take 5-10 s each to compile. These lists hold
+# the tiles that were fastest when timed one at a time on an H200 (fp32, batch 8, one head,
+# T 4096, not causal; bench/notes/flash_attention.md, "IEEE fp32"), fastest first: the first
+# d 128 entry serves every d_head with LMPROF_FLASH_AUTOTUNE=0. Some spill a little and still win
+# (spills in parentheses, `python bench/compile_flash.py --dtype fp32`, sm_90, Triton 3.9).
 _IEEE = {
     "fwd": {
-        64: [(32, 32, 4, 2), (32, 32, 4, 3), (32, 32, 8, 2), (64, 32, 8, 2), (64, 32, 8, 3),
-             (32, 64, 8, 2)],                      # 88-108 regs
-        128: [(16, 32, 4, 2), (32, 16, 4, 2), (16, 16, 4, 2), (16, 32, 8, 2)],  # 76-198 regs
+        64: [(64, 32, 8, 2), (32, 32, 4, 2), (128, 64, 8, 3),       # 2.99, 3.03, 3.11 ms (3.3 KB)
+             (32, 64, 8, 2), (64, 64, 8, 2)],                       # 3.15, 3.30 ms (76 B)
+        128: [(64, 32, 8, 2), (16, 32, 4, 2), (32, 16, 4, 2),       # 7.50 (1.1 KB), 10.65, 10.81
+              (16, 16, 4, 2)],                                      # 10.87 ms
     },
-    "kv": {
-        64: [(16, 32, 4, 2), (32, 32, 8, 2), (16, 64, 8, 2)],                    # 106-254 regs
-        128: [(16, 16, 4, 2), (16, 32, 8, 2), (16, 32, 4, 2), (16, 16, 8, 2)],  # 80-234 regs
+    "kv": {  # backward with the first dQ tile: 11.9 (880 B), 15.6, 15.9, 16.0 ms at d 64
+        64: [(32, 32, 4, 2), (32, 32, 8, 2), (16, 64, 8, 2), (16, 32, 4, 2)],
+        128: [(32, 32, 8, 2), (16, 16, 4, 2), (16, 32, 4, 2), (16, 32, 8, 2)],  # 39.9-40.4 (684 B)
     },
-    "kv_atomic": {
-        64: [(16, 32, 4, 2), (32, 32, 8, 2), (16, 64, 8, 2)],                    # 128-252 regs
-        128: [(16, 16, 4, 2), (16, 32, 8, 2), (16, 16, 8, 2)],                  # 80-165 regs
+    "kv_atomic": {  # not timed: the tiles that compile with no spills
+        64: [(16, 32, 4, 2), (32, 32, 8, 2), (16, 64, 8, 2)],
+        128: [(16, 16, 4, 2), (16, 32, 8, 2), (16, 16, 8, 2)],
     },
-    "q": {
-        64: [(32, 32, 4, 2), (64, 32, 8, 2), (32, 64, 8, 2), (32, 32, 8, 2), (32, 16, 4, 2)],
-        128: [(16, 32, 4, 2), (16, 32, 8, 2), (32, 16, 4, 2), (16, 16, 4, 2)],  # 80-128 regs
+    "q": {  # backward with the first dK/dV tile: 14.8 (1.6 KB), 15.9, 16.0, 16.1 ms at d 64
+        64: [(128, 64, 8, 3), (64, 32, 8, 2), (32, 32, 4, 2), (32, 64, 8, 2)],
+        128: [(16, 32, 4, 2), (32, 32, 8, 2), (32, 16, 4, 2), (16, 16, 4, 2)],  # 40.1-41.0 ms
     },
 }
+
 
 def _bucket(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
