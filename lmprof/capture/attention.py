@@ -20,13 +20,15 @@ Implementations: ``naive`` (softmax(QKᵀ)V in PyTorch), ``naive-compiled`` (the
 ``sdpa-efficient``, ``sdpa-cudnn``, ``sdpa-math`` (one SDPA backend each), ``flash`` and
 ``flash-atomic`` (this project's Triton kernel with the split or atomic backward).
 
-Writes ``<out>/<run-id>/run.json`` (``kind: attention``) and ``attention.json`` (the rows), and
-prints the tables. Runs on CPU under ``TRITON_INTERPRET=1`` at tiny sizes for smoke tests.
+Writes ``<out>/<run-id>/run.json`` (``kind: attention``) and ``attention.json`` (the rows), both
+rewritten after every finished row (the run says ERROR "incomplete" until it ends, so a killed
+run keeps its rows), and prints the tables. Runs on CPU under ``TRITON_INTERPRET=1`` at tiny sizes for smoke tests.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import statistics
 import time
@@ -328,30 +330,45 @@ def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, w
     results: dict[str, Any] = {"version": RESULTS_VERSION, "environment": record["environment"],
                                "leaderboard_best_ms": LEADERBOARD_BEST_MS}
     t0 = time.perf_counter()
-    # A scheduler's SIGTERM (a job's time limit) becomes an exception, so the rows finished so
-    # far are written below with the run marked ERROR instead of being lost.
+
+    def save() -> None:
+        record["timings"] = {"total_s": time.perf_counter() - t0}
+        _write_atomic(run_dir / RESULTS_FILE, json.dumps(results, indent=1, default=str) + "\n")
+        rundir.write_run(run_dir, record)
+
+    def finished(row: dict) -> None:
+        save()  # on disk before it is reported
+        _progress(row)
+
+    # Every finished row is on disk at once, with the run marked ERROR ("incomplete") until the
+    # end: a run killed outright (SIGKILL, a node failure, a hang ended by a scheduler) keeps its
+    # rows and says it did not finish. A SIGTERM (a job's time limit) becomes an exception whose
+    # message replaces that one. (On the GPU machine two SIGTERMed runs once ended without
+    # writing anything; since then nothing waits for the end to be written.)
+    record["status"], record["error"] = "ERROR", INCOMPLETE
+    save()
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         results["matmul_bf16_tflops"] = matmul_tflops(dev)
+        save()
         # each part appends to its list in results as rows finish (a partial part is kept)
         if "a" in parts:
             _part_a(results.setdefault("part_a", []), impls, seqs, ds, dtypes, batch, causal,
-                    iters, warmup, dev)
+                    iters, warmup, dev, finished)
         if "b" in parts:
             _part_b(results.setdefault("part_b", []), impls, seqs, ds, dtypes, batch, heads,
-                    causal, dev)
+                    causal, dev, finished)
         if "c" in parts:
             _part_c(results.setdefault("part_c", []), impls, seqs, ds, dtypes, batch, heads,
-                    causal, dev)
+                    causal, dev, finished)
+        record["status"], record["error"] = "OK", None
     except BaseException as exc:  # recorded, then raised: the run directory says what happened
         record["status"], record["error"] = "ERROR", f"{type(exc).__name__}: {exc}"[:300]
         if not isinstance(exc, Terminated):
             raise
     finally:
         signal.signal(signal.SIGTERM, previous)
-        record["timings"] = {"total_s": time.perf_counter() - t0}
-        (run_dir / RESULTS_FILE).write_text(json.dumps(results, indent=1, default=str) + "\n")
-        rundir.write_run(run_dir, record)
+        save()
         rundir.mark_latest(out_root, run_dir)
     click.echo(f"run: {run_dir}")
     if record["status"] != "OK":  # only a SIGTERM gets here: other errors were raised above
@@ -373,6 +390,15 @@ def _progress(row: dict) -> None:
     click.echo("  " + " ".join(parts) + f": {timing}", err=True)
 
 
+INCOMPLETE = "incomplete: the run stopped before it finished; the rows finished before are kept"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 class Terminated(BaseException):  # not Exception: the per-cell handlers must not catch it
     """SIGTERM arrived while timing."""
 
@@ -381,7 +407,8 @@ def _terminated(signum, frame):
     raise Terminated("terminated by SIGTERM; the rows finished before it are kept")
 
 
-def _part_a(rows: list[dict], impls, seqs, ds, dtypes, batch, causal, iters, warmup, dev) -> None:
+def _part_a(rows: list[dict], impls, seqs, ds, dtypes, batch, causal, iters, warmup, dev,
+            finished: Callable[[dict], None]) -> None:
     for dt in _dtypes(dtypes, PART_A["dtype"]):
         for d in ds or PART_A["d"]:
             for seq in seqs or PART_A["seq"]:
@@ -390,10 +417,11 @@ def _part_a(rows: list[dict], impls, seqs, ds, dtypes, batch, causal, iters, war
                                          PART_A["causal"] if causal is None else causal,
                                          warmup, iters, dev)
                     rows.append(row)
-                    _progress(row)
+                    finished(row)
 
 
-def _part_b(rows: list[dict], impls, seqs, ds, dtypes, batch, heads, causal, dev) -> None:
+def _part_b(rows: list[dict], impls, seqs, ds, dtypes, batch, heads, causal, dev,
+            finished: Callable[[dict], None]) -> None:
     for dt in _dtypes(dtypes, (PART_B["dtype"],)):
         for seq in seqs or (PART_B["seq"],):
             for d in ds or (PART_B["d"],):
@@ -402,10 +430,11 @@ def _part_b(rows: list[dict], impls, seqs, ds, dtypes, batch, heads, causal, dev
                                          seq, d, dt, PART_B["causal"] if causal is None else causal,
                                          dev)
                     rows.append(row)
-                    _progress(row)
+                    finished(row)
 
 
-def _part_c(rows: list[dict], impls, seqs, ds, dtypes, batch, heads, causal, dev) -> None:
+def _part_c(rows: list[dict], impls, seqs, ds, dtypes, batch, heads, causal, dev,
+            finished: Callable[[dict], None]) -> None:
     for dt in _dtypes(dtypes, PART_C["dtype"]):
         for d in ds or PART_C["d"]:
             for seq in seqs or PART_C["seq"]:
@@ -415,5 +444,5 @@ def _part_c(rows: list[dict], impls, seqs, ds, dtypes, batch, heads, causal, dev
                     row = run_bench_cell(impl, b, h, seq, d, dt,
                                          PART_C["causal"] if causal is None else causal, dev)
                     rows.append(row)
-                    _progress(row)
+                    finished(row)
 

@@ -95,3 +95,32 @@ def test_sigterm_keeps_the_rows_finished_before_it(tmp_path):
     assert record["status"] == "ERROR" and "SIGTERM" in record["error"]
     rows = json.loads((run_dir / record["artifacts"]["attention"]).read_text())["part_a"]
     assert 1 <= len(rows) < 12 and all(r["status"] == "OK" for r in rows)
+
+
+def test_sigkill_keeps_the_rows_finished_before_it(tmp_path):
+    """Killed outright (SIGKILL: no handler runs): every finished row is already on disk, and
+    run.json says the run did not finish."""
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = ["--part", "a", "--impl", "naive", "--seq", "64", "--seq", "96", "--seq", "8192",
+            "--d", "16", "--d", "32", "--batch", "1", "--iters", "100", "--warmup", "1",
+            "--device", "cpu", "--dtype", "fp32", "--out", "runs"]
+    proc = subprocess.Popen([sys.executable, "-m", "lmprof.capture", "attention", *args],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 120
+    reported = 0
+    while time.monotonic() < deadline and reported < 2:  # two rows reported on stderr
+        line = proc.stderr.readline()
+        reported += "impl=naive" in line
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.name != "latest"]
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "ERROR" and record["error"].startswith("incomplete")
+    rows = json.loads((run_dir / record["artifacts"]["attention"]).read_text())["part_a"]
+    assert len(rows) >= 2 and all(r["status"] == "OK" for r in rows)
+    assert not list(run_dir.glob(".*tmp*"))  # no half-written file left beside them
