@@ -22,7 +22,8 @@ Implementations: ``naive`` (softmax(QKᵀ)V in PyTorch), ``naive-compiled`` (the
 
 Writes ``<out>/<run-id>/run.json`` (``kind: attention``) and ``attention.json`` (the rows), both
 rewritten after every finished row (the run says ERROR "incomplete" until it ends, so a killed
-run keeps its rows), and prints the tables. Runs on CPU under ``TRITON_INTERPRET=1`` at tiny sizes for smoke tests.
+run keeps its rows), and prints the tables. Runs on CPU under ``TRITON_INTERPRET=1`` at tiny
+sizes for smoke tests.
 """
 
 from __future__ import annotations
@@ -343,8 +344,7 @@ def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, w
     # Every finished row is on disk at once, with the run marked ERROR ("incomplete") until the
     # end: a run killed outright (SIGKILL, a node failure, a hang ended by a scheduler) keeps its
     # rows and says it did not finish. A SIGTERM (a job's time limit) becomes an exception whose
-    # message replaces that one. (On the GPU machine two SIGTERMed runs once ended without
-    # writing anything; since then nothing waits for the end to be written.)
+    # message replaces that one.
     record["status"], record["error"] = "ERROR", INCOMPLETE
     save()
     previous = signal.signal(signal.SIGTERM, _terminated)
