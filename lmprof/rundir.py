@@ -87,13 +87,17 @@ def check_writable_dir(path: Path) -> Path:
     return path
 
 
+def write_json(path: Path, obj: Any, indent: int = 1) -> None:
+    """Atomic write: a temp file beside ``path``, then one rename (a reader never sees half)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=indent, default=str) + "\n")
+    os.replace(tmp, path)
+
+
 def write_run(run_dir: Path, record: dict[str, Any]) -> Path:
-    """Atomically write run.json (write to a temp file, then rename)."""
-    record = {"schema_version": SCHEMA_VERSION, **record}
+    """Atomically write run.json."""
     target = run_dir / RUN_FILE
-    tmp = run_dir / f".{RUN_FILE}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=False, default=str) + "\n")
-    os.replace(tmp, target)
+    write_json(target, {"schema_version": SCHEMA_VERSION, **record}, indent=2)
     return target
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +40,6 @@ def config_hash(config: dict[str, Any]) -> str:
 
 def index_name(shard: tuple[int, int] | None) -> str:
     return "index.json" if shard is None else f"index.shard-{shard[0]}-of-{shard[1]}.json"
-
-
-def write_json(path: Path, obj: Any) -> None:
-    """Atomic write: a temp file beside ``path``, then one rename."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
 
 
 def is_sweep_dir(path: str | Path) -> bool:

@@ -28,8 +28,6 @@ sizes for smoke tests.
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import statistics
 import time
@@ -334,7 +332,7 @@ def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, w
 
     def save() -> None:
         record["timings"] = {"total_s": time.perf_counter() - t0}
-        _write_atomic(run_dir / RESULTS_FILE, json.dumps(results, indent=1, default=str) + "\n")
+        rundir.write_json(run_dir / RESULTS_FILE, results)
         rundir.write_run(run_dir, record)
 
     def finished(row: dict) -> None:
@@ -391,12 +389,6 @@ def _progress(row: dict) -> None:
 
 
 INCOMPLETE = "incomplete: the run stopped before it finished; the rows finished before are kept"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 class Terminated(BaseException):  # not Exception: the per-cell handlers must not catch it

@@ -307,7 +307,7 @@ def open_sweep_dir(root: Path, grid: Grid, force_mix: bool, write: bool = True) 
             raise UserError(f"{str(root)!r} exists and is not a sweep directory; choose another")
     if not sweepdir.is_sweep_dir(root):
         if write:
-            sweepdir.write_json(root / sweepdir.SWEEP_FILE,
+            rundir.write_json(root / sweepdir.SWEEP_FILE,
                                 {"schema_version": sweepdir.SCHEMA_VERSION, "kind": "lmprof-sweep",
                                  "grids": [entry]})
         return
@@ -319,7 +319,7 @@ def open_sweep_dir(root: Path, grid: Grid, force_mix: bool, write: bool = True) 
                         "add these cells to it, or choose another --out/--name")
     if write:
         data["grids"].append(entry)
-        sweepdir.write_json(root / sweepdir.SWEEP_FILE, data)
+        rundir.write_json(root / sweepdir.SWEEP_FILE, data)
 
 
 def finished_status(root: Path, cell: Cell) -> str | None:
@@ -598,7 +598,7 @@ def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]
             running.pop(cell.name, None)
             counts[record["status"]] = counts.get(record["status"], 0) + 1
             index[cell.name] = _index_entry(cell, record)
-            sweepdir.write_json(index_path, {"grid_hash": grid.grid_hash,
+            rundir.write_json(index_path, {"grid_hash": grid.grid_hash,
                                              "cells": dict(sorted(index.items()))})
             bar.update()
             postfix()

@@ -51,7 +51,7 @@ def run_record(size="small", ctx=128, mode="train", dtype="fp32", compile=False,
 
 def write_sweep(root: Path, records: list[dict]) -> Path:
     (root / sweepdir.CELLS).mkdir(parents=True)
-    sweepdir.write_json(root / sweepdir.SWEEP_FILE, {"schema_version": 1, "kind": "lmprof-sweep",
+    rundir.write_json(root / sweepdir.SWEEP_FILE, {"schema_version": 1, "kind": "lmprof-sweep",
                                                      "grids": [{"grid_hash": "x"}]})
     for rec in records:
         d = root / sweepdir.CELLS / rec["run_id"]
