@@ -7,6 +7,9 @@ In memory by default; ``--db FILE`` persists it.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import duckdb
@@ -22,3 +25,27 @@ def connect(path: str | Path | None = None, threads: int | None = None) -> duckd
     if threads:
         con.execute(f"SET threads = {int(threads)}")
     return con
+
+
+@contextlib.contextmanager
+def cursor(con: duckdb.DuckDBPyConnection, schema: str | None = None
+           ) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A second connection to ``con``'s database (a DuckDB connection runs one statement at a
+    time; statements on separate cursors run at once), using ``schema`` if given; closed after."""
+    cur = con.cursor()
+    try:
+        if schema is not None:
+            cur.execute(f"USE {schema}")
+        yield cur
+    finally:
+        cur.close()
+
+
+def at_once(tasks: list[Callable[[], None]], name: str) -> None:
+    """Run ``tasks`` on threads at once (each on its own cursor, see ``cursor``); when all have
+    ended, raise the first error in task order."""
+    with ThreadPoolExecutor(len(tasks), thread_name_prefix=f"lmprof-{name}") as pool:
+        futures = [pool.submit(task) for task in tasks]
+    for future in futures:  # leaving the pool waited for every task
+        if future.exception() is not None:
+            raise future.exception()

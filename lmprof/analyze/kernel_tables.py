@@ -9,11 +9,12 @@ kernels`` fetches the results as rows (``lmprof.render.Table``) and never import
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import duckdb
 
-from lmprof.analyze import sqlfile
+from lmprof.analyze import db, sqlfile
 from lmprof.analyze.trace import Trace
 from lmprof.model.config import ModelConfig
 from lmprof.model.flops import attention_flops
@@ -182,23 +183,16 @@ def results(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | No
             out[name] = fetch(fn(t, top=top) if name.startswith("top_") else fn(t))
 
     def lane(names_in_lane: list[str]) -> None:
-        cur = trace.con.cursor()
-        try:
+        with db.cursor(trace.con) as cur:  # Trace.use() sets the schema
             for name in names_in_lane:
                 compute(dataclasses.replace(trace, con=cur), name)
-        finally:
-            cur.close()
 
     lanes = _lanes(tuple(names))
     if len(lanes) == 1:
         for name in lanes[0]:
             compute(trace, name)
     else:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(len(lanes), thread_name_prefix="lmprof-table") as pool:
-            for future in [pool.submit(lane, names_in_lane) for names_in_lane in lanes]:
-                future.result()  # re-raises a lane's error
+        db.at_once([functools.partial(lane, names_in_lane) for names_in_lane in lanes], "table")
     notes = {name: NO_RANGES_NOTE if out[name] is None else TABLES[name][2] for name in names}
     return {name: out[name] for name in names}, notes
 

@@ -26,16 +26,17 @@ Loaded tables (prefixed ``_``; the documented views are built by ``lmprof.analyz
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sqlite3
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
 
+from lmprof.analyze import db
 from lmprof.analyze.sqlfile import insert_rows, literal
 from lmprof.errors import UserError
 
@@ -311,21 +312,13 @@ def load(duck: duckdb.DuckDBPyConnection, path: str | Path,
             _load_session(sq, duck, present, types, path)
 
             def lane(targets: tuple[str, ...]) -> None:
-                cur = duck.cursor()
-                try:
-                    cur.execute(f"USE {schema}")
+                with db.cursor(duck, schema) as cur:
                     for target in targets:
                         _run_load(cur, export, target, sql[target], path)
-                finally:
-                    cur.close()
 
-            with ThreadPoolExecutor(len(_LANES) + 1, thread_name_prefix="lmprof-load") as pool:
-                side = [pool.submit(beside)] if beside is not None else []
-                lanes = [pool.submit(lane, targets) for targets in _LANES]
-            # all have finished (leaving the pool waits): the load's own error first
-            for future in (*lanes, *side):
-                if future.exception() is not None:
-                    raise future.exception()
+            # the load's own error first, then what beside raised
+            db.at_once([functools.partial(lane, targets) for targets in _LANES]
+                       + ([beside] if beside is not None else []), "load")
         finally:
             duck.execute(f"SET preserve_insertion_order = {'true' if keep_order else 'false'}")
             duck.execute(f"DETACH DATABASE IF EXISTS {_SRC}")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 
 from lmprof import phases, rundir
-from lmprof.analyze import nsys, sqlfile
+from lmprof.analyze import db, nsys, sqlfile
 from lmprof.errors import UserError
 
 if TYPE_CHECKING:  # imported on use (DuckDB's .df()) by the Python API; the CLI never imports it
@@ -156,13 +156,25 @@ def _phase_table(con: duckdb.DuckDBPyConnection, options: Options) -> None:
                         list(options.phase_ranges))
 
 
+def _key_shift(thread_rule: bool) -> int:
+    """The attribution key is global_tid >> this: the thread (0) or the process (24)."""
+    return 0 if thread_rule else 24
+
+
+def timeline(con: duckdb.DuckDBPyConnection, thread_rule: bool,
+             max_bucket_rows: int = MAX_BUCKET_ROWS) -> None:
+    """The attribution timeline from the NVTX ranges alone (``sql/attribution_timeline.sql``)."""
+    sqlfile.run(con, "attribution_timeline", key_shift=_key_shift(thread_rule),
+                max_bucket_rows=max_bucket_rows)
+
+
 def attribute(con: duckdb.DuckDBPyConnection, thread_rule: bool) -> None:
-    """``gpu_ops`` and ``op_ranges`` (``sql/attribution.sql``), once ``attribution_timeline.sql``
-    has run: ops of crowded keys get their state by ASOF join (``attribution_crowded.sql``),
-    only where there are such keys; then the timeline's working tables are dropped."""
-    sqlfile.run(con, "attribution", thread_rule=thread_rule)
+    """``gpu_ops`` and ``op_ranges`` (``sql/attribution.sql``), once ``timeline`` has run: ops
+    of crowded keys get their state by ASOF join (``attribution_crowded.sql``), only where
+    there are such keys; then the timeline's working tables are dropped."""
+    sqlfile.run(con, "attribution", key_shift=_key_shift(thread_rule))
     if con.execute("SELECT count(*) FROM _attr_grid WHERE crowded").fetchall()[0][0]:
-        sqlfile.run(con, "attribution_crowded")
+        sqlfile.run(con, "attribution_crowded", key_shift=_key_shift(thread_rule))
     for table in ("_attr_timeline", "_attr_buckets", "_attr_grid"):
         con.execute(f"DROP TABLE {table}")
 
@@ -182,17 +194,12 @@ def prepare(con: duckdb.DuckDBPyConnection, path: Path, options: Options, schema
     thread_rule = options.attribution == "thread"
 
     def ranges_and_timeline() -> None:
-        # beside the load of kernels and runtime calls, on a connection of its own (a DuckDB
-        # connection runs one statement at a time); reads only what loads first
-        cur = con.cursor()
-        try:
-            cur.execute(f"USE {schema}")
+        # beside the load of kernels and runtime calls, on a cursor of its own; reads only what
+        # loads first
+        with db.cursor(con, schema) as cur:
             _phase_table(cur, options)
             sqlfile.run(cur, "ranges")
-            sqlfile.run(cur, "attribution_timeline", thread_rule=thread_rule,
-                        max_bucket_rows=MAX_BUCKET_ROWS)
-        finally:
-            cur.close()
+            timeline(cur, thread_rule)
 
     export = nsys.load(con, path, beside=ranges_and_timeline)
     _classify_names(con)

@@ -208,8 +208,7 @@ def test_attribution_matches_containment_on_random_nesting(seed, max_bucket_rows
             values = "0, 1, 0, ?, ?, 1, ?" if kind == "kernel" else "0, 1, 0, 0, ?, ?, ?"
             con.execute(f"INSERT INTO {table} VALUES ({values})", [corr, pid, row])
     for thread_rule in (False, True):
-        sqlfile.run(con, "attribution_timeline", thread_rule=thread_rule,
-                    max_bucket_rows=max_bucket_rows)
+        trace.timeline(con, thread_rule, max_bucket_rows)
         crowded = con.execute("SELECT bool_and(crowded) FROM _attr_grid").fetchone()[0]
         assert crowded is None or crowded == (max_bucket_rows == 0)
         trace.attribute(con, thread_rule)

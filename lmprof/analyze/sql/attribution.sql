@@ -18,15 +18,17 @@
 -- op_ranges: (op_id, range_id) for every range that contains the op's launch.
 --
 -- A range contains a launch when range.start_ns <= launch_start_ns < range.end_ns and the range
--- was opened in the launching process ($thread_rule = false, the default: PyTorch launches
--- backward kernels from its autograd thread) or on the launching thread ($thread_rule = true,
--- the rule of nsys's nvtx_kern_sum / nvtx_gpu_proj_sum). The innermost range is the one that
+-- was opened in the launching process (the default: PyTorch launches backward kernels from its
+-- autograd thread) or on the launching thread (the thread rule of nsys's nvtx_kern_sum /
+-- nvtx_gpu_proj_sum). Both compare a key, global_tid >> $key_shift: the process id for 24, the
+-- thread for 0. The innermost range is the one that
 -- started last, i.e. the largest range_id (nvtx_ranges numbers ranges by start, outer first).
 --
 -- Which ranges are open in a process (or on a thread: the rule's "key") changes only where one
 -- of its ranges starts or ends. So the ranges are turned into a timeline of states first, one per
--- (key, instant of such an edge): ranges x threads x 2 rows, not millions. Each op then needs one
--- ASOF join with that timeline (the last state at or before its launch) and no aggregate: no
+-- (key, instant of such an edge): ranges x threads x 2 rows, not millions. Each op then needs the
+-- last state at or before its launch, found by an equality join on time buckets
+-- (attribution_timeline.sql's _attr_buckets; an ASOF join for crowded keys), and no aggregate: no
 -- join of every op with every range or every thread.
 
 -- The states (_attr_states, _attr_members, _attr_timeline, _attr_buckets, _attr_grid) and
@@ -62,7 +64,7 @@ WITH o AS (
     FROM _memset
 ), launched AS (
     SELECT o.*, r.start_ns AS launch_start_ns, r.global_tid AS launch_global_tid,
-           CASE WHEN $thread_rule THEN r.global_tid ELSE r.global_tid >> 24 END AS key
+           r.global_tid >> $key_shift AS key
     FROM o
     LEFT JOIN _runtime r
       ON r.correlation_id = o.correlation_id AND (r.global_tid >> 24) = (o.global_pid >> 24)
@@ -84,9 +86,6 @@ LEFT JOIN _attr_buckets s
 CREATE OR REPLACE TABLE _attr_multi_keys AS
 SELECT DISTINCT key FROM _attr_timeline WHERE members > 1;
 
-CREATE OR REPLACE TABLE _attr_rule AS
-SELECT CASE WHEN $thread_rule THEN 0 ELSE 24 END AS key_shift;  -- key = global_tid >> key_shift
-
 -- Views: the per-range tables and softmax_vs_matmul read _op_ranges_wide (each pair with the
 -- op's kind, kernel name, duration and phase: no second join with gpu_ops). The ranges open at an
 -- op's launch are the ancestors-or-self of its state's members. One member is the op's range_id
@@ -101,7 +100,7 @@ UNION ALL
 SELECT k.op_id, c.anc_id, k.kind, k.name_id, k.dur_ns, k.phase
 FROM (
     SELECT op_id, range_id, launch_start_ns, key, kind, name_id, dur_ns, phase
-    FROM (SELECT *, launch_global_tid >> (SELECT key_shift FROM _attr_rule) AS key FROM gpu_ops)
+    FROM (SELECT *, launch_global_tid >> $key_shift AS key FROM gpu_ops)
     WHERE key IN (SELECT key FROM _attr_multi_keys)
 ) k
 ASOF JOIN (SELECT * FROM _attr_states WHERE key IN (SELECT key FROM _attr_multi_keys)) s

@@ -1,7 +1,7 @@
 -- Ops of crowded keys (attribution_timeline.sql: keys whose states put more than
 -- $max_bucket_rows rows into one time bucket) have no bucket rows, so attribution.sql left them
 -- unattributed: their last state at or before the launch comes from an ASOF join instead
--- (the key as attribution.sql's _attr_rule makes it).
+-- (the key as attribution.sql makes it: global_tid >> $key_shift).
 -- trace.attribute runs this only where a key is crowded (none in the traces seen).
 UPDATE gpu_ops
 SET range_id = x.range_id, phase = x.phase, phase_range_id = x.phase_range_id,
@@ -11,7 +11,7 @@ FROM (
     FROM (
         SELECT op_id, launch_start_ns, key
         FROM (SELECT op_id, launch_start_ns,
-                     launch_global_tid >> (SELECT key_shift FROM _attr_rule) AS key FROM gpu_ops)
+                     launch_global_tid >> $key_shift AS key FROM gpu_ops)
         WHERE key IN (SELECT key FROM _attr_grid WHERE crowded)
     ) c
     ASOF JOIN _attr_timeline s ON s.key = c.key AND s.t <= c.launch_start_ns

@@ -41,11 +41,11 @@ SELECT global_tid, t, arg_max(state, (is_push, depth)) AS range_id
 FROM edges GROUP BY global_tid, t;
 
 -- The states: every (key, instant) at which the ranges open for that key may change. The key is
--- the process (global_tid >> 24), or under $thread_rule the thread.
+-- global_tid >> $key_shift: the process (24), or the thread under the thread rule (0).
 CREATE OR REPLACE TABLE _attr_states AS
 SELECT row_number() OVER () AS state_id, key, t
 FROM (
-    SELECT DISTINCT CASE WHEN $thread_rule THEN global_tid ELSE global_tid >> 24 END AS key, t
+    SELECT DISTINCT global_tid >> $key_shift AS key, t
     FROM (
         SELECT global_tid, t FROM _range_state
         UNION ALL
@@ -70,7 +70,7 @@ JOIN (SELECT range_id, start_ns, end_ns, global_tid FROM nvtx_ranges WHERE style
 CREATE OR REPLACE TABLE _attr_members AS
 WITH threads AS (
     SELECT DISTINCT global_tid,
-           CASE WHEN $thread_rule THEN global_tid ELSE global_tid >> 24 END AS key
+           global_tid >> $key_shift AS key
     FROM _range_state
 )
 SELECT s.state_id, r.range_id
@@ -81,7 +81,7 @@ WHERE r.range_id >= 0
 UNION ALL
 SELECT state_id, range_id
 FROM _start_end_candidates
-WHERE key = CASE WHEN $thread_rule THEN global_tid ELSE global_tid >> 24 END;
+WHERE key = global_tid >> $key_shift;
 
 DROP TABLE _start_end_candidates;
 DROP TABLE _range_state;
