@@ -23,7 +23,9 @@ Which is faster on a given GPU is measured by ``bench/bench_attention.py``.
 Causal: top-left alignment, as torch SDPA's ``is_causal`` (query i sees keys j ≤ i, whatever Tq
 and Tk). Key tiles entirely after a query tile are never visited; tiles that cross the diagonal (or
 the end of the sequence) run a masked copy of the loop, all other tiles an unmasked one. Causal
-programs are launched heaviest first (longest loops first) so the last wave is short.
+programs are launched heaviest first (longest loops first) so the last wave is short: forward and
+dQ programs within groups of 16 heads (so that the programs running at once share those heads'
+K and V in L2), dK/dV programs over all heads.
 
 Inputs: (B, h, T, d) or (B, T, d); Tq and Tk independent and any length ≥ 1; d 16–128. A power-of-two
 d uses the tile exactly; any other d in range runs with the head dimension padded to the next
@@ -303,6 +305,34 @@ def _to(x, dtype: tl.constexpr, INTERPRET_BF16: tl.constexpr):
     return y
 
 
+# Forward and dQ programs run in groups of this many heads (``_program_tile``).
+_GROUP_HEADS = tl.constexpr(16)
+
+
+@triton.jit
+def _program_tile(seq, BLOCK: tl.constexpr, REVERSE: tl.constexpr):
+    """(batch·head, query tile) of a forward or dQ program in a 1-D grid of B·h·cdiv(seq, BLOCK)
+    programs, launched in groups of _GROUP_HEADS heads: inside a group tile by tile (the last
+    tile first with REVERSE: heaviest first under a causal mask), each tile over the group's
+    heads. These programs stream their head's K and V at 128 FLOP per byte (a 128-row tile, two
+    products per K/V tile), less than an H100 or H200 needs from HBM to keep its tensor cores
+    busy (~140-200 FLOP/B), so the programs running at once should share a few heads' K and V
+    in L2. Tile by tile over all B·h heads (the former 2-D grid), they read one tile of as many
+    heads as run at once (B·h = 512 at seq 1k, batch·seq 16384). With B·h ≤ _GROUP_HEADS
+    the two orders are the same. dK/dV programs keep the 2-D grid: they stream queries at 256
+    FLOP/B and measured slower in groups (bench/notes/flash_attention.md, v5)."""
+    n_tiles = tl.cdiv(seq, BLOCK)
+    n_bh = tl.num_programs(0) // n_tiles
+    pid = tl.program_id(0)
+    first_bh = pid // (_GROUP_HEADS * n_tiles) * _GROUP_HEADS
+    size = tl.minimum(_GROUP_HEADS, n_bh - first_bh)  # the last group may have fewer heads
+    r = pid % (_GROUP_HEADS * n_tiles)
+    tile = r // size
+    if REVERSE:
+        tile = n_tiles - 1 - tile
+    return first_bh + r % size, tile
+
+
 @triton.jit
 def _fwd_loop(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
               seq_k, lo, hi, qk_scale,
@@ -347,10 +377,8 @@ def _flash_fwd_kernel(
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_BUCKET: tl.constexpr,
 ):
-    pid_bh = tl.program_id(0)
-    tile_m = tl.program_id(1)
-    if IS_CAUSAL:  # later query tiles visit more key tiles: launch them first
-        tile_m = tl.num_programs(1) - 1 - tile_m
+    # later query tiles visit more key tiles: under a causal mask, launch them first
+    pid_bh, tile_m = _program_tile(seq_q, BLOCK_M, IS_CAUSAL)
     off_b = (pid_bh // n_heads).to(tl.int64)
     off_h = (pid_bh % n_heads).to(tl.int64)
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
@@ -650,10 +678,7 @@ def _flash_bwd_dq_kernel(
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_BUCKET: tl.constexpr,
 ):
-    pid_bh = tl.program_id(0)
-    tile_m = tl.program_id(1)
-    if IS_CAUSAL:
-        tile_m = tl.num_programs(1) - 1 - tile_m
+    pid_bh, tile_m = _program_tile(seq_q, BLOCK_M, IS_CAUSAL)
     off_b = (pid_bh // n_heads).to(tl.int64)
     off_h = (pid_bh % n_heads).to(tl.int64)
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
@@ -807,7 +832,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
     sm_scale = _scale(d, scale)
     o = _alloc((b, h, tq, d), q.dtype, q.device)
     lse = _alloc((b, h, tq), torch.float32, q.device)
-    grid = lambda meta: (b * h, triton.cdiv(tq, meta["BLOCK_M"]))  # noqa: E731
+    grid = lambda meta: (b * h * triton.cdiv(tq, meta["BLOCK_M"]),)  # noqa: E731
     with _on_device(q):
         compiled = _flash_fwd_kernel[grid](
             q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
@@ -837,7 +862,7 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
         if mode == "split":
             # dQ first: it also writes delta, which the dK/dV kernel (same stream) then reads.
             dq = _alloc((b, h, tq, d), q.dtype, q.device)
-            q_grid = lambda meta: (b * h, triton.cdiv(tq, meta["BLOCK_M"]))  # noqa: E731
+            q_grid = lambda meta: (b * h * triton.cdiv(tq, meta["BLOCK_M"]),)  # noqa: E731
             compiled = _flash_bwd_dq_kernel[q_grid](
                 q, k, v, o, do, dq, lse, delta, *q.stride(), *k.stride(), *v.stride(),
                 *o.stride(), *do.stride(), *dq.stride(), *common, **args)

@@ -13,6 +13,8 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from lmprof.kernels import attention_ref as ref
 from lmprof.kernels import flash as fa
@@ -234,6 +236,36 @@ def test_cpu_tensors_need_the_interpreter(monkeypatch):
         fa.flash_attention(q, k, v)
 
 
+@triton.jit
+def _program_tile_probe(OUT, seq, BLOCK: tl.constexpr, REVERSE: tl.constexpr):
+    bh, tile = fa._program_tile(seq, BLOCK, REVERSE)
+    pid = tl.program_id(0)
+    tl.store(OUT + 2 * pid, bh)
+    tl.store(OUT + 2 * pid + 1, tile)
+
+
+# (seq, BLOCK, B·h): one group, several, a last group of fewer heads, one head, one tile
+@pytest.mark.parametrize("seq,block,n_bh", [(97, 16, 3), (2048, 128, 16), (1000, 64, 37),
+                                            (300, 32, 1), (50, 64, 40)])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward-order", "heaviest-first"])
+def test_program_order_covers_every_tile_once_in_groups_of_heads(seq, block, n_bh, reverse):
+    n_tiles = -(-seq // block)
+    out = torch.full((n_bh * n_tiles, 2), -1, dtype=torch.int32, device=DEVICE)
+    _program_tile_probe[(n_bh * n_tiles,)](out, seq, BLOCK=block, REVERSE=reverse)
+    pairs = [tuple(p) for p in out.tolist()]
+    assert sorted(pairs) == [(bh, t) for bh in range(n_bh) for t in range(n_tiles)]
+    group = fa._GROUP_HEADS.value
+    for bh in range(n_bh):  # a head's tiles in launch order: heaviest (last) first if reversed
+        tiles = [t for b, t in pairs if b == bh]
+        assert tiles == sorted(tiles, reverse=reverse)
+    # programs come group by group: the heads of group i all before those of group i + 1
+    groups = [bh // group for bh, _ in pairs]
+    assert groups == sorted(groups)
+    # inside a group, tile by tile over its heads
+    first = pairs[:min(group, n_bh)]
+    assert {t for _, t in first} == {n_tiles - 1 if reverse else 0}
+
+
 ALL_TILES = {"fwd": fa._FWD_TILES, "dkdv": fa._BWD_KV_TILES, "dkdv_atomic": fa._BWD_KV_ATOMIC_TILES,
              "dq": fa._BWD_Q_TILES}
 
@@ -329,8 +361,10 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("backward", fa.BACKWARD_MODES)
+# (3, 7, ...): 21 heads, more than one group of forward / dQ programs (_program_tile)
 @pytest.mark.parametrize("shape", [(2, 4, 1024, 1024, 64), (1, 3, 1000, 2047, 128),
-                                   (2, 2, 4099, 777, 32), (1, 2, 513, 513, 96)])
+                                   (2, 2, 4099, 777, 32), (1, 2, 513, 513, 96),
+                                   (3, 7, 1000, 1000, 64)])
 def test_gpu_matches_reference(gen, dtype, is_causal, backward, shape):
     b, h, tq, tk, d = shape
     check_against_reference(gen, (b, h, tq, d), (b, h, tk, d), dtype, is_causal, backward)
