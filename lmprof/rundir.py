@@ -20,7 +20,8 @@ run.json (schema_version 1)::
                              context_length, n_params
     flops           dict     forward_flops, backward_flops, optimizer_flops (per step, whole batch)
     environment     dict     hostname, python, torch, triton, cuda, driver, gpu_name, gpu_count,
-                             device, git_commit, ... (null when unknown)
+                             device, git_commit, git_dirty (tracked files changed), ... (null
+                             when unknown)
     timings         dict     see below
     phase_windows   list     [{step, phase, start_ns, end_ns}] on CLOCK_REALTIME (epoch ns), the
                              clock of nsys's session start and of memory snapshots' time_us

@@ -10,17 +10,30 @@ from pathlib import Path
 import torch
 
 
-def git_commit() -> str | None:
-    root = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _git(*args: str, root: Path = PROJECT_ROOT) -> str | None:
+    """stdout of ``git -C ROOT ARGS``, or None (no checkout, no git, or it failed)."""
     if not (root / ".git").exists():
         return None
     try:
-        out = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
-        )
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                             timeout=5)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    return out.stdout if out.returncode == 0 else None
+
+
+def git_commit(root: Path = PROJECT_ROOT) -> str | None:
+    out = _git("rev-parse", "HEAD", root=root)
+    return out.strip() or None if out is not None else None
+
+
+def git_dirty(root: Path = PROJECT_ROOT) -> bool | None:
+    """Whether tracked files differ from the commit (the code that ran is not that commit's)."""
+    out = _git("status", "--porcelain", "--untracked-files=no", root=root)
+    return None if out is None else bool(out.strip())
 
 
 def _driver_version() -> str | None:
@@ -54,6 +67,7 @@ def collect(device: torch.device) -> dict:
         "gpu_count": 0,
         "gpu_memory_bytes": None,
         "git_commit": git_commit(),
+        "git_dirty": git_dirty(),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

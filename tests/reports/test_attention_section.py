@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
+
+import pytest
 
 from lmprof import rundir
 from lmprof.reports import report
@@ -57,3 +61,95 @@ def test_section_in_report(tmp_path):
 
 def test_no_attention_runs_no_section(tmp_path):
     assert section.section(report.ReportContext(runs=[], out_dir=tmp_path)) is None
+
+
+RUNS = Path(__file__).resolve().parents[1] / "data" / "attention-runs"
+
+
+def _runs(tmp_path, edit=None):
+    """The two real part c runs (copied; ``edit(i, run_json)`` may change run i's record)."""
+    out = []
+    for i, src in enumerate(sorted(RUNS.iterdir())):
+        dst = tmp_path / src.name
+        shutil.copytree(src, dst)
+        if edit is not None:
+            record = json.loads((dst / "run.json").read_text())
+            edit(i, record)
+            (dst / "run.json").write_text(json.dumps(record))
+            results = json.loads((dst / "attention.json").read_text())
+            results["environment"] = record["environment"]
+            (dst / "attention.json").write_text(json.dumps(results))
+        out.append(dst)
+    return out
+
+
+def _read(dirs):
+    records = [rundir.load_run(d) for d in dirs]
+    return [(r, rundir.read_json_artifact(r, "attention")) for r in records]
+
+
+def test_part_c_of_two_runs_of_one_setup_share_a_table(tmp_path):
+    dirs = _runs(tmp_path)
+    runs = _read(dirs)
+    [(setup, run_ids, rows)] = section.combined_part_c(runs)
+    assert run_ids == [d.name for d in dirs] and setup[0] == "NVIDIA H200"
+    cell = [r for r in rows if (r["dtype"], r["d"], r["seq"]) == ("bfloat16", 32, 256)]
+    by_impl = {r["impl"]: r for r in cell}
+    assert by_impl["flash"]["run"] == "86e3" and by_impl["sdpa-cudnn"]["run"] == "900a"
+    assert {r["runs"] for r in cell} == {"86e3, 900a"}
+    wide = section.part_c_frame(rows, ("dtype", "d", "seq", "shape", "runs"))
+    got = wide[(wide["d"] == 32) & (wide["seq"] == 256)].iloc[0]
+    # the best SDPA backend of that point is in the second run only
+    first, second = (json.loads((d / "attention.json").read_text())["part_c"] for d in dirs)
+    ms = {r["impl"]: r["e2e_ms"] for r in first + second
+          if (r["d"], r["seq"], r["status"]) == (32, 256, "OK")}
+    best = min((v, k) for k, v in ms.items() if k.startswith("sdpa-"))
+    assert got["best_sdpa"] == best[1] and got["speedup"] == best[0] / ms["flash"]
+    # every measured row of both runs is in the table once
+    measured = {(r["d"], r["seq"], r["impl"]) for r in first + second if r["status"] == "OK"}
+    assert {(r["d"], r["seq"], r["impl"]) for r in rows if r["status"] == "OK"} == measured
+    out = report.build([str(d) for d in dirs], tmp_path / "report")
+    text = out.read_text()
+    assert "2 runs together" in text and "| 86e3, 900a |" in text
+    assert "was not recorded" in text  # these runs predate git_dirty
+    assert (tmp_path / "report" / "img" / "attention_tflops_combined_0.png").is_file()
+
+
+@pytest.mark.parametrize("change", ["dirty", "commit", "card"])
+def test_runs_of_different_setups_or_unknown_code_stay_apart(tmp_path, change):
+    def edit(i, record):
+        env = record["environment"]
+        if i == 1 and change == "dirty":
+            env["git_dirty"] = True
+        elif i == 1 and change == "commit":
+            env["git_commit"] = "0" * 40
+        elif i == 1:
+            env["gpu_name"] = "NVIDIA H100 80GB HBM3"
+
+    assert section.combined_part_c(_read(_runs(tmp_path, edit))) == []
+
+
+def test_a_later_run_replaces_a_cell_but_not_with_a_failed_row(tmp_path):
+    dirs = _runs(tmp_path)
+    later = tmp_path / "20261126T235959Z-attention-c-zzzz"
+    shutil.copytree(dirs[1], later)
+    record = json.loads((later / "run.json").read_text())
+    record.update(run_id=later.name, created_utc="2026-11-26T23:59:59Z")
+    (later / "run.json").write_text(json.dumps(record))
+    results = json.loads((later / "attention.json").read_text())
+    rows = results["part_c"]
+    ok = [r for r in rows if r["status"] == "OK"]
+    ok[0]["e2e_ms"] *= 2                          # re-timed: the later value is kept
+    ok[1].update(status="ERROR", error="boom")    # failed later: the earlier measurement stays
+    (later / "attention.json").write_text(json.dumps(results))
+    [(_, run_ids, merged)] = section.combined_part_c(_read([*dirs, later]))
+    assert run_ids[-1] == later.name
+
+    def find(row):
+        key = ("dtype", "d", "seq", "batch", "heads", "causal", "impl")
+        return [m for m in merged if all(m[k] == row[k] for k in key)]
+
+    [a] = find(ok[0])
+    assert a["run"] == "zzzz" and a["e2e_ms"] == ok[0]["e2e_ms"]
+    [b] = find(ok[1])
+    assert b["run"] == "900a" and b["status"] == "OK"

@@ -59,13 +59,15 @@ def part_b_table(rows: list[dict], matmul_tflops: float | None) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def part_c_frame(rows: list[dict]) -> pd.DataFrame:
-    """One row per (dtype, d, seq): each implementation's fwd+bwd ms, best SDPA, speed-up."""
+def part_c_frame(rows: list[dict], keys: tuple[str, ...] = ("dtype", "d", "seq")
+                 ) -> pd.DataFrame:
+    """One row per ``keys`` (dtype, d, seq): each implementation's fwd+bwd ms, best SDPA,
+    speed-up."""
     df = pd.DataFrame(rows)
     if df.empty:
         return df
     ok = df[df["status"] == "OK"]
-    keys = ["dtype", "d", "seq"]
+    keys = list(keys)
     wide = ok.pivot_table(index=keys, columns="impl", values="e2e_ms", aggfunc="min")
     sdpa = [c for c in wide.columns if c.startswith(SDPA_PREFIX)]
     if sdpa:
@@ -77,13 +79,18 @@ def part_c_frame(rows: list[dict]) -> pd.DataFrame:
     return wide.reset_index()
 
 
-def part_c_table(rows: list[dict]) -> pd.DataFrame:
-    wide = part_c_frame(rows)
+def part_c_table(rows: list[dict], keys: tuple[str, ...] = ("dtype", "d", "seq")
+                 ) -> pd.DataFrame:
+    wide = part_c_frame(rows, keys)
     if wide.empty:
         return wide
     view = pd.DataFrame({"Dtype": wide["dtype"], "d": wide["d"], "Seq": wide["seq"]})
+    if "shape" in keys:
+        view["Shape (B, H)"] = wide["shape"]
+    if "runs" in keys:
+        view["Runs"] = wide["runs"]
     for col in wide.columns:
-        if col in ("dtype", "d", "seq", "best_sdpa_ms", "best_sdpa", "speedup"):
+        if col in (*keys, "best_sdpa_ms", "best_sdpa", "speedup"):
             continue
         view[f"{col} (ms)"] = [_fmt(v, ".3f") for v in wide[col]]
     if "best_sdpa" in wide:
@@ -160,8 +167,79 @@ def plot_tflops(rows: list[dict], path) -> bool:
     return True
 
 
+def _setup(record: dict, results: dict) -> tuple | None:
+    """What must match for part c rows of two runs to share a table: card, versions, code. None
+    where the code is not a known commit (no git, or tracked files were changed; runs recorded
+    before ``git_dirty`` existed count as unchanged, and the table says so)."""
+    env = results.get("environment") or record.get("environment") or {}
+    if not env.get("git_commit") or env.get("git_dirty"):
+        return None
+    return tuple(env.get(k) for k in ("gpu_name", "torch", "triton", "cuda", "cudnn",
+                                      "float32_matmul_precision", "git_commit"))
+
+
+def combined_part_c(runs: list[tuple[dict, dict]]) -> list[tuple[tuple, list[str], list[dict]]]:
+    """Part c over several runs of one setup (``_setup``): [(setup, run ids, rows)], for setups
+    with part c rows in two runs or more. Of two rows for the same cell (dtype, d, seq, batch,
+    heads, causal) and implementation the later run's is kept; failed rows never replace a
+    measured one. Each row gets ``runs`` (the runs its cell's rows came from) and ``shape``."""
+    groups: dict[tuple, list[tuple[dict, dict]]] = {}
+    for record, results in runs:
+        setup = _setup(record, results)
+        if setup is not None and results.get("part_c"):
+            groups.setdefault(setup, []).append((record, results))
+    out = []
+    for setup, members in groups.items():
+        if len(members) < 2:
+            continue
+        members.sort(key=lambda m: m[0].get("created_utc") or m[0].get("run_id") or "")
+        kept: dict[tuple, dict] = {}
+        for record, results in members:
+            short = str(record.get("run_id") or "?").rsplit("-", 1)[-1]
+            for row in results["part_c"]:
+                key = tuple(row.get(k) for k in ("dtype", "d", "seq", "batch", "heads", "causal",
+                                                 "impl"))
+                if row.get("status") == "OK" or kept.get(key, {}).get("status") != "OK":
+                    kept[key] = {**row, "run": short}
+        by_cell: dict[tuple, set] = {}
+        for key, row in kept.items():
+            by_cell.setdefault(key[:-1], set()).add(row["run"])
+        rows = [{**row, "runs": ", ".join(sorted(by_cell[key[:-1]])),
+                 "shape": f"{row.get('batch')}, {row.get('heads')}"
+                          + ("" if row.get("causal", True) else ", not causal")}
+                for key, row in kept.items()]
+        out.append((setup, [str(r.get("run_id")) for r, _ in members], rows))
+    return out
+
+
+def _combined_body(ctx: ReportContext, runs: list[tuple[dict, dict]]) -> list[str]:
+    undated = {str(record.get("run_id")) for record, results in runs
+               if "git_dirty" not in (results.get("environment") or record.get("environment")
+                                      or {})}
+    bodies = []
+    for i, (setup, run_ids, rows) in enumerate(combined_part_c(runs)):
+        gpu, torch_v, triton_v, *_, commit = setup
+        table = part_c_table(rows, keys=("dtype", "d", "seq", "shape", "runs"))
+        unknown = [r for r in run_ids if r in undated]
+        caveat = (f" Whether the code of {', '.join(f'`{r}`' for r in unknown)} had uncommitted "
+                  "changes was not recorded (those runs predate the record)." if unknown else "")
+        body = [f"### Sweep against SDPA (part c), {len(run_ids)} runs together",
+                f"{gpu}, torch {torch_v}, triton {triton_v}, code at commit {commit[:10]}: the "
+                f"part c rows of {', '.join(f'`{r}`' for r in run_ids)} in one table (a cell's "
+                "implementations may come from different runs, named in Runs by their last "
+                "id part; where two runs timed the same cell and implementation, the later one)."
+                + caveat,
+                table.to_markdown(index=False, disable_numparse=True)]
+        path, link = ctx.image(f"attention_tflops_combined_{i}.png")
+        if plot_tflops(rows, path):
+            body.append(f"![fwd+bwd TFLOP/s against sequence length, all runs]({link})")
+        bodies.append("\n\n".join(body))
+    return bodies
+
+
 def section(ctx: ReportContext) -> str | None:
     bodies = []
+    read: list[tuple[dict, dict]] = []
     for record in ctx.runs:
         if record.get("kind") != "attention":
             continue
@@ -170,10 +248,12 @@ def section(ctx: ReportContext) -> str | None:
         except UserError as exc:
             bodies.append(f"Run `{record.get('run_id')}`: its results could not be read ({exc}).")
             continue
+        read.append((record, results))
         body = [f"Run `{record.get('run_id')}`.", render_tables(results).rstrip()]
         if results.get("part_c"):
             path, link = ctx.image(f"attention_tflops_{record.get('run_id')}.png")
             if plot_tflops(results["part_c"], path):
                 body.append(f"![fwd+bwd TFLOP/s against sequence length]({link})")
         bodies.append("\n\n".join(body))
+    bodies += _combined_body(ctx, read)
     return "\n\n".join(bodies) if bodies else None
