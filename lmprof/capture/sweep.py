@@ -308,8 +308,8 @@ def open_sweep_dir(root: Path, grid: Grid, force_mix: bool, write: bool = True) 
     if not sweepdir.is_sweep_dir(root):
         if write:
             rundir.write_json(root / sweepdir.SWEEP_FILE,
-                                {"schema_version": sweepdir.SCHEMA_VERSION, "kind": "lmprof-sweep",
-                                 "grids": [entry]})
+                              {"schema_version": sweepdir.SCHEMA_VERSION, "kind": "lmprof-sweep",
+                               "grids": [entry]})
         return
     data = sweepdir.read_sweep(root)
     if any(g.get("grid_hash") == entry["grid_hash"] for g in data["grids"]):
@@ -599,7 +599,7 @@ def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]
             counts[record["status"]] = counts.get(record["status"], 0) + 1
             index[cell.name] = _index_entry(cell, record)
             rundir.write_json(index_path, {"grid_hash": grid.grid_hash,
-                                             "cells": dict(sorted(index.items()))})
+                                           "cells": dict(sorted(index.items()))})
             bar.update()
             postfix()
 

@@ -167,11 +167,15 @@ def plot_tflops(rows: list[dict], path) -> bool:
     return True
 
 
+def _env(record: dict, results: dict) -> dict:
+    return results.get("environment") or record.get("environment") or {}
+
+
 def _setup(record: dict, results: dict) -> tuple | None:
     """What must match for part c rows of two runs to share a table: card, versions, code. None
     where the code is not a known commit (no git, or tracked files were changed; runs recorded
     before ``git_dirty`` existed count as unchanged, and the table says so)."""
-    env = results.get("environment") or record.get("environment") or {}
+    env = _env(record, results)
     if not env.get("git_commit") or env.get("git_dirty"):
         return None
     return tuple(env.get(k) for k in ("gpu_name", "torch", "triton", "cuda", "cudnn",
@@ -214,8 +218,7 @@ def combined_part_c(runs: list[tuple[dict, dict]]) -> list[tuple[tuple, list[str
 
 def _combined_body(ctx: ReportContext, runs: list[tuple[dict, dict]]) -> list[str]:
     undated = {str(record.get("run_id")) for record, results in runs
-               if "git_dirty" not in (results.get("environment") or record.get("environment")
-                                      or {})}
+               if "git_dirty" not in _env(record, results)}
     bodies = []
     for i, (setup, run_ids, rows) in enumerate(combined_part_c(runs)):
         gpu, torch_v, triton_v, *_, commit = setup
