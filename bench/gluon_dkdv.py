@@ -22,6 +22,7 @@ Triton with ``triton.experimental.gluon`` (3.6 has it); contiguous 16-bit inputs
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import sys
@@ -29,12 +30,16 @@ from pathlib import Path
 
 import torch
 import triton
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
-                                                               warpgroup_mma_wait)
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.testing import do_bench
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
+                                                                   warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+except ImportError as exc:  # an older Triton
+    sys.exit(f"gluon_dkdv: needs triton.experimental.gluon (Triton 3.6 or newer): {exc}")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lmprof.kernels import flash  # noqa: E402
@@ -246,9 +251,11 @@ def main() -> None:
             rows.append(run(shape, causal, configs))
             print(json.dumps(rows[-1]), flush=True)
     if args.out:
-        args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(),
-                                        "torch": torch.__version__, "triton": triton.__version__,
-                                        "rows": rows}, indent=1) + "\n")
+        args.out.write_text(json.dumps({
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "triton": triton.__version__, "rows": rows},
+            indent=1) + "\n")
 
 
 if __name__ == "__main__":
