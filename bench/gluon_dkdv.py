@@ -41,7 +41,9 @@ try:
 except ImportError as exc:  # an older Triton
     sys.exit(f"gluon_dkdv: needs triton.experimental.gluon (Triton 3.6 or newer): {exc}")
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bench_attention as ba  # noqa: E402
 from lmprof.kernels import flash  # noqa: E402
 
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -229,7 +231,8 @@ def run(shape, causal: bool, configs) -> dict:
                                     warmup=25, rep=200)
     finally:
         flash._flash_bwd_dq_kernel = real
-    row["triton_config"] = str(getattr(flash._flash_bwd_dkdv_kernel, "best_config", ""))
+    best = getattr(flash._flash_bwd_dkdv_kernel, "best_config", None)
+    row["triton_config"] = ba._config_name(best) if best else ""
     return row
 
 

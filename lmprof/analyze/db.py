@@ -47,5 +47,5 @@ def at_once(tasks: list[Callable[[], None]], name: str) -> None:
     with ThreadPoolExecutor(len(tasks), thread_name_prefix=f"lmprof-{name}") as pool:
         futures = [pool.submit(task) for task in tasks]
     for future in futures:  # leaving the pool waited for every task
-        if future.exception() is not None:
-            raise future.exception()
+        if (error := future.exception()) is not None:
+            raise error

@@ -806,6 +806,12 @@ def _dq_descriptor(dq_acc: torch.Tensor):
                             [1, 16, shape[2]])
 
 
+def _query_tile_grid(bh: int, tq: int):
+    """Launch grid of the forward and dQ kernels: one program per (batch·head, query tile), 1-D
+    (``_program_tile`` maps a program to its head and tile)."""
+    return lambda meta: (bh * triton.cdiv(tq, meta["BLOCK_M"]),)
+
+
 def _on_device(t: torch.Tensor):
     return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
@@ -832,9 +838,8 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
     sm_scale = _scale(d, scale)
     o = _alloc((b, h, tq, d), q.dtype, q.device)
     lse = _alloc((b, h, tq), torch.float32, q.device)
-    grid = lambda meta: (b * h * triton.cdiv(tq, meta["BLOCK_M"]),)  # noqa: E731
     with _on_device(q):
-        compiled = _flash_fwd_kernel[grid](
+        compiled = _flash_fwd_kernel[_query_tile_grid(b * h, tq)](
             q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
             h, tq, k.shape[-2], sm_scale * LOG2E, **_launch_args(q, k, is_causal))
     _record("_flash_fwd_kernel", compiled)
@@ -862,8 +867,7 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
         if mode == "split":
             # dQ first: it also writes delta, which the dK/dV kernel (same stream) then reads.
             dq = _alloc((b, h, tq, d), q.dtype, q.device)
-            q_grid = lambda meta: (b * h * triton.cdiv(tq, meta["BLOCK_M"]),)  # noqa: E731
-            compiled = _flash_bwd_dq_kernel[q_grid](
+            compiled = _flash_bwd_dq_kernel[_query_tile_grid(b * h, tq)](
                 q, k, v, o, do, dq, lse, delta, *q.stride(), *k.stride(), *v.stride(),
                 *o.stride(), *do.stride(), *dq.stride(), *common, **args)
             _record("_flash_bwd_dq_kernel", compiled)
