@@ -38,7 +38,7 @@ def signature(fn, dtype: str, constexprs: dict) -> dict:
         if name in constexprs:
             sig[name] = "constexpr"
         elif name == "DQ_DESC":  # the atomic backward's bulk reduce-add target (TMA_DQ)
-            sig[name] = (f"tensordesc<fp32[1,{constexprs['BLOCK_M']},{constexprs['BLOCK_D']}]>"
+            sig[name] = (f"tensordesc<fp32[1,{constexprs['BLOCK_D']},{constexprs['BLOCK_M']}]>"
                          if constexprs.get("TMA_DQ") else "constexpr")
         elif name in ("LSE", "DELTA") or (name == "DQ" and "atomic" in fn.__name__):
             sig[name] = "*fp32"

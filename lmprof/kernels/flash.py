@@ -162,13 +162,16 @@ _BWD_KV_TILES = {
         # (32, 128, 4, *) — spills
     ],
 }
-# The atomic variant (an option, 2× slower than split on H200 in v1): a short list. With
-# BLOCK_M 32 its dQ product is mma.sync (wgmma needs 64 rows), the only d=128 tiles without spills.
+# The atomic variant (an option; split is the default): a short list. Its dQ product is
+# dQᵀ = Kᵀ·dSᵀ, with BLOCK_D rows, so it is wgmma even at BLOCK_M 32.
 _BWD_KV_ATOMIC_TILES = {
-    # 238–240 / 191 regs, 0 spills (also with the TMA reduce); rejected: (128, 64, 8, 3),
-    # (128, 128, 8|16, 2), (64, 128, 4, 3) — 100 B to 2.3 KB of spills
-    64: [(64, 128, 8, 3), (64, 128, 8, 4), (64, 128, 8, 2), (64, 64, 8, 3), (64, 64, 8, 4)],
-    128: [(32, 128, 8, 2), (32, 128, 8, 3)],  # rejected: (64, 64, 8, *) — 8 B of spills
+    # With dQ accumulated transposed (v7): 234–240 / 207 / 246 / 177 regs, 0 spills (also with
+    # the TMA reduce); rejected: (128, 128, 8, 2) — 330 B of spills
+    64: [(64, 128, 8, 3), (64, 128, 8, 4), (64, 128, 8, 2), (64, 64, 8, 3), (64, 64, 8, 4),
+         (64, 64, 4, 3), (32, 128, 8, 3)],
+    # 242–255 regs, 0 spills; rejected: (64, 128, 8, 2) — 136 B; (32, 64, 4, 3) — 12 B;
+    # (64, 64, 4, 3) — 650 B of spills
+    128: [(32, 128, 8, 2), (32, 128, 8, 3), (64, 64, 8, 2), (64, 64, 8, 3)],
 }
 # dQ: BLOCK_M queries per program (held), BLOCK_N keys per loop iteration (streamed).
 _BWD_Q_TILES = {
@@ -476,18 +479,26 @@ def _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, dq_desc, pid_bh, lse_pt
         ds_t = p_t * (dp_t - delta[None, :])  # (BLOCK_N, BLOCK_M)
         dk = _mma(_to(ds_t, q.dtype, INTERPRET_BF16), q, dk, DOT_PRECISION, INTERPRET_BF16)
         if ATOMIC_DQ:
-            dq = _mma(tl.trans(_to(ds_t, k.dtype, INTERPRET_BF16)), k, tl.zeros([BLOCK_M, BLOCK_D], tl.float32),
-                      DOT_PRECISION, INTERPRET_BF16) * sm_scale
+            # This tile's share of dQ, transposed: dQᵀ = Kᵀ·dSᵀ (BLOCK_D, BLOCK_M) takes dSᵀ as it
+            # is held here (the B operand, through shared memory) and has BLOCK_D rows, so it is a
+            # wgmma even at BLOCK_M 32; dQ = (dSᵀ)ᵀ·K needed dSᵀ transposed in registers first
+            # (at d 128, 32×128 tiles, 16k: backward 7.81 → 5.84 ms with the reduce left out;
+            # H100, bench/notes/flash_attention.md, v7). Added into the transposed fp32
+            # accumulator (B, h, BLOCK_D or d, Tq): no transpose here either.
+            dqt = _mma(tl.trans(k), _to(ds_t, k.dtype, INTERPRET_BF16),
+                       tl.zeros([BLOCK_D, BLOCK_M], tl.float32), DOT_PRECISION,
+                       INTERPRET_BF16) * sm_scale
             ptrs = dq_ptrs + start_m * stride_dqm
-            if TMA_DQ:  # one bulk reduce-add of the tile by the TMA unit (rows past seq_q: zeros,
-                # and rows past the buffer are dropped by the descriptor's bounds)
-                dq_desc.atomic_add([pid_bh, start_m, 0], dq.reshape([1, BLOCK_M, BLOCK_D]))
-            elif PAD_D:
-                tl.atomic_add(ptrs, dq, mask=(rows[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM))
+            if TMA_DQ:  # one bulk reduce-add of the tile by the TMA unit (columns past seq_q:
+                # zeros, and those past the buffer are dropped by the descriptor's bounds)
+                dq_desc.atomic_add([pid_bh, 0, start_m], dqt.reshape([1, BLOCK_D, BLOCK_M]))
+            elif PAD_D:  # relaxed: the adds need no order among themselves (read after the kernel)
+                tl.atomic_add(ptrs, dqt, mask=(rows[None, :] < seq_q) & (offs_d[:, None] < HEAD_DIM),
+                              sem="relaxed")
             elif MASKED:
-                tl.atomic_add(ptrs, dq, mask=rows[:, None] < seq_q)
+                tl.atomic_add(ptrs, dqt, mask=rows[None, :] < seq_q, sem="relaxed")
             else:
-                tl.atomic_add(ptrs, dq)
+                tl.atomic_add(ptrs, dqt, sem="relaxed")
     return dk, dv
 
 
@@ -527,8 +538,9 @@ def _bwd_kv_program(
               + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd)
     do_ptrs = (DO + off_b * stride_dob + off_h * stride_doh
                + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod)
+    # (ATOMIC_DQ) a (BLOCK_D, BLOCK_M) tile of the transposed dQ accumulator
     dq_ptrs = (DQ + off_b * stride_dqb + off_h * stride_dqh
-               + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd)
+               + offs_d[:, None] * stride_dqd + offs_m[None, :] * stride_dqm)
     lse_ptr = LSE + pid_bh.to(tl.int64) * seq_q
     delta_ptr = DELTA + pid_bh.to(tl.int64) * seq_q
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -567,10 +579,10 @@ def _bwd_kv_program(
 
 
 def _set_dq_box(nargs: dict) -> None:
-    """Autotuner pre-hook: the dQ descriptor's box is one (BLOCK_M, BLOCK_D) tile."""
+    """Autotuner pre-hook: the dQ descriptor's box is one (BLOCK_D, BLOCK_M) tile of dQᵀ."""
     desc = nargs.get("DQ_DESC")
     if desc is not None:
-        desc.block_shape = [1, nargs["BLOCK_M"], nargs["BLOCK_D"]]
+        desc.block_shape = [1, nargs["BLOCK_D"], nargs["BLOCK_M"]]
 
 
 _KV_PRUNE = {"early_config_prune": _prune_factory("BLOCK_N", "BLOCK_M", "SEQ_K_BUCKET",
@@ -797,13 +809,13 @@ def _tma_reduce_available(t: torch.Tensor) -> bool:
     return TensorDescriptor is not None and torch.cuda.get_device_capability(t.device)[0] >= 9
 
 
-def _dq_descriptor(dq_acc: torch.Tensor):
-    """(B·h, Tq, BLOCK_D) view of the fp32 dQ accumulator; the box is set per config by
-    ``_set_dq_box`` (it depends on the autotuned BLOCK_M)."""
-    bh = dq_acc.shape[0] * dq_acc.shape[1]
-    shape = [bh, dq_acc.shape[2], dq_acc.shape[3]]
-    return TensorDescriptor(dq_acc, shape, [shape[1] * shape[2], shape[2], 1],
-                            [1, 16, shape[2]])
+def _dq_descriptor(dq_acc_t: torch.Tensor):
+    """(B·h, BLOCK_D, Tq padded) view of the transposed fp32 dQ accumulator; the box is set per
+    config by ``_set_dq_box`` (it depends on the autotuned BLOCK_M)."""
+    bh = dq_acc_t.shape[0] * dq_acc_t.shape[1]
+    shape = [bh, dq_acc_t.shape[2], dq_acc_t.shape[3]]
+    return TensorDescriptor(dq_acc_t, shape, [shape[1] * shape[2], shape[2], 1],
+                            [1, shape[1], 16])
 
 
 def _query_tile_grid(bh: int, tq: int):
@@ -881,16 +893,19 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
                 o, do, delta, *o.stride(), *do.stride(), h, tq, HEAD_DIM=d,
                 BLOCK_D=args["BLOCK_D"], BLOCK_M=pre_block)
             tma = _tma_reduce_available(q)
-            # with TMA the fp32 accumulator is padded to BLOCK_D columns: one box per tile
-            dq_acc = torch.zeros((b, h, tq, args["BLOCK_D"] if tma else d), dtype=torch.float32,
-                                 device=q.device)
-            desc = _dq_descriptor(dq_acc) if tma else None
+            # dQ accumulates transposed, (B, h, d, Tq) in fp32 (see _bwd_kv_loop). With TMA it
+            # is padded to BLOCK_D rows (one box per tile) and Tq to a multiple of 4 (the TMA unit
+            # needs 16-byte row strides).
+            dq_acc_t = torch.zeros((b, h, args["BLOCK_D"], -(-tq // 4) * 4) if tma else
+                                   (b, h, d, tq), dtype=torch.float32, device=q.device)
+            desc = _dq_descriptor(dq_acc_t) if tma else None
             compiled = _flash_bwd_dkdv_dq_atomic_kernel[kv_grid](
-                q, k, v, do, dk, dv, dq_acc, desc, lse, delta, *q.stride(), *k.stride(),
-                *v.stride(), *do.stride(), *dk.stride(), *dq_acc.stride(), *common,
-                TMA_DQ=tma, **args)
+                q, k, v, do, dk, dv, dq_acc_t, desc, lse, delta, *q.stride(), *k.stride(),
+                *v.stride(), *do.stride(), *dk.stride(), *dq_acc_t.transpose(2, 3).stride(),
+                *common, TMA_DQ=tma, **args)
             _record("_flash_bwd_dkdv_dq_atomic_kernel", compiled)
-            dq = dq_acc[..., :d].to(q.dtype)
+            dq = dq_acc_t[:, :, :d, :tq].transpose(2, 3).to(q.dtype,
+                                                             memory_format=torch.contiguous_format)
     return dq, dk, dv
 
 

@@ -92,9 +92,11 @@ def test_matches_reference(gen, dtype, is_causal, tq, tk):
     check_against_reference(gen, (1, 2, tq, 32), (1, 2, tk, 32), dtype, is_causal)
 
 
+@pytest.mark.parametrize("d", [32, 24], ids=["d32", "d24-padded"])
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-def test_atomic_backward_matches_reference(gen, is_causal):
-    check_against_reference(gen, (2, 1, 97, 32), (2, 1, 113, 32), torch.bfloat16, is_causal,
+def test_atomic_backward_matches_reference(gen, is_causal, d):
+    """dQ accumulated transposed by atomics, odd lengths, and a d_head padded to its tile."""
+    check_against_reference(gen, (2, 1, 97, d), (2, 1, 113, d), torch.bfloat16, is_causal,
                             backward="atomic")
 
 
