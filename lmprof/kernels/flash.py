@@ -904,8 +904,8 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
                 *v.stride(), *do.stride(), *dk.stride(), *dq_acc_t.transpose(2, 3).stride(),
                 *common, TMA_DQ=tma, **args)
             _record("_flash_bwd_dkdv_dq_atomic_kernel", compiled)
-            dq = dq_acc_t[:, :, :d, :tq].transpose(2, 3).to(q.dtype,
-                                                             memory_format=torch.contiguous_format)
+            dq = _alloc((b, h, tq, d), q.dtype, q.device)
+            dq.copy_(dq_acc_t[:, :, :d, :tq].transpose(2, 3))  # one pass: transpose and cast
     return dq, dk, dv
 
 

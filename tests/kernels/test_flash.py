@@ -137,6 +137,18 @@ def test_causal_alignment_is_top_left_like_sdpa(gen, tq, tk):
     assert max_err(o, want, "o") < 1e-5, f"seed {gen.initial_seed()}"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("backward", fa.BACKWARD_MODES)
+def test_backward_returns_contiguous_gradients(gen, dtype, backward):
+    """(dq, dk, dv) are contiguous (B, h, T, d) in the input dtype, whatever layout dQ was
+    accumulated in (the atomic variant's is transposed)."""
+    q, k, v, do = (randn(gen, 1, 2, 45, 16, dtype=dtype) for _ in range(4))
+    o, lse = fa.flash_forward(q, k, v, True)
+    for name, g in zip(("dq", "dk", "dv"), fa.flash_backward(q, k, v, o, lse, do, True,
+                                                             mode=backward)):
+        assert g.is_contiguous() and g.dtype == dtype and g.shape == q.shape, name
+
+
 def test_backward_variants_agree(gen):
     q, k, v, do = (randn(gen, 1, 2, 77, 32) for _ in range(4))
     split = run_attention(fa.flash_attention, q, k, v, do, is_causal=True, backward="split")
