@@ -88,7 +88,7 @@ AUTOTUNED = {"_flash_fwd_kernel": flash._flash_fwd_kernel,
 
 def _config_name(cfg) -> str:
     return (f"{cfg.kwargs['BLOCK_M']}x{cfg.kwargs['BLOCK_N']} w{cfg.num_warps} "
-            f"s{cfg.num_stages}")
+            f"s{cfg.num_stages}" + (f" r{cfg.maxnreg}" if cfg.maxnreg else ""))
 
 
 def autotune_view(top: int) -> list[dict]:

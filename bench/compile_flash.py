@@ -121,8 +121,10 @@ def main() -> None:
                      if sig[n] != "constexpr" and sig[n] != "fp32" and n != "n_heads"}
             src = ASTSource(fn, sig, constexprs, attrs=attrs)
             try:
-                k = triton.compile(src, target=target, options={"num_warps": cfg.num_warps,
-                                                                 "num_stages": cfg.num_stages})
+                options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+                if cfg.maxnreg:  # a register cap (two CTAs per SM), as the launch applies it
+                    options["maxnreg"] = cfg.maxnreg
+                k = triton.compile(src, target=target, options=options)
             except Exception as exc:  # noqa: BLE001 — report and go on
                 print(f"| {name} | {cfg.kwargs} | failed: {str(exc).splitlines()[0][:120]} |")
                 continue
@@ -133,8 +135,9 @@ def main() -> None:
                 stem = f"{name}_{cfg.kwargs['BLOCK_M']}x{cfg.kwargs['BLOCK_N']}_w{cfg.num_warps}_s{cfg.num_stages}"
                 (args.dump / f"{stem}.ptx").write_text(ptx)
                 (args.dump / f"{stem}.ttgir").write_text(k.asm["ttgir"])
+            cap = f" (maxnreg {cfg.maxnreg})" if cfg.maxnreg else ""
             print(f"| {name} | {cfg.kwargs['BLOCK_M']} | {cfg.kwargs['BLOCK_N']} | {cfg.num_warps} "
-                  f"| {cfg.num_stages} | {rep['regs']} | {rep['spill_store_bytes']}/"
+                  f"| {cfg.num_stages}{cap} | {rep['regs']} | {rep['spill_store_bytes']}/"
                   f"{rep['spill_load_bytes']} | {rep['stack_bytes']} | {k.metadata.shared} | "
                   f"{ptx.count('wgmma.mma_async')} | {ptx.count('mma.sync')} | {rep['hgmma']} |"
                   + (f" ptxas: {rep['ptxas_error']}" if rep["ptxas_error"] else ""), flush=True)

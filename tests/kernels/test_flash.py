@@ -300,13 +300,10 @@ def test_autotune_lists_are_small_and_cover_every_bucket(kernel, ieee):
 
 
 def _as_configs(lists, ieee=None):
-    import triton
-
     both = [(d, lst) for d, lst in lists.items()]
     if ieee is not None:
         both += [(-d, lst) for d, lst in ieee.items()]
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "D_BUCKET": d}, num_warps=w, num_stages=s)
-            for d, lst in both for m, n, w, s in lst]
+    return [fa._config(d, tile) for d, lst in both for tile in lst]
 
 
 @pytest.mark.parametrize("precision,ieee", [("ieee", True), ("tf32", False), ("tf32x3", False)])
@@ -417,8 +414,6 @@ def test_gpu_seq_65536_where_naive_runs_out_of_memory(gen, backward):
 def test_gpu_every_config(gen, monkeypatch, d, dtype):
     """Each autotune configuration of each kernel, one at a time, on odd lengths (tile edges):
     the tensor-core lists with bf16, the IEEE lists with fp32 at torch's default precision."""
-    import triton
-
     ieee = dtype == torch.float32
     if ieee:
         assert torch.get_float32_matmul_precision() == "highest"
@@ -430,11 +425,9 @@ def test_gpu_every_config(gen, monkeypatch, d, dtype):
     tiles = {t: lists[ieee][bucket] for t, lists in tuners.items()}
     for i in range(max(len(lst) for lst in tiles.values())):
         for tuner, lst in tiles.items():
-            m, n, w, st = lst[i % len(lst)]
             hook = tuner.configs[0].pre_hook  # the atomic kernel sets its dQ descriptor's box
-            monkeypatch.setattr(tuner, "configs", [triton.Config(
-                {"BLOCK_M": m, "BLOCK_N": n, "D_BUCKET": -bucket if ieee else bucket},
-                num_warps=w, num_stages=st, pre_hook=hook)])
+            monkeypatch.setattr(tuner, "configs", [fa._config(-bucket if ieee else bucket,
+                                                              lst[i % len(lst)], hook)])
             monkeypatch.setattr(tuner, "cache", {})
         for backward in fa.BACKWARD_MODES:
             check_against_reference(gen, (1, 2, 1000, d), (1, 2, 1537, d), dtype, True,
