@@ -132,7 +132,8 @@ def main() -> None:
             rep = ptxas_report(ptx, args.arch)
             if args.dump:
                 args.dump.mkdir(parents=True, exist_ok=True)
-                stem = f"{name}_{cfg.kwargs['BLOCK_M']}x{cfg.kwargs['BLOCK_N']}_w{cfg.num_warps}_s{cfg.num_stages}"
+                stem = (f"{name}_{cfg.kwargs['BLOCK_M']}x{cfg.kwargs['BLOCK_N']}_w{cfg.num_warps}"
+                        f"_s{cfg.num_stages}" + (f"_r{cfg.maxnreg}" if cfg.maxnreg else ""))
                 (args.dump / f"{stem}.ptx").write_text(ptx)
                 (args.dump / f"{stem}.ttgir").write_text(k.asm["ttgir"])
             cap = f" (maxnreg {cfg.maxnreg})" if cfg.maxnreg else ""

@@ -154,7 +154,7 @@ _BWD_KV_TILES = {
         (64, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 4), (64, 128, 8, 5),  # v1 winner; 231 regs
         # capped at 128 registers (136 uncapped; 0 spills with Triton 3.6, the GPU machine's,
         # 20–28 B with 3.9): two CTAs per SM, 4–17% faster than 64×128 8w s3 on an H100 (notes,
-        # v7); uncapped (160 regs with 3.9, one CTA) it was 35% slower than that tile
+        # v7); uncapped (160 regs with 3.9, one CTA) it was 36% slower than that tile
         (32, 128, 8, 3, 128), (32, 128, 8, 4, 128), (32, 128, 8, 5, 128),
         (64, 64, 4, 3), (64, 64, 4, 4),                        # 226–236 regs, 2 CTAs/SM
         (64, 64, 8, 3),                                        # 183 regs
