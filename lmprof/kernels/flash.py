@@ -485,8 +485,8 @@ def _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, dq_desc, pid_bh, lse_pt
         dv = _mma(_to(p_t, do.dtype, INTERPRET_BF16), do, dv, DOT_PRECISION, INTERPRET_BF16)
         dp_t = _mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), DOT_PRECISION,
                     INTERPRET_BF16)
-        ds_t = p_t * (dp_t - delta[None, :])  # (BLOCK_N, BLOCK_M)
-        dk = _mma(_to(ds_t, q.dtype, INTERPRET_BF16), q, dk, DOT_PRECISION, INTERPRET_BF16)
+        ds_t = _to(p_t * (dp_t - delta[None, :]), q.dtype, INTERPRET_BF16)  # (BLOCK_N, BLOCK_M)
+        dk = _mma(ds_t, q, dk, DOT_PRECISION, INTERPRET_BF16)
         if ATOMIC_DQ:
             # This tile's share of dQ, transposed: dQᵀ = Kᵀ·dSᵀ (BLOCK_D, BLOCK_M) takes dSᵀ as it
             # is held here (the B operand, through shared memory) and has BLOCK_D rows, so it is a
@@ -494,9 +494,8 @@ def _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, dq_desc, pid_bh, lse_pt
             # (at d 128, 32×128 tiles, 16k: backward 7.81 → 5.84 ms with the reduce left out;
             # H100, bench/notes/flash_attention.md, v7). Added into the transposed fp32
             # accumulator (B, h, BLOCK_D or d, Tq): no transpose here either.
-            dqt = _mma(tl.trans(k), _to(ds_t, k.dtype, INTERPRET_BF16),
-                       tl.zeros([BLOCK_D, BLOCK_M], tl.float32), DOT_PRECISION,
-                       INTERPRET_BF16) * sm_scale
+            dqt = _mma(tl.trans(k), ds_t, tl.zeros([BLOCK_D, BLOCK_M], tl.float32),
+                       DOT_PRECISION, INTERPRET_BF16) * sm_scale
             ptrs = dq_ptrs + start_m * stride_dqm
             if TMA_DQ:  # one bulk reduce-add of the tile by the TMA unit (columns past seq_q:
                 # zeros, and those past the buffer are dropped by the descriptor's bounds)
