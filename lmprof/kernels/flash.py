@@ -41,7 +41,8 @@ Tile sizes, warps and pipeline stages are autotuned per (power-of-two bucket of 
 batch·heads, d, causal, dtype, fp32 precision) from a list per padded-d_head bucket (``_select``
 drops tiles longer than the sequences), with separate, smaller lists for IEEE fp32 (no tensor
 cores: the products are FMA loops whose operands live in registers). Under
-``TRITON_INTERPRET=1`` (CPU tests) each kernel has one small configuration.
+``TRITON_INTERPRET=1`` (CPU tests) each kernel has one small configuration. After the first
+launch of an argument signature, launches skip Triton's per-call bookkeeping (``_Launcher``).
 """
 
 from __future__ import annotations
@@ -751,6 +752,58 @@ def _flash_bwd_dq_kernel(
 COMPILED: dict[str, object] = {}
 
 
+# Host cost of a launch. Through Triton's autotuner and JIT front end one launch of these kernels
+# (20–36 arguments) costs 70–110 µs of CPU time on the lent H100 machine (Triton 3.6), of which the
+# compiled kernel's own launch is 13–18 µs; at short sequences the GPU then waits on the CPU (notes,
+# v8). So after a kernel has run once for a given argument signature — every integer, float and
+# flag by value, every tensor by dtype, device and 16-byte alignment, which is finer than what
+# Triton specialises on — later launches with that signature call the compiled kernel directly
+# with the configuration the autotuner chose. LMPROF_FLASH_FAST_LAUNCH=0 turns this off.
+FAST_LAUNCH = os.environ.get("LMPROF_FLASH_FAST_LAUNCH", "1") != "0"
+
+
+class _Launcher:
+    """``launcher(grid, *args, **kwargs)`` = ``kernel[grid](*args, **kwargs)``, minus the
+    per-call bookkeeping once the signature has been seen; returns the compiled kernel."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.direct: dict[tuple, tuple | None] = {}
+
+    def __call__(self, grid, *args, **kwargs):
+        if not FAST_LAUNCH or INTERPRET:
+            return self.kernel[grid](*args, **kwargs)
+        key = (tuple((a.dtype, a.device.index, a.data_ptr() % 16 == 0)
+                     if isinstance(a, torch.Tensor) else a for a in args),
+               tuple(kwargs.items()))
+        hit = self.direct.get(key, False)
+        # (an entry is stale once the autotuner's configs or cache are replaced, as tests do)
+        if hit and hit[3] is self.kernel.configs and hit[4] is self.kernel.cache:
+            compiled, meta, tail = hit[:3]
+            g = grid(meta)
+            compiled[(g[0], g[1] if len(g) > 1 else 1, 1)](*args, *tail)
+            return compiled
+        compiled = self.kernel[grid](*args, **kwargs)  # tunes on a new key, compiles, launches
+        if hit is not None:
+            self.direct[key] = self._entry(compiled, len(args), kwargs)
+        return compiled
+
+    def _entry(self, compiled, n_args: int, kwargs: dict):
+        """(compiled, meta, the arguments after the positional ones, the autotuner's configs and
+        cache), or None where the direct launch does not apply (a config with a pre-hook; a
+        compile still in flight)."""
+        config = self.kernel.best_config
+        if (config.pre_hook is not None or hasattr(compiled, "result")
+                or not hasattr(compiled, "__getitem__")):
+            return None
+        meta = {**kwargs, **config.kwargs}
+        tail = self.kernel.fn.arg_names[n_args:]
+        if any(name not in meta for name in tail):  # a parameter left to its default
+            return None
+        return (compiled, meta, tuple(meta[name] for name in tail), self.kernel.configs,
+                self.kernel.cache)
+
+
 def _alloc(shape, dtype, device) -> torch.Tensor:
     """Every output buffer comes from here (tests replace it to poison outputs with NaN)."""
     return torch.empty(shape, dtype=dtype, device=device)
@@ -849,6 +902,10 @@ def _scale(d: int, scale: float | None) -> float:
     return float(scale)
 
 
+_FWD, _DQ, _DKDV = (_Launcher(k) for k in (_flash_fwd_kernel, _flash_bwd_dq_kernel,
+                                                     _flash_bwd_dkdv_kernel))
+
+
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
                   scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward on 4-D (B, h, T, d) inputs: returns (o contiguous, lse fp32 (B, h, Tq))."""
@@ -859,7 +916,8 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
     o = _alloc((b, h, tq, d), q.dtype, q.device)
     lse = _alloc((b, h, tq), torch.float32, q.device)
     with _on_device(q):
-        compiled = _flash_fwd_kernel[_query_tile_grid(b * h, tq)](
+        compiled = _FWD(
+            _query_tile_grid(b * h, tq),
             q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
             h, tq, k.shape[-2], sm_scale * LOG2E, **_launch_args(q, k, is_causal))
     _record("_flash_fwd_kernel", compiled)
@@ -887,11 +945,13 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
         if mode == "split":
             # dQ first: it also writes delta, which the dK/dV kernel (same stream) then reads.
             dq = _alloc((b, h, tq, d), q.dtype, q.device)
-            compiled = _flash_bwd_dq_kernel[_query_tile_grid(b * h, tq)](
+            compiled = _DQ(
+                _query_tile_grid(b * h, tq),
                 q, k, v, o, do, dq, lse, delta, *q.stride(), *k.stride(), *v.stride(),
                 *o.stride(), *do.stride(), *dq.stride(), *common, **args)
             _record("_flash_bwd_dq_kernel", compiled)
-            compiled = _flash_bwd_dkdv_kernel[kv_grid](
+            compiled = _DKDV(
+                kv_grid,
                 q, k, v, do, dk, dv, dq, lse, delta, *q.stride(), *k.stride(), *v.stride(),
                 *do.stride(), *dk.stride(), *dq.stride(), *common, **args)
             _record("_flash_bwd_dkdv_kernel", compiled)

@@ -437,6 +437,37 @@ def test_gpu_every_config(gen, monkeypatch, d, dtype):
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("d", [64, 128])
+def test_gpu_direct_launch_is_taken_and_matches_the_autotuner_path(gen, monkeypatch, d):
+    """After one call through Triton's autotuner, the same signature launches the compiled kernels
+    directly (no autotuner call), with results identical to the autotuner path's."""
+    q, do = (randn(gen, 2, 3, 1000, d, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (randn(gen, 2, 3, 1537, d, dtype=torch.bfloat16) for _ in range(2))
+    launchers = (fa._FWD, fa._DQ, fa._DKDV)
+    monkeypatch.setattr(fa, "FAST_LAUNCH", False)
+    slow = run_attention(fa.flash_attention, q, k, v, do, is_causal=True)
+    monkeypatch.setattr(fa, "FAST_LAUNCH", True)
+    for launcher in launchers:
+        monkeypatch.setattr(launcher, "direct", {})
+    first = run_attention(fa.flash_attention, q, k, v, do, is_causal=True)
+    assert all(len(launcher.direct) == 1 for launcher in launchers)
+    calls = []
+    for launcher in launchers:
+        run = launcher.kernel.run
+        monkeypatch.setattr(launcher.kernel, "run",
+                            lambda *a, _run=run, **kw: calls.append(1) or _run(*a, **kw))
+    direct = run_attention(fa.flash_attention, q, k, v, do, is_causal=True)
+    assert not calls, "a launch went through the autotuner"
+    # a new signature (another length) goes through the autotuner once
+    run_attention(fa.flash_attention, q[:, :, :999], k, v, do[:, :, :999], is_causal=True)
+    assert calls
+    for name, a, b, c in zip(("o", "dq", "dk", "dv"), slow, first, direct):
+        assert torch.isfinite(a).all(), name
+        assert torch.equal(a, b) and torch.equal(a, c), name
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("d", [64, 128])
 def test_gpu_tma_and_elementwise_dq_reduce_agree(gen, monkeypatch, d):
     """The atomic backward's dQ: TMA bulk reduce-add (Hopper) against element-wise atomics."""
     if not fa._tma_reduce_available(torch.empty(1, device=DEVICE)):
