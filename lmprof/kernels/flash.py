@@ -232,8 +232,19 @@ _IEEE = {
 }
 
 
+# Host-side arithmetic in plain Python: triton.next_power_of_2 and triton.cdiv are constexpr
+# functions whose calls from Python go through Triton's JIT wrapper (several µs each, ~10 per step).
+def _pow2(n: int) -> int:
+    """The smallest power of two ≥ n (n ≥ 1)."""
+    return 1 << (n - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _bucket(n: int) -> int:
-    return max(16, triton.next_power_of_2(n))
+    return max(16, _pow2(n))
 
 
 def _select(configs, args: dict, outer: str, inner: str, outer_seq: str, inner_seq: str):
@@ -856,8 +867,8 @@ def _launch_args(q: torch.Tensor, k: torch.Tensor, is_causal: bool) -> dict:
                  if q.dtype == torch.float32 else "tf32")  # ignored for 16-bit inputs
     return dict(
         SEQ_Q_BUCKET=_bucket(q.shape[-2]), SEQ_K_BUCKET=_bucket(k.shape[-2]),
-        BH_BUCKET=triton.next_power_of_2(q.shape[0] * q.shape[1]),
-        HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
+        BH_BUCKET=_pow2(q.shape[0] * q.shape[1]),
+        HEAD_DIM=d, BLOCK_D=_pow2(d),
         IS_CAUSAL=bool(is_causal), DOT_PRECISION=precision,
         INTERPRET_BF16=INTERPRET and q.dtype == torch.bfloat16,
     )
@@ -882,7 +893,7 @@ def _dq_descriptor(dq_acc_t: torch.Tensor):
 def _query_tile_grid(bh: int, tq: int):
     """Launch grid of the forward and dQ kernels: one program per (batch·head, query tile), 1-D
     (``_program_tile`` maps a program to its head and tile)."""
-    return lambda meta: (bh * triton.cdiv(tq, meta["BLOCK_M"]),)
+    return lambda meta: (bh * _cdiv(tq, meta["BLOCK_M"]),)
 
 
 def _on_device(t: torch.Tensor):
@@ -941,7 +952,7 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     dv = _alloc((b, h, tk, d), v.dtype, v.device)
     common = (h, tq, tk, sm_scale * LOG2E, sm_scale)
     with _on_device(q):
-        kv_grid = lambda meta: (b * h, triton.cdiv(tk, meta["BLOCK_N"]))  # noqa: E731
+        kv_grid = lambda meta: (b * h, _cdiv(tk, meta["BLOCK_N"]))  # noqa: E731
         if mode == "split":
             # dQ first: it also writes delta, which the dK/dV kernel (same stream) then reads.
             dq = _alloc((b, h, tq, d), q.dtype, q.device)
@@ -957,7 +968,7 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
             _record("_flash_bwd_dkdv_kernel", compiled)
         else:  # one kernel, which needs all of delta before it starts: a pre-pass computes it
             pre_block = 32 if INTERPRET else 128
-            _flash_bwd_preprocess[(b * h, triton.cdiv(tq, pre_block))](
+            _flash_bwd_preprocess[(b * h, _cdiv(tq, pre_block))](
                 o, do, delta, *o.stride(), *do.stride(), h, tq, HEAD_DIM=d,
                 BLOCK_D=args["BLOCK_D"], BLOCK_M=pre_block)
             tma = _tma_reduce_available(q)
