@@ -23,9 +23,9 @@ Which is faster on a given GPU is measured by ``bench/bench_attention.py``.
 Causal: top-left alignment, as torch SDPA's ``is_causal`` (query i sees keys j ≤ i, whatever Tq
 and Tk). Key tiles entirely after a query tile are never visited; tiles that cross the diagonal (or
 the end of the sequence) run a masked copy of the loop, all other tiles an unmasked one. Causal
-programs are launched heaviest first (longest loops first) so the last wave is short: forward and
-dQ programs within groups of 16 heads (so that the programs running at once share those heads'
-K and V in L2), dK/dV programs over all heads.
+programs are launched heaviest first (longest loops first) so the last wave is short, within
+groups of up to 16 heads (so that the programs running at once share those heads' K and V —
+for dK/dV, Q and dO — in L2).
 
 Inputs: (B, h, T, d) or (B, T, d); Tq and Tk independent and any length ≥ 1; d 16–128. A power-of-two
 d uses the tile exactly; any other d in range runs with the head dimension padded to the next
@@ -343,8 +343,8 @@ def _program_tile(seq, BLOCK: tl.constexpr, REVERSE: tl.constexpr):
     busy (~140-200 FLOP/B), so the programs running at once should share a few heads' K and V
     in L2. Tile by tile over all B·h heads (the former 2-D grid), they read one tile of as many
     heads as run at once (B·h = 512 at seq 1k, batch·seq 16384). With B·h ≤ _GROUP_HEADS
-    the two orders are the same. dK/dV programs keep the 2-D grid: they stream queries at 256
-    FLOP/B and measured slower in groups (bench/notes/flash_attention.md, v5)."""
+    the two orders are the same. dK/dV programs are grouped too, through a 3-D grid
+    (``_kv_grid``)."""
     n_tiles = tl.cdiv(seq, BLOCK)
     n_bh = tl.num_programs(0) // n_tiles
     pid = tl.program_id(0)
@@ -539,9 +539,10 @@ def _bwd_kv_program(
     """One key tile: dK, dV (and, with ATOMIC_DQ, its share of dQ) over the query tiles that see it.
 
     Key tile 0 is seen by the most query tiles under a causal mask, so launch order (tile 0 first)
-    is already heaviest first.
+    is already heaviest first. Grid (group size, key tiles, groups): see ``_kv_grid``.
     """
-    pid_bh = tl.program_id(0)
+    pid_bh = tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
+    tl.assume(pid_bh >= 0)  # (as tl.program_id: unsigned index arithmetic below)
     n0 = tl.program_id(1) * BLOCK_N
     off_b = (pid_bh // n_heads).to(tl.int64)
     off_h = (pid_bh % n_heads).to(tl.int64)
@@ -792,7 +793,7 @@ class _Launcher:
         if hit and hit[3] is self.kernel.configs and hit[4] is self.kernel.cache:
             compiled, meta, tail = hit[:3]
             g = grid(meta)
-            compiled[(g[0], g[1] if len(g) > 1 else 1, 1)](*args, *tail)
+            compiled[(g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1)](*args, *tail)
             return compiled
         compiled = self.kernel[grid](*args, **kwargs)  # tunes on a new key, compiles, launches
         if hit is not None:
@@ -896,6 +897,26 @@ def _query_tile_grid(bh: int, tq: int):
     return lambda meta: (bh * _cdiv(tq, meta["BLOCK_M"]),)
 
 
+# dK/dV programs stream their head's Q and dO at 256 FLOP per byte (d 64), close to what the card
+# needs from HBM, so the programs running at once should share few heads. Launch order is x
+# fastest, then y, then z: with the grid (g, key tiles, B·h / g) the programs go in groups of g
+# heads, inside a group key tile by key tile (heaviest first) over its heads. 0: no groups.
+# Measured on an H100 (notes, v8): backward 2–6% faster at 1k–4k, unchanged from 8k on. (v5's
+# grouping by index arithmetic in the kernel compiled to slower code; this one changes only the
+# prologue: one multiply-add, and tl.assume keeps the index arithmetic unsigned.)
+KV_GROUP_HEADS = 16
+
+
+def _kv_grid(bh: int, tk: int):
+    """Launch grid of the dK/dV kernels: groups of g heads, g the largest divisor of B·h in
+    [KV_GROUP_HEADS / 2, KV_GROUP_HEADS] (all B·h heads in one group when none is)."""
+    g = bh
+    if KV_GROUP_HEADS and bh > KV_GROUP_HEADS:
+        g = next((n for n in range(KV_GROUP_HEADS, KV_GROUP_HEADS // 2 - 1, -1) if bh % n == 0),
+                 bh)
+    return lambda meta: (g, _cdiv(tk, meta["BLOCK_N"]), bh // g)
+
+
 def _on_device(t: torch.Tensor):
     return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
@@ -952,7 +973,7 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     dv = _alloc((b, h, tk, d), v.dtype, v.device)
     common = (h, tq, tk, sm_scale * LOG2E, sm_scale)
     with _on_device(q):
-        kv_grid = lambda meta: (b * h, _cdiv(tk, meta["BLOCK_N"]))  # noqa: E731
+        kv_grid = _kv_grid(b * h, tk)
         if mode == "split":
             # dQ first: it also writes delta, which the dK/dV kernel (same stream) then reads.
             dq = _alloc((b, h, tq, d), q.dtype, q.device)

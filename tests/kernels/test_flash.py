@@ -157,6 +157,29 @@ def test_backward_variants_agree(gen):
         assert max_err(a, b, name) < 1e-5
 
 
+@pytest.mark.parametrize("backward", fa.BACKWARD_MODES)
+def test_dkdv_launch_order_in_groups_of_heads_changes_nothing(gen, monkeypatch, backward):
+    """B·h = 6 with groups of 2 and 3 heads (3-D grid, several groups), and one group of all:
+    the same gradients, bit for bit."""
+    q, k, v, do = (randn(gen, 2, 3, 45, 16) for _ in range(4))
+    results = []
+    for group in (2, 3, 0):
+        monkeypatch.setattr(fa, "KV_GROUP_HEADS", group)
+        assert fa._kv_grid(6, 45)({"BLOCK_N": 16}) == ((group, 3, 6 // group) if group else
+                                                       (6, 3, 1))
+        results.append(run_attention(fa.flash_attention, q, k, v, do, is_causal=True,
+                                     backward=backward))
+    for name, *got in zip(("o", "dq", "dk", "dv"), *results):
+        assert torch.isfinite(got[0]).all(), name
+        assert all(torch.equal(got[0], g) for g in got[1:]), name
+
+
+@pytest.mark.parametrize("bh,group", [(16, 16), (32, 16), (24, 12), (40, 10), (17, 17), (9, 9),
+                                      (1, 1), (22, 11), (23, 23), (512, 16)])
+def test_dkdv_group_is_a_divisor_of_batch_heads(bh, group):
+    assert fa._kv_grid(bh, 1000)({"BLOCK_N": 128}) == (group, 8, bh // group)
+
+
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("backward", fa.BACKWARD_MODES)
 def test_backward_writes_every_row_of_delta(gen, monkeypatch, is_causal, backward):
@@ -372,10 +395,11 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("backward", fa.BACKWARD_MODES)
-# (3, 7, ...): 21 heads, more than one group of forward / dQ programs (_program_tile)
+# (3, 7, ...): 21 heads, more than one group of forward / dQ programs (_program_tile);
+# (2, 12, ...): 24, two groups of 12 dK/dV programs (_kv_grid)
 @pytest.mark.parametrize("shape", [(2, 4, 1024, 1024, 64), (1, 3, 1000, 2047, 128),
                                    (2, 2, 4099, 777, 32), (1, 2, 513, 513, 96),
-                                   (3, 7, 1000, 1000, 64)])
+                                   (3, 7, 1000, 1000, 64), (2, 12, 700, 900, 64)])
 def test_gpu_matches_reference(gen, dtype, is_causal, backward, shape):
     b, h, tq, tk, d = shape
     check_against_reference(gen, (b, h, tq, d), (b, h, tk, d), dtype, is_causal, backward)
@@ -439,9 +463,11 @@ def test_gpu_every_config(gen, monkeypatch, d, dtype):
 @pytest.mark.parametrize("d", [64, 128])
 def test_gpu_direct_launch_is_taken_and_matches_the_autotuner_path(gen, monkeypatch, d):
     """After one call through Triton's autotuner, the same signature launches the compiled kernels
-    directly (no autotuner call), with results identical to the autotuner path's."""
-    q, do = (randn(gen, 2, 3, 1000, d, dtype=torch.bfloat16) for _ in range(2))
-    k, v = (randn(gen, 2, 3, 1537, d, dtype=torch.bfloat16) for _ in range(2))
+    directly (no autotuner call), with results identical to the autotuner path's. 24 heads:
+    the dK/dV grid is 3-D (two groups of 12)."""
+    q, do = (randn(gen, 2, 12, 1000, d, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (randn(gen, 2, 12, 1537, d, dtype=torch.bfloat16) for _ in range(2))
+    assert fa._kv_grid(24, 1537)({"BLOCK_N": 64})[2] == 2
     launchers = (fa._FWD, fa._DQ, fa._DKDV)
     monkeypatch.setattr(fa, "FAST_LAUNCH", False)
     slow = run_attention(fa.flash_attention, q, k, v, do, is_causal=True)
