@@ -92,12 +92,10 @@ SELECT DISTINCT key FROM _attr_timeline WHERE members > 1;
 -- (the largest), so only ops of keys with several members in a state look their state up again.
 -- Different members have disjoint ancestor chains (a push/pop range's ancestors are on its
 -- thread; a start/end range has none): no pair comes twice. The containment test is a safeguard.
-CREATE OR REPLACE VIEW _op_ranges_wide AS
-SELECT g.op_id, c.anc_id AS range_id, g.kind, g.name_id, g.dur_ns, g.phase
-FROM gpu_ops g JOIN _range_chain c ON c.range_id = g.range_id
-WHERE c.anc_start_ns <= g.launch_start_ns AND c.anc_end_ns > g.launch_start_ns
-UNION ALL
-SELECT k.op_id, c.anc_id, k.kind, k.name_id, k.dur_ns, k.phase
+-- _op_ranges_more: the pairs of those other members alone (attention.sql joins the op's own
+-- chain with the few ranges it wants first, then adds these).
+CREATE OR REPLACE VIEW _op_ranges_more AS
+SELECT k.op_id, c.anc_id AS range_id, k.kind, k.name_id, k.dur_ns, k.phase
 FROM (
     SELECT op_id, range_id, launch_start_ns, key, kind, name_id, dur_ns, phase
     FROM (SELECT *, launch_global_tid >> $key_shift AS key FROM gpu_ops)
@@ -108,6 +106,13 @@ ASOF JOIN (SELECT * FROM _attr_states WHERE key IN (SELECT key FROM _attr_multi_
 JOIN _attr_members m ON m.state_id = s.state_id AND m.range_id <> k.range_id
 JOIN _range_chain c ON c.range_id = m.range_id
 WHERE c.anc_start_ns <= k.launch_start_ns AND c.anc_end_ns > k.launch_start_ns;
+
+CREATE OR REPLACE VIEW _op_ranges_wide AS
+SELECT g.op_id, c.anc_id AS range_id, g.kind, g.name_id, g.dur_ns, g.phase
+FROM gpu_ops g JOIN _range_chain c ON c.range_id = g.range_id
+WHERE c.anc_start_ns <= g.launch_start_ns AND c.anc_end_ns > g.launch_start_ns
+UNION ALL
+SELECT * FROM _op_ranges_more;
 
 CREATE OR REPLACE VIEW op_ranges AS SELECT op_id, range_id FROM _op_ranges_wide;
 
