@@ -221,8 +221,17 @@ def prepare(con: duckdb.DuckDBPyConnection, path: Path, options: Options, schema
             timeline(cur, thread_rule)
 
     export = nsys.load(con, path, beside=ranges_and_timeline, one_kernel_scan=True)
-    _classify_names(con)
-    attribute(con, thread_rule)
+
+    def classify_names() -> None:
+        # mostly Python (regexes over the distinct names), beside attribution's DuckDB work
+        with db.cursor(con, schema) as cur:
+            _classify_names(cur)
+
+    def attribution() -> None:
+        with db.cursor(con, schema) as cur:
+            attribute(cur, thread_rule)
+
+    db.at_once([classify_names, attribution], "prepare")
     deferred = None
     if defer_phase_instances:
         deferred = Deferred(lambda c: sqlfile.run(c, "phase_instances"))

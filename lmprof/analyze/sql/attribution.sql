@@ -75,13 +75,13 @@ WITH o AS (
 SELECT {'op_id': l.op_id, 'kind': l.kind, 'name_id': l.name_id, 'start_ns': l.start_ns,
         'end_ns': l.end_ns, 'device_id': l.device_id, 'stream_id': l.stream_id,
         'launch_start_ns': l.launch_start_ns, 'launch_global_tid': l.launch_global_tid,
-        'range_id': s.range_id, 'phase': s.phase, 'phase_range_id': s.phase_range_id,
-        'step_range_id': s.step_range_id} AS o
+        'range_id': s.v.range_id, 'phase': s.v.phase, 'phase_range_id': s.v.phase_range_id,
+        'step_range_id': s.v.step_range_id} AS o
 FROM launched l
 LEFT JOIN _attr_grid g ON g.key = l.key
 LEFT JOIN _attr_buckets s
   ON s.key = l.key AND s.bucket = least((l.launch_start_ns - g.t0) // g.width, g.last_bucket)
- AND l.launch_start_ns >= s.t AND l.launch_start_ns < s.t_next;
+ AND l.launch_start_ns >= s.v.t AND l.launch_start_ns < s.v.t_next;
 
 -- Keys with a state of several members (several threads with push/pop ranges in a process, or
 -- start/end ranges): only their ops need their state again to list every enclosing range.

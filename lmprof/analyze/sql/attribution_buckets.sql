@@ -2,7 +2,9 @@
 -- attribution_timeline_one.sql), for the equality join that attributes each op in attribution.sql.
 --
 --   _attr_grid      (key, t0, width, last_bucket, crowded)
---   _attr_buckets   (key, bucket, t, t_next, range_id, phase, phase_range_id, step_range_id)
+--   _attr_buckets   (key, bucket, v: STRUCT(t, t_next, range_id, phase, phase_range_id,
+--                    step_range_id)); a STRUCT: no distinct-value statistics to keep (see
+--                    attribution.sql's _gpu_ops)
 --
 
 -- The timeline in equal time buckets, for the equality join that attributes each op in
@@ -26,8 +28,9 @@ WITH s AS (
 SELECT s.key,
        unnest(range((s.t - g.t0) // g.width,
                     coalesce((s.t_next - 1 - g.t0) // g.width, g.last_bucket) + 1)) AS bucket,
-       s.t, coalesce(s.t_next, 9223372036854775807) AS t_next,
-       s.range_id, s.phase, s.phase_range_id, s.step_range_id
+       {'t': s.t, 't_next': coalesce(s.t_next, 9223372036854775807), 'range_id': s.range_id,
+        'phase': s.phase, 'phase_range_id': s.phase_range_id,
+        'step_range_id': s.step_range_id} AS v
 FROM s JOIN _attr_grid g USING (key)
 WHERE s.members > 0;
 

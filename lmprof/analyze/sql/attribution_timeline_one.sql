@@ -21,13 +21,15 @@ WITH range_phase AS (
            max(anc_id) FILTER (WHERE anc_phase = 'step') AS step_range_id
     FROM _range_chain GROUP BY range_id
 ), edges AS (
-    SELECT global_tid, start_ns AS t, range_id AS state, 1 AS is_push, level AS depth
+    -- the order of edges at one instant as one integer: pushes (2^32 + level) after pops
+    -- (-level), deeper pushes and shallower pops last (levels are INTEGERs: |level| < 2^31)
+    SELECT global_tid, start_ns AS t, range_id AS state, 4294967296 + level AS edge_order
     FROM nvtx_ranges WHERE style = 'PushPop' AND end_ns > start_ns
     UNION ALL
-    SELECT global_tid, end_ns, coalesce(parent_id, -1), 0, -level  -- -1: none (arg_max skips NULL)
+    SELECT global_tid, end_ns, coalesce(parent_id, -1), -level  -- -1: none (arg_max skips NULL)
     FROM nvtx_ranges WHERE style = 'PushPop' AND end_ns > start_ns
 ), states AS (
-    SELECT global_tid, t, arg_max(state, (is_push, depth)) AS range_id
+    SELECT global_tid, t, arg_max(state, edge_order) AS range_id
     FROM edges GROUP BY global_tid, t
 )
 SELECT row_number() OVER () AS state_id, s.global_tid >> $key_shift AS key, s.t,
