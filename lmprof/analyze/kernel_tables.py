@@ -208,7 +208,15 @@ def results(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | No
         for name in lanes[0]:
             compute(trace, name)
     else:
-        db.at_once([functools.partial(lane, names_in_lane) for names_in_lane in lanes], "table")
+        # Each lane's own thread runs its statements' tasks too, so DuckDB's workers make up the
+        # rest of the threads only: lanes + workers = threads (2 cores, 2 lanes: no worker).
+        # Put back after.
+        trace.con.execute(f"SET threads = {max(threads - len(lanes) + 1, 1)}")
+        try:
+            db.at_once([functools.partial(lane, names_in_lane) for names_in_lane in lanes],
+                       "table")
+        finally:
+            trace.con.execute(f"SET threads = {threads}")
     notes = {name: NO_RANGES_NOTE if out[name] is None else TABLES[name][2] for name in names}
     return {name: out[name] for name in names}, notes
 
