@@ -2,9 +2,9 @@
 
 ``prepare`` loads the export (``lmprof.analyze.nsys``), classifies the distinct kernel names in
 Python (hundreds of names, not millions of kernels) and joins the classes back in DuckDB, builds
-the NVTX range table and the attribution timeline (``sql/ranges.sql``,
-``sql/attribution_timeline.sql``: NVTX only, run beside the load of the GPU-side tables, on a
-second connection) and attributes every GPU operation to ranges (``sql/attribution.sql``).
+the NVTX range table and the attribution timeline (``sql/ranges.sql``, ``timeline``: NVTX only,
+run beside the load of the GPU-side tables, on a second connection) and attributes every GPU
+operation to ranges (``sql/attribution.sql``, at once with the classification).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class Trace:
 MEMORY_LIMIT = "1GB"
 
 
-# attribution_timeline.sql: a key whose states put more rows than this into one time bucket is
+# attribution_buckets.sql: a key whose states put more rows than this into one time bucket is
 # attributed by an ASOF join instead of the bucket join (each of its ops would meet that many rows)
 MAX_BUCKET_ROWS = 64
 

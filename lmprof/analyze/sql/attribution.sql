@@ -1,6 +1,7 @@
 -- Attribution of GPU work to NVTX ranges, through the CUDA call that launched it.
 --
--- gpu_ops: every kernel, memcpy and memset, one row each (kept narrow: millions of rows).
+-- gpu_ops: every kernel, memcpy and memset, one row each (kept narrow: millions of rows); a view
+-- over the table _gpu_ops (one STRUCT column, below).
 --   op_id            BIGINT   from the export's row ids: kernel export_row - 1, then memcpy after
 --                             the largest kernel row, then memset (_op_offsets)
 --   kind             ENUM     'kernel' | 'memcpy' | 'memset'
@@ -28,12 +29,13 @@
 -- of its ranges starts or ends. So the ranges are turned into a timeline of states first, one per
 -- (key, instant of such an edge): ranges x threads x 2 rows, not millions. Each op then needs the
 -- last state at or before its launch, found by an equality join on time buckets
--- (attribution_timeline.sql's _attr_buckets; an ASOF join for crowded keys), and no aggregate: no
+-- (attribution_buckets.sql's _attr_buckets; an ASOF join for crowded keys), and no aggregate: no
 -- join of every op with every range or every thread.
 
 -- The states (_attr_states, _attr_members, _attr_timeline, _attr_buckets, _attr_grid) and
--- _range_chain come from attribution_timeline.sql, run before this file; after it,
--- attribution_crowded.sql where a key is crowded (trace.attribute runs the three).
+-- _range_chain come from trace.timeline (range_chain.sql, attribution_timeline.sql or
+-- attribution_timeline_one.sql, attribution_buckets.sql), run before this file; after it,
+-- attribution_crowded.sql where a key is crowded (trace.attribute runs these two).
 
 -- Each op with its launching call (correlation id within the process) and the last state at or
 -- before the launch, in one statement: no per-op aggregate, no (op, thread) rows. Stored as one
@@ -83,8 +85,6 @@ LEFT JOIN _attr_buckets s
   ON s.key = l.key AND s.bucket = least((l.launch_start_ns - g.t0) // g.width, g.last_bucket)
  AND l.launch_start_ns >= s.v.t AND l.launch_start_ns < s.v.t_next;
 
--- Keys with a state of several members (several threads with push/pop ranges in a process, or
--- start/end ranges): only their ops need their state again to list every enclosing range.
 CREATE OR REPLACE VIEW gpu_ops AS
 SELECT o.op_id AS op_id, o.kind AS kind, o.name_id AS name_id, o.start_ns AS start_ns,
        o.end_ns AS end_ns, o.end_ns - o.start_ns AS dur_ns, o.device_id AS device_id,
@@ -93,6 +93,8 @@ SELECT o.op_id AS op_id, o.kind AS kind, o.name_id AS name_id, o.start_ns AS sta
        o.phase_range_id AS phase_range_id, o.step_range_id AS step_range_id
 FROM _gpu_ops;
 
+-- Keys with a state of several members (several threads with push/pop ranges in a process, or
+-- start/end ranges): only their ops need their state again to list every enclosing range.
 CREATE OR REPLACE TABLE _attr_multi_keys AS
 SELECT DISTINCT key FROM _attr_timeline WHERE members > 1;
 

@@ -1,4 +1,4 @@
--- Ops of crowded keys (attribution_timeline.sql: keys whose states put more than
+-- Ops of crowded keys (attribution_buckets.sql: keys whose states put more than
 -- $max_bucket_rows rows into one time bucket) have no bucket rows, so attribution.sql left them
 -- unattributed: their last state at or before the launch comes from an ASOF join instead
 -- (the key as attribution.sql makes it: global_tid >> $key_shift).

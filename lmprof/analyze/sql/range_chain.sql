@@ -1,6 +1,6 @@
 -- _range_chain (range_id, anc_id, anc_start_ns, anc_end_ns, anc_phase): every NVTX range with a
 -- positive length x its ancestors-or-self, from nvtx_ranges alone. Built beside the load (see
--- attribution_timeline.sql, a plain table of the schema for that reason); kept: the op_ranges
+-- attribution_timeline.sql: a plain table of the schema for that reason); kept: the op_ranges
 -- view and the per-range phase ids of the timeline read it.
 
 -- Push/pop ranges of one thread form a stack: every range open after a push or pop is an
