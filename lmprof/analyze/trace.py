@@ -220,7 +220,7 @@ def prepare(con: duckdb.DuckDBPyConnection, path: Path, options: Options, schema
             sqlfile.run(cur, "ranges")
             timeline(cur, thread_rule)
 
-    export = nsys.load(con, path, beside=ranges_and_timeline, one_kernel_scan=True)
+    export = nsys.load(con, path, beside=ranges_and_timeline)
 
     def classify_names() -> None:
         # mostly Python (regexes over the distinct names), beside attribution's DuckDB work
