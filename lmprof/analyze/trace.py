@@ -2,9 +2,9 @@
 
 ``prepare`` loads the export (``lmprof.analyze.nsys``), classifies the distinct kernel names in
 Python (hundreds of names, not millions of kernels) and joins the classes back in DuckDB, builds
-the NVTX range table and the attribution timeline (``sql/ranges.sql``,
-``sql/attribution_timeline.sql``: NVTX only, run beside the load of the GPU-side tables, on a
-second connection) and attributes every GPU operation to ranges (``sql/attribution.sql``).
+the NVTX range table and the attribution timeline (``sql/ranges.sql``, ``timeline``: NVTX only,
+run beside the load of the GPU-side tables, on a second connection) and attributes every GPU
+operation to ranges (``sql/attribution.sql``, at once with the classification).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class Trace:
 MEMORY_LIMIT = "1GB"
 
 
-# attribution_timeline.sql: a key whose states put more rows than this into one time bucket is
+# attribution_buckets.sql: a key whose states put more rows than this into one time bucket is
 # attributed by an ASOF join instead of the bucket join (each of its ops would meet that many rows)
 MAX_BUCKET_ROWS = 64
 
@@ -161,11 +161,30 @@ def _key_shift(thread_rule: bool) -> int:
     return 0 if thread_rule else 24
 
 
+# Whether every state of the timeline has one member at most: per key, push/pop ranges on one
+# thread at most, and no start/end range with a positive length (attribution_timeline_one.sql).
+_ONE_MEMBER_SQL = """
+SELECT NOT EXISTS (SELECT 1 FROM nvtx_ranges WHERE style <> 'PushPop' AND end_ns > start_ns)
+   AND NOT EXISTS (SELECT global_tid >> {key_shift} FROM nvtx_ranges
+                   WHERE style = 'PushPop' AND end_ns > start_ns
+                   GROUP BY 1 HAVING count(DISTINCT global_tid) > 1)"""
+
+
 def timeline(con: duckdb.DuckDBPyConnection, thread_rule: bool,
-             max_bucket_rows: int = MAX_BUCKET_ROWS) -> None:
-    """The attribution timeline from the NVTX ranges alone (``sql/attribution_timeline.sql``)."""
-    sqlfile.run(con, "attribution_timeline", key_shift=_key_shift(thread_rule),
-                max_bucket_rows=max_bucket_rows)
+             max_bucket_rows: int = MAX_BUCKET_ROWS, one_member: bool | None = None) -> bool:
+    """The attribution timeline from the NVTX ranges alone: ``sql/range_chain.sql``, the states
+    (``sql/attribution_timeline.sql``, or ``sql/attribution_timeline_one.sql`` where every state
+    has one member at most; ``one_member`` forces either, for tests), and their time buckets
+    (``sql/attribution_buckets.sql``). Returns whether the one-member statement ran."""
+    shift = _key_shift(thread_rule)
+    sqlfile.run(con, "range_chain")
+    if one_member is None:
+        one_member = bool(con.execute(_ONE_MEMBER_SQL.format(key_shift=int(shift))
+                                      ).fetchall()[0][0])
+    sqlfile.run(con, "attribution_timeline_one" if one_member else "attribution_timeline",
+                key_shift=shift)
+    sqlfile.run(con, "attribution_buckets", max_bucket_rows=max_bucket_rows)
+    return one_member
 
 
 def attribute(con: duckdb.DuckDBPyConnection, thread_rule: bool) -> None:
@@ -202,8 +221,17 @@ def prepare(con: duckdb.DuckDBPyConnection, path: Path, options: Options, schema
             timeline(cur, thread_rule)
 
     export = nsys.load(con, path, beside=ranges_and_timeline)
-    _classify_names(con)
-    attribute(con, thread_rule)
+
+    def classify_names() -> None:
+        # mostly Python (regexes over the distinct names), beside attribution's DuckDB work
+        with db.cursor(con, schema) as cur:
+            _classify_names(cur)
+
+    def attribution() -> None:
+        with db.cursor(con, schema) as cur:
+            attribute(cur, thread_rule)
+
+    db.at_once([classify_names, attribution], "prepare")
     deferred = None
     if defer_phase_instances:
         deferred = Deferred(lambda c: sqlfile.run(c, "phase_instances"))

@@ -133,20 +133,25 @@ def _brute_force_attribution(ranges, ops, thread_rule):
     return pairs, attrib
 
 
+@pytest.mark.parametrize("shape", ["mixed", "push_pop", "one_thread_each"])
 @pytest.mark.parametrize("max_bucket_rows", [64, 0], ids=["buckets", "asof"])
 @pytest.mark.parametrize("seed", range(12))
-def test_attribution_matches_containment_on_random_nesting(seed, max_bucket_rows):
+def test_attribution_matches_containment_on_random_nesting(seed, max_bucket_rows, shape):
     """The ASOF/ancestor-chain attribution equals plain interval containment: several threads and
     processes, ranges pushed or popped at the same instant, zero-length and unterminated ranges,
     start/end ranges, launches on threads without ranges or not traced. Both ways of finding an
     op's state: time buckets, and the ASOF join that crowded keys fall back to (every key is
-    crowded at max_bucket_rows=0)."""
+    crowded at max_bucket_rows=0). Both ways of building the timeline where every state has one
+    member at most (push/pop ranges only, on one thread per key: 'push_pop' under the thread
+    rule, 'one_thread_each' under both): the one-statement way and the general one."""
     import random
 
     from lmprof.analyze import sqlfile, trace
 
     rng = random.Random(seed)
     tids = [(7 << 24) + 1, (7 << 24) + 2, (9 << 24) + 3]
+    if shape == "one_thread_each":
+        tids = [(7 << 24) + 1, (8 << 24) + 2, (9 << 24) + 3]
     names = ["step", "forward", "backward", "optimizer", "a", "b"]
     events = []
     for tid in tids:
@@ -163,7 +168,7 @@ def test_attribution_matches_containment_on_random_nesting(seed, max_bucket_rows
             events.append((59, start, t, tid, name))
             t += rng.choice([0, 1])
         events += [(59, start, None, tid, name) for start, name in stack]
-        for _ in range(rng.randint(0, 4)):
+        for _ in range(rng.randint(0, 4) if shape == "mixed" else 0):
             a = rng.randint(0, 60)
             events.append((60, a, a + rng.randint(0, 20), tid, rng.choice(names)))
     # each op: (kind, launch time or None = launch not traced, launching thread)
@@ -208,17 +213,28 @@ def test_attribution_matches_containment_on_random_nesting(seed, max_bucket_rows
             values = "0, 1, 0, ?, ?, 1, ?" if kind == "kernel" else "0, 1, 0, 0, ?, ?, ?"
             con.execute(f"INSERT INTO {table} VALUES ({values})", [corr, pid, row])
     for thread_rule in (False, True):
-        trace.timeline(con, thread_rule, max_bucket_rows)
-        crowded = con.execute("SELECT bool_and(crowded) FROM _attr_grid").fetchone()[0]
-        assert crowded is None or crowded == (max_bucket_rows == 0)
-        trace.attribute(con, thread_rule)
-        pairs, attrib = _brute_force_attribution(ranges, ops, thread_rule)
-        got_pairs = con.execute("SELECT op_id, range_id FROM op_ranges").fetchall()
-        assert len(got_pairs) == len(set(got_pairs))
-        assert set(got_pairs) == pairs
-        got = {op: (r, p, s) for op, r, p, s in con.execute(
-            "SELECT op_id, range_id, phase_range_id, step_range_id FROM gpu_ops").fetchall()}
-        assert got == attrib
+        positive = [r for r in ranges if r["end_ns"] > r["start_ns"]]
+        keys = {}
+        for r in positive:
+            keys.setdefault(r["global_tid"] >> (0 if thread_rule else 24), set()).add(
+                r["global_tid"])
+        one_member = all(r["style"] == "PushPop" for r in positive) and \
+            all(len(t) == 1 for t in keys.values())
+        if shape == "one_thread_each" or (shape == "push_pop" and thread_rule):
+            assert one_member
+        for force in ((None, False) if one_member else (None,)):
+            assert trace.timeline(con, thread_rule, max_bucket_rows, one_member=force) == \
+                (one_member and force is None)
+            crowded = con.execute("SELECT bool_and(crowded) FROM _attr_grid").fetchone()[0]
+            assert crowded is None or crowded == (max_bucket_rows == 0)
+            trace.attribute(con, thread_rule)
+            pairs, attrib = _brute_force_attribution(ranges, ops, thread_rule)
+            got_pairs = con.execute("SELECT op_id, range_id FROM op_ranges").fetchall()
+            assert len(got_pairs) == len(set(got_pairs))
+            assert set(got_pairs) == pairs
+            got = {op: (r, p, s) for op, r, p, s in con.execute(
+                "SELECT op_id, range_id, phase_range_id, step_range_id FROM gpu_ops").fetchall()}
+            assert got == attrib
 
 
 def test_text_from_users_goes_in_as_data_not_sql():

@@ -219,7 +219,8 @@ def test_tables_computed_at_once_equal_one_after_another(prepared, monkeypatch):
     names = (*kernel_tables.TABLES, "top_kernels")
     assert len(kernel_tables._lanes(names)) > 2
     at_once, notes = kernel_tables.results(prepared, names, top=10)
-    monkeypatch.setattr(kernel_tables, "_lanes", lambda names: [list(dict.fromkeys(names))])
+    monkeypatch.setattr(kernel_tables, "_lanes",
+                        lambda names, at_most=None: [list(dict.fromkeys(names))])
     in_order, in_order_notes = kernel_tables.results(prepared, names, top=10)
     assert list(at_once) == list(in_order) == list(dict.fromkeys(names)) and notes == in_order_notes
     for name in at_once:
@@ -235,3 +236,19 @@ def test_tables_computed_at_once_equal_one_after_another(prepared, monkeypatch):
     assert again["gpu_idle"].rows == in_order["gpu_idle"].rows
     lazy.ready()
     assert len(built) == 1
+
+
+def test_lanes_at_most():
+    """No more lanes than asked for: every table once, the kernel-group tables together, the
+    tables that read phase_instances together (and alone)."""
+    names = (*kernel_tables.TABLES, "top_kernels")
+    every = kernel_tables._lanes(names)
+    groups = [set(lane) for lane in every if len(lane) > 1]
+    for at_most in range(1, len(every) + 2):
+        lanes = kernel_tables._lanes(names, at_most)
+        assert len(lanes) == min(at_most, len(every))
+        assert sorted(n for lane in lanes for n in lane) == sorted(dict.fromkeys(names))
+        for group in groups:
+            assert any(group <= set(lane) for lane in lanes)
+        if 1 < at_most < len(every):
+            assert set(lanes[0]) == set(kernel_tables._READS_PHASE_INSTANCES)

@@ -24,12 +24,25 @@ WITH part_ranges AS (
     SELECT r.range_id, a.part
     FROM nvtx_ranges r
     JOIN _attention_ranges a ON a.name = regexp_replace(r.name, '_[0-9]+$', '')
-), part_ops AS (
-    SELECT p.part, o.op_id, min(p.range_id) AS range_id, any_value(o.phase) AS phase,
-           any_value(o.dur_ns) AS dur_ns
-    FROM _op_ranges_wide o JOIN part_ranges p USING (range_id)
+), part_chain AS (
+    -- the ranges at or under a part range (with it): the (op, range) pairs of _op_ranges_wide
+    -- whose range is a part range, without pairing every op with all its enclosing ranges first
+    SELECT c.range_id, c.anc_id, c.anc_start_ns, c.anc_end_ns, p.part
+    FROM _range_chain c JOIN part_ranges p ON p.range_id = c.anc_id
+), part_pairs AS (
+    SELECT p.part, g.op_id, p.anc_id AS range_id, g.phase, g.dur_ns
+    FROM gpu_ops g JOIN part_chain p ON p.range_id = g.range_id
+    WHERE g.kind = 'kernel'
+      AND p.anc_start_ns <= g.launch_start_ns AND p.anc_end_ns > g.launch_start_ns
+    UNION ALL
+    SELECT p.part, o.op_id, o.range_id, o.phase, o.dur_ns
+    FROM _op_ranges_more o JOIN part_ranges p USING (range_id)
     WHERE o.kind = 'kernel'
-    GROUP BY p.part, o.op_id
+), part_ops AS (
+    SELECT part, op_id, min(range_id) AS range_id, any_value(phase) AS phase,
+           any_value(dur_ns) AS dur_ns
+    FROM part_pairs
+    GROUP BY part, op_id
 ), part_kernels AS (
     SELECT coalesce(CAST(phase AS VARCHAR), '(none)') AS phase, part,
            count(DISTINCT range_id) AS ranges, count(*) AS kernels,

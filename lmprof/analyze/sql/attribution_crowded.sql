@@ -1,11 +1,11 @@
--- Ops of crowded keys (attribution_timeline.sql: keys whose states put more than
+-- Ops of crowded keys (attribution_buckets.sql: keys whose states put more than
 -- $max_bucket_rows rows into one time bucket) have no bucket rows, so attribution.sql left them
 -- unattributed: their last state at or before the launch comes from an ASOF join instead
 -- (the key as attribution.sql makes it: global_tid >> $key_shift).
 -- trace.attribute runs this only where a key is crowded (none in the traces seen).
-UPDATE gpu_ops
-SET range_id = x.range_id, phase = x.phase, phase_range_id = x.phase_range_id,
-    step_range_id = x.step_range_id
+UPDATE _gpu_ops  -- (gpu_ops is a view over its STRUCT column o)
+SET o = struct_update(o, range_id := x.range_id, phase := x.phase,
+                      phase_range_id := x.phase_range_id, step_range_id := x.step_range_id)
 FROM (
     SELECT c.op_id, s.range_id, s.phase, s.phase_range_id, s.step_range_id
     FROM (
@@ -16,4 +16,4 @@ FROM (
     ) c
     ASOF JOIN _attr_timeline s ON s.key = c.key AND s.t <= c.launch_start_ns
 ) x
-WHERE gpu_ops.op_id = x.op_id;
+WHERE _gpu_ops.o.op_id = x.op_id;

@@ -1,31 +1,18 @@
 -- The attribution timeline, built from the NVTX ranges alone (no GPU op or CUDA call is read):
--- trace.prepare runs this file beside the load of the export's kernels and runtime calls, on a
--- second connection. So every table here is a plain table of the schema (a TEMP table would be
--- visible to that connection only); attribution.sql uses them and drops those it does not keep.
+-- trace.timeline runs range_chain.sql, then this file or attribution_timeline_one.sql, then
+-- attribution_buckets.sql, beside the load of the export's kernels and runtime calls, on a second
+-- connection. So every table here is a plain table of the schema (a TEMP table would be visible
+-- to that connection only); attribution.sql uses them and drops those it does not keep.
 --
---   _range_chain    (range_id, anc_id, anc_start_ns, anc_end_ns, anc_phase)  kept: op_ranges
 --   _attr_states    (state_id, key, t)                                       kept: op_ranges
 --   _attr_members   (state_id, range_id)                                     kept: op_ranges
 --   _attr_timeline  (state_id, key, t, members, range_id, phase_range_id, step_range_id,
 --                    phase)
 --
--- What a state is, and why: see attribution.sql.
-
--- Push/pop ranges of one thread form a stack: every range open after a push or pop is an
--- ancestor-or-self of the innermost one, so (innermost, ancestors) stands for all of them.
--- _range_chain: every range with a positive length x its ancestors-or-self (start/end ranges
--- have no parent: themselves only). Zero-length ranges contain no instant and are left out.
-CREATE OR REPLACE TABLE _range_chain AS
-WITH RECURSIVE chain(range_id, anc_id) AS (
-    SELECT range_id, range_id FROM nvtx_ranges WHERE end_ns > start_ns
-    UNION ALL
-    SELECT c.range_id, n.parent_id
-    FROM chain c JOIN nvtx_ranges n ON n.range_id = c.anc_id
-    WHERE n.parent_id IS NOT NULL
-)
-SELECT c.range_id, c.anc_id, a.start_ns AS anc_start_ns, a.end_ns AS anc_end_ns,
-       a.phase AS anc_phase
-FROM chain c JOIN nvtx_ranges a ON a.range_id = c.anc_id;
+-- What a state is, and why: see attribution.sql. This file is the general case; where every key
+-- has push/pop ranges on one thread at most and no start/end range has a positive length (every
+-- state has one member at most), attribution_timeline_one.sql builds the same timeline in one
+-- statement.
 
 -- Per thread and instant of a push or pop: the innermost open range after all of them (-1:
 -- none). At equal times pops come before pushes, outer pushes before inner ones.
@@ -107,35 +94,3 @@ WITH range_phase AS (
 )
 SELECT s.*, CAST(n.phase AS ENUM('forward', 'backward', 'optimizer', 'inference')) AS phase
 FROM states s LEFT JOIN nvtx_ranges n ON n.range_id = s.phase_range_id;
-
--- The timeline in equal time buckets, for the equality join that attributes each op in
--- attribution.sql (an ASOF join of 480k ops with the timeline measured 4x slower on 2 cores).
--- Per key a grid from its first state, as many buckets as it has states (width = span / states,
--- rounded up); each state with ranges open is listed in every bucket its interval [t, next t)
--- overlaps: about two rows per state. An op looks in its launch's bucket only (the last bucket
--- stands for every later instant); one row's interval contains the launch, or none does and no
--- range was open. A key whose states crowd into one bucket (more than $max_bucket_rows rows) is
--- left out here and keeps the ASOF join (attribution.sql): its ops would each meet that many rows.
-CREATE OR REPLACE TABLE _attr_grid AS
-SELECT key, min(t) AS t0, (max(t) - min(t)) // count(*) + 1 AS width,
-       (max(t) - min(t)) // ((max(t) - min(t)) // count(*) + 1) AS last_bucket,
-       FALSE AS crowded
-FROM _attr_timeline GROUP BY key;
-
-CREATE OR REPLACE TABLE _attr_buckets AS
-WITH s AS (
-    SELECT *, lead(t) OVER (PARTITION BY key ORDER BY t) AS t_next FROM _attr_timeline
-)
-SELECT s.key,
-       unnest(range((s.t - g.t0) // g.width,
-                    coalesce((s.t_next - 1 - g.t0) // g.width, g.last_bucket) + 1)) AS bucket,
-       s.t, coalesce(s.t_next, 9223372036854775807) AS t_next,
-       s.range_id, s.phase, s.phase_range_id, s.step_range_id
-FROM s JOIN _attr_grid g USING (key)
-WHERE s.members > 0;
-
-UPDATE _attr_grid SET crowded = TRUE
-WHERE key IN (SELECT key FROM _attr_buckets GROUP BY key, bucket
-              HAVING count(*) > $max_bucket_rows);
-
-DELETE FROM _attr_buckets WHERE key IN (SELECT key FROM _attr_grid WHERE crowded);

@@ -7,12 +7,15 @@
 --   gemm_ns        BIGINT   summed duration of GEMM kernels (ns)
 --   gemm_pct       DOUBLE   gemm_ns / kernel_ns (%)
 
--- Kernels are first summed per (phase, in a step, GEMM or not): a handful of rows to tag.
+-- Kernels are first summed per (phase, in a step, kernel name), grouped by the phase ENUM (no
+-- text per kernel), then per (phase, in a step, GEMM or not): a handful of rows to tag.
 WITH k AS (
-    SELECT CAST(g.phase AS VARCHAR) AS phase, g.step_range_id IS NOT NULL AS in_step,
-           n.kernel_class = 'gemm' AS is_gemm, count(*) AS kernels, sum(g.dur_ns) AS dur_ns
-    FROM gpu_ops g JOIN kernel_names n USING (name_id)
-    WHERE g.kind = 'kernel'
+    SELECT CAST(g.phase AS VARCHAR) AS phase, g.in_step, n.kernel_class = 'gemm' AS is_gemm,
+           sum(g.kernels) AS kernels, sum(g.dur_ns) AS dur_ns
+    FROM (SELECT phase, step_range_id IS NOT NULL AS in_step, name_id, count(*) AS kernels,
+                 sum(dur_ns) AS dur_ns
+          FROM gpu_ops WHERE kind = 'kernel' GROUP BY ALL) g
+    JOIN kernel_names n USING (name_id)
     GROUP BY ALL
 ), tagged AS (
     SELECT phase, kernels, dur_ns, is_gemm FROM k WHERE phase IS NOT NULL

@@ -40,14 +40,16 @@ WITH instances AS (
     -- previous op's end (lag) when the group's ends never decrease in this order, as on one
     -- stream. A group whose ops interleave with another group's (runs > 1) or whose ends
     -- decrease ("unordered") makes its instances take the exact path below ("overlapping").
-    SELECT phase_range_id, step_range_id, kind, start_ns, end_ns, dur_ns,
-           CASE WHEN prev_phase IS NOT DISTINCT FROM phase_range_id
-                     AND prev_step IS NOT DISTINCT FROM step_range_id
-                THEN prev_end END AS covered_until
+    -- (one lag of the previous op's end and group, not three; the durations of kernels are
+    -- end - start, summed after the window, which then carries one column less)
+    SELECT phase_range_id, step_range_id, kind, start_ns, end_ns,
+           CASE WHEN prev.phase_range_id IS NOT DISTINCT FROM phase_range_id
+                     AND prev.step_range_id IS NOT DISTINCT FROM step_range_id
+                THEN prev.end_ns END AS covered_until
     FROM (
-        SELECT *, lag(end_ns) OVER w AS prev_end, lag(phase_range_id) OVER w AS prev_phase,
-               lag(step_range_id) OVER w AS prev_step
-        FROM (SELECT phase_range_id, step_range_id, kind, start_ns, end_ns, dur_ns FROM gpu_ops
+        SELECT *, lag({'end_ns': end_ns, 'phase_range_id': phase_range_id,
+                       'step_range_id': step_range_id}) OVER w AS prev
+        FROM (SELECT phase_range_id, step_range_id, kind, start_ns, end_ns FROM gpu_ops
               WHERE phase_range_id IS NOT NULL OR step_range_id IS NOT NULL)
         WINDOW w AS (ORDER BY start_ns, end_ns)
     )
@@ -57,7 +59,7 @@ WITH instances AS (
            count(*) FILTER (WHERE end_ns < start_ns OR end_ns < covered_until) AS unordered,
            count(*) FILTER (WHERE covered_until IS NULL) AS runs,
            count(*) AS n, count(*) FILTER (WHERE kind = 'kernel') AS k,
-           sum(dur_ns) FILTER (WHERE kind = 'kernel') AS k_ns,
+           sum(end_ns - start_ns) FILTER (WHERE kind = 'kernel') AS k_ns,
            sum(greatest(start_ns - covered_until, 0)) AS idle_ns,
            count(*) FILTER (WHERE start_ns > covered_until) AS gaps,
            max(start_ns - covered_until) FILTER (WHERE start_ns > covered_until) AS max_gap_ns

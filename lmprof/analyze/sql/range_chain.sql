@@ -1,0 +1,21 @@
+-- _range_chain (range_id, anc_id, anc_start_ns, anc_end_ns, anc_phase): every NVTX range with a
+-- positive length x its ancestors-or-self, from nvtx_ranges alone. Built beside the load (see
+-- attribution_timeline.sql: a plain table of the schema for that reason); kept: the op_ranges
+-- view and the per-range phase ids of the timeline read it.
+
+-- Push/pop ranges of one thread form a stack: every range open after a push or pop is an
+-- ancestor-or-self of the innermost one, so (innermost, ancestors) stands for all of them.
+-- _range_chain: every range with a positive length x its ancestors-or-self (start/end ranges
+-- have no parent: themselves only). Zero-length ranges contain no instant and are left out.
+CREATE OR REPLACE TABLE _range_chain AS
+WITH RECURSIVE chain(range_id, anc_id) AS (
+    SELECT range_id, range_id FROM nvtx_ranges WHERE end_ns > start_ns
+    UNION ALL
+    SELECT c.range_id, n.parent_id
+    FROM chain c JOIN nvtx_ranges n ON n.range_id = c.anc_id
+    WHERE n.parent_id IS NOT NULL
+)
+SELECT c.range_id, c.anc_id, a.start_ns AS anc_start_ns, a.end_ns AS anc_end_ns,
+       a.phase AS anc_phase
+FROM chain c JOIN nvtx_ranges a ON a.range_id = c.anc_id;
+
