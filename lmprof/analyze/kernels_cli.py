@@ -175,7 +175,7 @@ SCHEMA_SQL = ("SELECT table_schema AS schema, table_name AS name, table_type AS 
 
 
 @click.command("sql", epilog=_REPORTS_HELP + " FILE may also be a DuckDB file written with --db. "
-               "Views: kernels, memops, runtime; tables: gpu_ops, op_ranges, nvtx_ranges, "
+               "Views: kernels, memops, runtime, gpu_ops, op_ranges; tables: nvtx_ranges, "
                "phase_instances, kernel_names, gpus, session (see --schema). Times are ns on the "
                "nsys session clock.")
 @click.argument("file")
