@@ -783,7 +783,8 @@ class _Launcher:
         self.direct: dict[tuple, tuple | None] = {}
 
     def __call__(self, grid, *args, **kwargs):
-        if not FAST_LAUNCH or INTERPRET:
+        # (under tracing — flash_forward/backward called from compiled code — the plain launch)
+        if not FAST_LAUNCH or INTERPRET or torch.compiler.is_compiling():
             return self.kernel[grid](*args, **kwargs)
         key = (tuple((a.dtype, a.device.index, a.data_ptr() % 16 == 0)
                      if isinstance(a, torch.Tensor) else a for a in args),
@@ -1028,6 +1029,10 @@ class FlashAttentionFn(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
+# torch.compile does not trace into this function (a graph break around it, run eagerly): traced,
+# Inductor recompiled the captured Triton kernels itself and that failed (fp32 `tl.dot`, H100,
+# torch 2.11 / Triton 3.6: `capture run --compile --attention flash` ended in ERROR).
+@torch.compiler.disable
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
                     scale: float | None = None, backward: str = "split") -> torch.Tensor:
     """softmax(q·kᵀ·scale [+ causal mask])·v with the FlashAttention-2 Triton kernels.

@@ -363,6 +363,23 @@ def test_select_keeps_this_buckets_configs_that_fit(d, bucket):
     assert only.kwargs["BLOCK_M"] * only.kwargs["BLOCK_N"] == smallest
 
 
+def test_torch_compile_runs_flash_attention_eagerly(gen):
+    """Under torch.compile the call is not traced (torch.compiler.disable): a graph break, the
+    same results as eager, gradients included."""
+    q, k, v, do = (randn(gen, 1, 2, 40, 16) for _ in range(4))
+
+    def fn(q, k, v):
+        return fa.flash_attention(q * 1.0, k, v, is_causal=True) * 2.0
+
+    eager = run_attention(fn, q, k, v, do)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(fn)(q, k, v)
+    assert explained.graph_break_count >= 1
+    compiled = run_attention(torch.compile(fn, backend="eager"), q, k, v, do)
+    for name, a, b in zip(("o", "dq", "dk", "dv"), eager, compiled):
+        assert torch.equal(a, b), name
+
+
 def test_model_flash_attention_matches_sdpa(gen):
     """--attention flash in the model: same loss and gradients as --attention sdpa."""
     from lmprof.model.config import config_for
@@ -403,6 +420,25 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 def test_gpu_matches_reference(gen, dtype, is_causal, backward, shape):
     b, h, tq, tk, d = shape
     check_against_reference(gen, (b, h, tq, d), (b, h, tk, d), dtype, is_causal, backward)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gpu_under_torch_compile_matches_eager(gen, dtype):
+    """torch.compile (Inductor) around a function that calls flash_attention: the call runs
+    eagerly inside the compiled code (it is not traced) and gives the eager results."""
+    q, k, v, do = (randn(gen, 2, 3, 300, 64, dtype=dtype) for _ in range(4))
+
+    def fn(q, k, v):
+        return fa.flash_attention(q * 1.0, k, v, is_causal=True) * 2.0
+
+    eager = run_attention(fn, q, k, v, do)
+    torch._dynamo.reset()
+    compiled = run_attention(torch.compile(fn), q, k, v, do)
+    for name, a, b in zip(("o", "dq", "dk", "dv"), eager, compiled):
+        assert torch.isfinite(b).all(), name
+        assert (a.float() - b.float()).abs().max().item() <= ATOL[dtype], name
 
 
 @gpu
