@@ -66,8 +66,19 @@ def cell_dirs(path: str | Path) -> list[Path]:
     return sorted(d for d in cells.iterdir() if (d / rundir.RUN_FILE).is_file())
 
 
+def run_children(path: str | Path) -> list[Path]:
+    """The run directories directly inside ``path`` — a ``capture run --out`` root such as
+    ``runs/`` — sorted; the ``latest`` marker is left out (it names one of them again)."""
+    p = Path(path)
+    if not p.is_dir() or (p / rundir.RUN_FILE).exists():
+        return []
+    return sorted(d for d in p.iterdir() if d.name != rundir.LATEST and not d.is_symlink()
+                  and d.is_dir() and (d / rundir.RUN_FILE).is_file())
+
+
 def expand(paths: list[str | Path]) -> list[Path]:
-    """Run directories for ``paths``: a sweep directory stands for its finished cells."""
+    """Run directories for ``paths``: a sweep directory stands for its finished cells, a
+    directory of run directories (``capture run --out``) for those runs."""
     out: list[Path] = []
     for p in paths:
         if is_sweep_dir(p):
@@ -77,5 +88,5 @@ def expand(paths: list[str | Path]) -> list[Path]:
                 raise UserError(f"sweep {str(p)!r} has no finished cells yet")
             out += cells
         else:
-            out.append(Path(p))
+            out += run_children(p) or [Path(p)]
     return out

@@ -28,8 +28,9 @@ def analyze() -> None:
 @format_option
 @out_option
 def runs_cmd(run_dirs: tuple[str, ...], fmt: str, out: str | None) -> None:
-    """The end-to-end benchmark table of RUN_DIRS (run directories, their run.json, or sweep
-    directories, which stand for their finished cells)."""
+    """The end-to-end benchmark table of RUN_DIRS (run directories, their run.json, sweep
+    directories, which stand for their finished cells, or a directory of runs such as
+    capture's --out, which stands for the runs in it)."""
     from lmprof.render import emit
     from lmprof.reports.report import load_runs
     from lmprof.reports.tables import benchmark_table
@@ -43,8 +44,8 @@ def runs_cmd(run_dirs: tuple[str, ...], fmt: str, out: str | None) -> None:
 @click.option("--out", "-o", type=click.Path(), default="report", show_default=True,
               help="Report file (.md) or directory (gets report.md and img/).")
 def report_cmd(run_dirs: tuple[str, ...], out: str) -> None:
-    """Write one markdown report for RUN_DIRS (run or sweep directories), a section per kind of
-    data present."""
+    """Write one markdown report for RUN_DIRS (run or sweep directories, or a directory of runs
+    such as capture's --out), a section per kind of data present."""
     from lmprof.reports.report import build
 
     click.echo(str(build(list(run_dirs), out)))

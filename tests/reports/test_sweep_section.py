@@ -188,6 +188,27 @@ def test_analyze_runs_and_report_expand_sweep_directories(grid, tmp_path, capsys
         load_runs([str(empty)])
 
 
+def test_analyze_runs_and_report_expand_a_directory_of_runs(tmp_path, capsys):
+    """`analyze runs runs/` (a capture --out root): every run once, `latest` not counted twice;
+    a directory without runs stays an error."""
+    root = tmp_path / "runs"
+    for rec in (run_record(ctx=128), run_record(ctx=256)):
+        d = root / rec["run_id"]
+        d.mkdir(parents=True)
+        rundir.write_run(d, rec)
+        rundir.mark_latest(root, d)
+    (root / "notes").mkdir()  # not a run: ignored
+    assert [p.name for p in sweepdir.expand([root])] == sorted(
+        d.name for d in root.iterdir() if d.name.startswith("small"))
+    analyze_main(["runs", str(root), "--format", "csv"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 + 2
+    report = build([str(root)], tmp_path / "rep").read_text()
+    assert "## End-to-end benchmark" in report
+    with pytest.raises(UserError, match="not a run directory"):
+        load_runs([str(root / "notes")])
+
+
 def test_precision_section_renders_recorded_failures(tmp_path):
     d = tmp_path / "prec"
     d.mkdir()
