@@ -21,7 +21,8 @@ TABLE_NAMES = ("phase_timing", "top_kernels", "top_non_gemm_kernels", "gemm_frac
                "softmax_vs_matmul", "class_breakdown", "gpu_idle", "ranges", "range_kernels")
 
 _REPORTS_HELP = ("REPORT: an nsys SQLite export, a .nsys-rep (exported with nsys when available, "
-                 "cached beside it) or a run directory (its run.json names the export).")
+                 "cached beside it), a run directory (its run.json names the export), or a sweep "
+                 "directory or directory of runs (such as runs/: its runs with an export).")
 
 attribution_option = click.option(
     "--attribution", type=click.Choice(("process", "thread")), default="process",
@@ -76,10 +77,10 @@ def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: st
     ``defer``: one report's phase_instances is built by the tables that read it (beside the
     others, see kernel_tables.results) or by ``Trace.ready`` before the database is kept."""
     from lmprof.analyze import db as dbmod
-    from lmprof.analyze.nsys import resolve_report
+    from lmprof.analyze.nsys import expand_reports, resolve_report
     from lmprof.analyze.trace import configure
 
-    resolved = [resolve_report(r, nsys_path) for r in reports]
+    resolved = [resolve_report(r, nsys_path) for r in expand_reports(reports)]
     with tempfile.TemporaryDirectory(prefix="lmprof-duckdb-") as spill:
         con = dbmod.connect(db)
         try:

@@ -131,6 +131,32 @@ def test_several_reports_and_run_directories(tmp_path):
     assert {r["run"] for r in per_run} == {r["run"] for r in cross}
 
 
+def test_a_directory_of_runs_stands_for_its_runs_with_an_export(tmp_path):
+    """`analyze kernels runs/`: the runs in it that hold an nsys export (one without is left
+    out, `latest` is not counted twice); a directory of runs without any export is an error."""
+    root = tmp_path / "runs"
+    for size, ctx in (("small", 128), ("medium", 256)):
+        d = root / f"{size}-{ctx}"
+        d.mkdir(parents=True)
+        writable_copy(d)
+        write_run_json(d, size=size, context_length=ctx)
+    plain = root / "no-export"
+    plain.mkdir()
+    write_run_json(plain, sqlite_name="missing.sqlite")
+    (root / "latest").symlink_to("small-128", target_is_directory=True)
+    code, out, err = run("kernels", str(root), "--format", "json", "--out", str(tmp_path / "o"),
+                         "--table", "gemm_fraction")
+    assert code == 0, err
+    cross = json.loads((tmp_path / "o" / "gemm_fraction_by_run.json").read_text())
+    assert sorted((r["size"], r["context_length"]) for r in cross) == [("medium", 256),
+                                                                        ("small", 128)]
+    empty = tmp_path / "empty-runs"
+    (empty / "r").mkdir(parents=True)
+    write_run_json(empty / "r", sqlite_name="missing.sqlite")
+    code, out, err = run("kernels", str(empty))
+    assert code == 2 and "has an nsys export" in err and "Traceback" not in err
+
+
 def test_db_persists_and_sql_queries_it(tmp_path):
     db = tmp_path / "k.duckdb"
     code, _, err = run("kernels", str(REPORT), "--db", str(db), "--table", "gemm_fraction")
