@@ -90,3 +90,26 @@ def expand(paths: list[str | Path]) -> list[Path]:
         else:
             out += run_children(p) or [Path(p)]
     return out
+
+
+def expand_with_artifact(args, keys: tuple[str, ...], what: str) -> list:
+    """Input arguments with each sweep directory or directory of runs replaced by those of its
+    runs whose run.json names an existing artifact under one of ``keys`` (``what`` says which
+    kind in the error where none does); other arguments stay as given."""
+    out: list = []
+    for arg in args:
+        p = Path(arg)
+        if not p.is_dir() or (p / rundir.RUN_FILE).is_file():
+            out.append(arg)
+            continue
+        runs = expand([p])
+        if runs == [p]:  # no runs in it: the caller's resolver says what it is not
+            out.append(arg)
+            continue
+        kept = [r for r in runs
+                if any(a is not None and a.is_file()
+                       for a in (rundir.artifact_path(rundir.load_run(r), k) for k in keys))]
+        if not kept:
+            raise UserError(f"no run in {str(p)!r} has {what}")
+        out += kept
+    return out

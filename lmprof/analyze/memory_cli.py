@@ -25,7 +25,8 @@ from lmprof.analyze.cli import format_option, out_option
                    "for 'analyze sql'.")
 def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
                out: str | None, plots: str | None, db: str | None) -> None:
-    """Memory tables of CUDA memory snapshots (memory.pickle[.xz|.gz|.zst]) or run directories.
+    """Memory tables of CUDA memory snapshots (memory.pickle[.xz|.gz|.zst]), run directories, or
+    sweep directories and directories of runs such as runs/ (their runs with a snapshot).
 
     Several inputs give comparison tables (peak by context length, mode and dtype). Snapshots
     are unpickled admitting plain data only; input files are never modified.
@@ -37,7 +38,11 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
 
     if run_dir and len(inputs) != 1:
         raise UserError("--run pairs one raw snapshot with its run.json; give exactly one input")
-    refs = [memory.resolve(arg, run_dir) for arg in inputs]
+    from lmprof import sweepdir
+
+    args = sweepdir.expand_with_artifact(
+        inputs, ("memory_snapshot",), "a memory snapshot (capture one with 'capture run --memory')")
+    refs = [memory.resolve(arg, run_dir) for arg in args]
     con = connect(db)
     if db:
         memory.drop_tables(con)

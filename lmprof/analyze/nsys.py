@@ -390,27 +390,11 @@ def _sqlite_for_rep(rep: Path, nsys_path: str | None) -> Path:
 def expand_reports(args) -> list[str | Path]:
     """REPORT arguments with each sweep directory or directory of runs (``capture run --out``)
     replaced by those of its runs that hold an nsys export (a clear error where none does)."""
-    from lmprof import rundir, sweepdir
+    from lmprof import sweepdir
 
-    out: list[str | Path] = []
-    for arg in args:
-        p = Path(arg)
-        if not p.is_dir() or (p / rundir.RUN_FILE).is_file():
-            out.append(arg)
-            continue
-        runs = sweepdir.expand([p])
-        if runs == [p]:  # no runs in it: resolve_report says what it is not
-            out.append(arg)
-            continue
-        with_export = [r for r in runs
-                       if any(a is not None and a.is_file()
-                              for a in (rundir.artifact_path(rundir.load_run(r), key)
-                                        for key in ("nsys_sqlite", "nsys_rep")))]
-        if not with_export:
-            raise UserError(f"no run in {str(p)!r} has an nsys export (capture one with "
-                            "'capture run --nsys')")
-        out += with_export
-    return out
+    return sweepdir.expand_with_artifact(
+        args, ("nsys_sqlite", "nsys_rep"),
+        "an nsys export (capture one with 'capture run --nsys')")
 
 
 def resolve_report(arg: str | Path, nsys_path: str | None = None) -> tuple[Path, dict | None]:

@@ -109,6 +109,21 @@ def test_several_runs_compare(tmp_path):
     assert pbc[1:] == ["small,128,,2899810304", "small,256,2899810304,"]
     res = CliRunner().invoke(analyze, ["memory", *dirs, "--run", dirs[0]])
     assert res.exit_code != 0
+    # the directory holding both runs stands for them (a run without a snapshot is left out)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "run.json").write_text(json.dumps({
+        "schema_version": 1, "run_id": "other", "status": "OK", "config": {}, "artifacts": {}}))
+    res = CliRunner().invoke(analyze, ["memory", str(tmp_path), "--format", "csv", "--out",
+                                       str(tmp_path / "o2")], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "o2" / "memory_peak_by_context.csv").read_text().split() == pbc
+    res = _run(tmp_path / "other" / "..", "--format", "csv")  # the same directory, by path
+    assert res.returncode == 0, res.stderr
+    (tmp_path / "none" / "r").mkdir(parents=True)
+    (tmp_path / "none" / "r" / "run.json").write_text((tmp_path / "other" / "run.json").read_text())
+    res = _run(tmp_path / "none")
+    assert res.returncode == 2 and "has a memory snapshot" in res.stderr
+    assert "Traceback" not in res.stderr
 
 
 def test_report_gains_memory_section(tmp_path):
