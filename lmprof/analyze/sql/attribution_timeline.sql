@@ -74,22 +74,15 @@ DROP TABLE _start_end_candidates;
 DROP TABLE _range_state;
 
 -- Per state: the innermost range (largest range_id) and the nearest phase and step ranges over
--- its members (each member's nearest phase (not step) and step range among itself and its
--- ancestors), with that phase range's phase; NULL where no range is open (an op launched then
+-- its members (each member's, from _range_phase: range_chain.sql), with that phase range's phase; NULL where no range is open (an op launched then
 -- has none).
 CREATE OR REPLACE TABLE _attr_timeline AS
-WITH range_phase AS (
-    SELECT range_id,
-           max(anc_id) FILTER (WHERE anc_phase IS NOT NULL AND anc_phase <> 'step')
-               AS phase_range_id,
-           max(anc_id) FILTER (WHERE anc_phase = 'step') AS step_range_id
-    FROM _range_chain GROUP BY range_id
-), states AS (
+WITH states AS (
     SELECT s.state_id, s.key, s.t, count(m.range_id) AS members, max(m.range_id) AS range_id,
            max(p.phase_range_id) AS phase_range_id, max(p.step_range_id) AS step_range_id
     FROM _attr_states s
     LEFT JOIN _attr_members m USING (state_id)
-    LEFT JOIN range_phase p USING (range_id)
+    LEFT JOIN _range_phase p USING (range_id)
     GROUP BY s.state_id, s.key, s.t
 )
 SELECT s.*, CAST(n.phase AS ENUM('forward', 'backward', 'optimizer', 'inference')) AS phase

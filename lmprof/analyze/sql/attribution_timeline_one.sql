@@ -11,16 +11,9 @@
 
 -- Per thread and instant of a push or pop: the innermost open range after all of them (-1:
 -- none; pops before pushes at equal times, outer pushes before inner ones), with that range's
--- nearest phase (not step) and step ranges among itself and its ancestors and the phase range's
--- phase.
+-- nearest phase and step ranges (_range_phase: range_chain.sql) and the phase range's phase.
 CREATE OR REPLACE TABLE _attr_timeline AS
-WITH range_phase AS (
-    SELECT range_id,
-           max(anc_id) FILTER (WHERE anc_phase IS NOT NULL AND anc_phase <> 'step')
-               AS phase_range_id,
-           max(anc_id) FILTER (WHERE anc_phase = 'step') AS step_range_id
-    FROM _range_chain GROUP BY range_id
-), edges AS (
+WITH edges AS (
     -- the order of edges at one instant as one integer: pushes (2^32 + level) after pops
     -- (-level), deeper pushes and shallower pops last (levels are INTEGERs: |level| < 2^31)
     SELECT global_tid, start_ns AS t, range_id AS state, 4294967296 + level AS edge_order
@@ -37,7 +30,7 @@ SELECT row_number() OVER () AS state_id, s.global_tid >> $key_shift AS key, s.t,
        p.phase_range_id, p.step_range_id,
        CAST(n.phase AS ENUM('forward', 'backward', 'optimizer', 'inference')) AS phase
 FROM states s
-LEFT JOIN range_phase p ON p.range_id = s.range_id
+LEFT JOIN _range_phase p ON p.range_id = s.range_id
 LEFT JOIN nvtx_ranges n ON n.range_id = p.phase_range_id;
 
 CREATE OR REPLACE TABLE _attr_states (state_id BIGINT, key BIGINT, t BIGINT);

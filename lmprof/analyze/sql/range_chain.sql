@@ -1,5 +1,7 @@
 -- _range_chain (range_id, anc_id, anc_start_ns, anc_end_ns, anc_phase): every NVTX range with a
--- positive length x its ancestors-or-self, from nvtx_ranges alone. Built beside the load (see
+-- positive length x its ancestors-or-self, from nvtx_ranges alone; _range_phase (range_id,
+-- phase_range_id, step_range_id): each such range's nearest phase (not step) and step range
+-- among itself and its ancestors, which both ways of building the timeline read. Built beside the load (see
 -- attribution_timeline.sql: a plain table of the schema for that reason); kept: the op_ranges
 -- view and the per-range phase ids of the timeline read it.
 
@@ -19,3 +21,8 @@ SELECT c.range_id, c.anc_id, a.start_ns AS anc_start_ns, a.end_ns AS anc_end_ns,
        a.phase AS anc_phase
 FROM chain c JOIN nvtx_ranges a ON a.range_id = c.anc_id;
 
+CREATE OR REPLACE TABLE _range_phase AS
+SELECT range_id,
+       max(anc_id) FILTER (WHERE anc_phase IS NOT NULL AND anc_phase <> 'step') AS phase_range_id,
+       max(anc_id) FILTER (WHERE anc_phase = 'step') AS step_range_id
+FROM _range_chain GROUP BY range_id;
