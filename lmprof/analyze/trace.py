@@ -194,7 +194,7 @@ def attribute(con: duckdb.DuckDBPyConnection, thread_rule: bool) -> None:
     sqlfile.run(con, "attribution", key_shift=_key_shift(thread_rule))
     if con.execute("SELECT count(*) FROM _attr_grid WHERE crowded").fetchall()[0][0]:
         sqlfile.run(con, "attribution_crowded", key_shift=_key_shift(thread_rule))
-    for table in ("_attr_timeline", "_attr_buckets", "_attr_grid"):
+    for table in ("_attr_timeline", "_attr_buckets", "_attr_grid", "_range_phase"):
         con.execute(f"DROP TABLE {table}")
 
 

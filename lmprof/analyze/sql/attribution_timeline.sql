@@ -74,8 +74,8 @@ DROP TABLE _start_end_candidates;
 DROP TABLE _range_state;
 
 -- Per state: the innermost range (largest range_id) and the nearest phase and step ranges over
--- its members (each member's, from _range_phase: range_chain.sql), with that phase range's phase; NULL where no range is open (an op launched then
--- has none).
+-- its members (each member's, from _range_phase: range_chain.sql), with that phase range's
+-- phase; NULL where no range is open (an op launched then has none).
 CREATE OR REPLACE TABLE _attr_timeline AS
 WITH states AS (
     SELECT s.state_id, s.key, s.t, count(m.range_id) AS members, max(m.range_id) AS range_id,

@@ -1,9 +1,11 @@
 -- _range_chain (range_id, anc_id, anc_start_ns, anc_end_ns, anc_phase): every NVTX range with a
--- positive length x its ancestors-or-self, from nvtx_ranges alone; _range_phase (range_id,
--- phase_range_id, step_range_id): each such range's nearest phase (not step) and step range
--- among itself and its ancestors, which both ways of building the timeline read. Built beside the load (see
--- attribution_timeline.sql: a plain table of the schema for that reason); kept: the op_ranges
--- view and the per-range phase ids of the timeline read it.
+-- positive length x its ancestors-or-self, from nvtx_ranges alone; kept (the op_ranges views and
+-- attention.sql read it).
+-- _range_phase (range_id, phase_range_id, step_range_id): each such range's nearest phase (not
+-- step) and step range among itself and its ancestors, which both ways of building the timeline
+-- read; dropped after attribution (trace.attribute).
+-- Built beside the load, on a second connection: plain tables of the schema (see
+-- attribution_timeline.sql).
 
 -- Push/pop ranges of one thread form a stack: every range open after a push or pop is an
 -- ancestor-or-self of the innermost one, so (innermost, ancestors) stands for all of them.
