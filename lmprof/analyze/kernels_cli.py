@@ -168,6 +168,30 @@ def _is_duckdb(path: Path) -> bool:
         return False
 
 
+def _confine(con: duckdb.DuckDBPyConnection) -> None:
+    """DuckDB's external access off (no file read or written through DuckDB: COPY ... TO,
+    read_csv, ATTACH of a DuckDB file; no extension loaded) and the configuration locked, so
+    that the user's query cannot turn it back on. Spilling to DuckDB's temp directory still
+    works. Results go out through --format / --out."""
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+# Statements a user's query may hold: reads only (PRAGMA, SHOW, DESCRIBE, SUMMARIZE and WITH
+# parse as SELECT). External access off is not enough on its own: the sqlite scanner, loaded to
+# read the export, opens SQLite files itself, so `ATTACH 'report.sqlite' (TYPE sqlite)` followed
+# by a DELETE would change the export even then.
+_READ_STATEMENTS = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)
+
+
+def _check_reads_only(con: duckdb.DuckDBPyConnection, query: str) -> None:
+    for statement in con.extract_statements(query):
+        if statement.type not in _READ_STATEMENTS:
+            kind = statement.type.name.lower()
+            raise UserError(f"analyze sql runs queries that only read (SELECT, EXPLAIN), not "
+                            f"{kind}: the report and --db files are never changed")
+
+
 SCHEMA_SQL = ("SELECT table_schema AS schema, table_name AS name, table_type AS kind, "
               "string_agg(column_name || ' ' || data_type, ', ' ORDER BY ordinal_position) "
               "AS columns FROM information_schema.columns c JOIN information_schema.tables t "
@@ -178,7 +202,9 @@ SCHEMA_SQL = ("SELECT table_schema AS schema, table_name AS name, table_type AS 
 @click.command("sql", epilog=_REPORTS_HELP + " FILE may also be a DuckDB file written with --db. "
                "Views: kernels, memops, runtime, gpu_ops, op_ranges; tables: nvtx_ranges, "
                "phase_instances, kernel_names, gpus, session (see --schema). Times are ns on the "
-               "nsys session clock.")
+               "nsys session clock. Queries only read (SELECT, EXPLAIN; PRAGMA, SHOW, DESCRIBE, "
+               "SUMMARIZE) and see this database only: no file is read or written through "
+               "DuckDB (COPY, read_csv, ATTACH); results go out through --format and --out.")
 @click.argument("file")
 @click.argument("query", required=False)
 @click.option("--schema", "show_schema", is_flag=True,
@@ -206,7 +232,10 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, nsys_path, fmt,
         else:
             con, _ = stack.enter_context(open_traces(
                 (file,), _options(attribution, phase_ranges, (), ()), None, nsys_path))
+        _confine(con)
         try:
+            if not show_schema:
+                _check_reads_only(con, query)
             # rows, not a DataFrame, unless a column's type needs pandas to print as before
             df = Table.fetch(con.execute(SCHEMA_SQL if show_schema else query))
         except duckdb.Error as exc:

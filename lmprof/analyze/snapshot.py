@@ -57,6 +57,18 @@ class _Refused(Exception):
     pass
 
 
+def _other_kind(path: Path, head: bytes) -> str | None:
+    """What a file given as a snapshot is instead, where its first bytes or name tell: the
+    other inputs of this tool, so that the error says which command reads it."""
+    if head.startswith(b"SQLite format 3\x00"):
+        return "an SQLite database (an nsys export? 'analyze kernels' reads those)"
+    if head[8:12] == b"DUCK":
+        return "a DuckDB database ('analyze sql' queries those)"
+    if path.suffix in (".nsys-rep", ".qdrep"):
+        return "an Nsight Systems report ('analyze kernels' reads those)"
+    return None
+
+
 def _open(path: Path) -> tuple[BinaryIO, str]:
     try:
         f = open(path, "rb")
@@ -66,8 +78,13 @@ def _open(path: Path) -> tuple[BinaryIO, str]:
         raise UserError(f"{str(path)!r} is a directory, not a memory snapshot") from None
     except PermissionError:
         raise UserError(f"permission denied: {str(path)!r}") from None
-    head = f.read(8)
+    head = f.read(16)
     f.seek(0)
+    other = _other_kind(path, head)
+    if other:
+        f.close()
+        raise UserError(f"{str(path)!r} is {other}, not a memory snapshot (a pickle written by "
+                        "torch.cuda.memory._dump_snapshot)")
     for magic, kind in _MAGIC:
         if head.startswith(magic):
             if kind == "xz":

@@ -208,6 +208,42 @@ def test_input_checksum_unchanged_by_cli(tmp_path):
     assert sha256(report) == before
 
 
+@pytest.mark.parametrize("query, message", [
+    # the sqlite scanner that read the export opens SQLite files itself: ATTACH would get past
+    # DuckDB's external-access switch and the DELETE would change the export
+    ("ATTACH '{report}' AS y (TYPE sqlite); DELETE FROM y.StringIds", "not attach"),
+    ("SELECT 1; ATTACH '{report}' AS y (TYPE sqlite)", "not attach"),
+    ("CALL sqlite_attach('{report}')", "not call"),
+    ("COPY (SELECT * FROM kernels) TO '{out}'", "not copy"),
+    ("EXPORT DATABASE '{out_dir}'", "not export"),
+    ("INSERT INTO session SELECT * FROM session", "not insert"),
+    ("SET enable_external_access = true", "not set"),
+    ("SELECT count(*) FROM read_csv('{report}')", "Permission Error"),
+    ("SELECT * FROM glob('{out_dir}/*')", "Permission Error"),
+])
+def test_sql_reads_only_this_database(tmp_path, query, message):
+    report = writable_copy(tmp_path)
+    before = sha256(report)
+    out = tmp_path / "leak.csv"
+    query = query.format(report=report, out=out, out_dir=tmp_path / "exported")
+    code, stdout, err = run("sql", str(report), query)
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err and stdout == ""
+    assert sha256(report) == before
+    assert not out.exists() and not (tmp_path / "exported").exists()
+    # reads still work, several statements too, and on a --db file as well
+    code, stdout, err = run("sql", str(report), "SELECT 1; SELECT count(*) AS n FROM gpu_ops",
+                            "--format", "csv")
+    assert code == 0 and int(stdout.splitlines()[1]) > 0, err
+    db = tmp_path / "k.duckdb"
+    assert run("kernels", str(report), "--db", str(db), "--table", "gemm_fraction")[0] == 0
+    db_before = sha256(db)
+    code, _, err = run("sql", str(db), query.replace(str(report), str(db)))
+    assert code == 2 and err.count("\n") == 1, err
+    assert run("sql", str(db), "SUMMARIZE kernels")[0] == 0
+    assert sha256(db) == db_before and sha256(report) == before
+
+
 @pytest.mark.parametrize("arg, message", [
     ("missing.sqlite", "no such file"), (".", "is a directory"), ("notes.txt", "not an SQLite"),
     ("trace.nsys-rep", "nsys is not available"),

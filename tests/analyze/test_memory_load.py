@@ -86,6 +86,18 @@ def test_bad_files(tmp_path, content, message):
         read_snapshot(f)
 
 
+@pytest.mark.parametrize("name, content, message", [
+    ("report.sqlite", b"SQLite format 3\x00" + b"\0" * 84, "an SQLite database"),
+    ("k.duckdb", b"\0" * 8 + b"DUCK" + b"\0" * 20, "a DuckDB database"),
+    ("report.nsys-rep", b"\0" * 64, "an Nsight Systems report"),
+])
+def test_other_inputs_of_the_tool_are_named(tmp_path, name, content, message):
+    f = tmp_path / name
+    f.write_bytes(content)
+    with pytest.raises(UserError, match=f"{message}.*not a memory snapshot"):
+        read_snapshot(f)
+
+
 def test_truncated_pickle(tmp_path):
     raw = lzma.decompress(FIXTURE.read_bytes())
     f = tmp_path / "cut.pickle"
