@@ -18,6 +18,17 @@ from lmprof.errors import UserError
 
 
 def connect(path: str | Path | None = None, threads: int | None = None) -> duckdb.DuckDBPyConnection:
+    """In memory, or the DuckDB file ``path`` (``--db``), created if absent. An existing file
+    that is not a DuckDB database is refused before DuckDB sees it (it would try to open an
+    SQLite file, such as the export itself, through an extension)."""
+    if path and Path(path).is_file() and Path(path).stat().st_size:
+        with open(path, "rb") as fh:
+            head = fh.read(16)
+        if head[8:12] != b"DUCK":
+            what = ("an SQLite file (an nsys export?)" if head.startswith(b"SQLite format 3\x00")
+                    else "not a DuckDB database")
+            raise UserError(f"--db {str(path)!r} exists and is {what}: give a new file name or a "
+                            "DuckDB file written by --db")
     try:
         con = duckdb.connect(str(path) if path else ":memory:")
     except (duckdb.IOException, duckdb.InvalidInputException) as exc:

@@ -208,6 +208,17 @@ def test_input_checksum_unchanged_by_cli(tmp_path):
     assert sha256(report) == before
 
 
+def test_db_that_is_not_duckdb_is_refused_untouched(tmp_path):
+    report = writable_copy(tmp_path)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    before = sha256(report)
+    for target, what in ((report, "an SQLite file"), (notes, "not a DuckDB database")):
+        code, _, err = run("kernels", str(report), "--db", str(target))
+        assert code == 2 and err.count("\n") == 1 and what in err, err
+    assert sha256(report) == before and notes.read_text() == "mine"
+
+
 @pytest.mark.parametrize("query, message", [
     # the sqlite scanner that read the export opens SQLite files itself: ATTACH would get past
     # DuckDB's external-access switch and the DELETE would change the export
