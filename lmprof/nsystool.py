@@ -32,11 +32,21 @@ def find_nsys(explicit: str | None = None) -> str:
 
 
 def export_sqlite(nsys: str, rep: Path, out: Path | None = None) -> Path:
-    """``nsys export --type sqlite``; returns the SQLite path. Raises UserError on failure."""
+    """``nsys export --type sqlite``; returns the SQLite path. Raises UserError on failure.
+
+    nsys writes a partial file under another name in ``out``'s folder, renamed to ``out`` only
+    when the export succeeded: a reader (or a later run that trusts ``out`` as a cache) never
+    sees half an export, even if this process is killed meanwhile."""
     out = out or rep.with_suffix(".sqlite")
-    cmd = [nsys, "export", "--type=sqlite", "--force-overwrite=true", f"--output={out}", str(rep)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0 or not out.is_file():
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise UserError(f"nsys export failed for {str(rep)!r}: {tail[0]}")
+    partial = out.with_name(f".{out.stem}.{os.getpid()}.partial.sqlite")
+    cmd = [nsys, "export", "--type=sqlite", "--force-overwrite=true", f"--output={partial}",
+           str(rep)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0 or not partial.is_file():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise UserError(f"nsys export failed for {str(rep)!r}: {tail[0]}")
+        os.replace(partial, out)
+    finally:
+        partial.unlink(missing_ok=True)
     return out

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -371,20 +372,41 @@ def _text(value):
     return None if value is None else str(value)
 
 
+def _export_cache(rep: Path) -> Path:
+    """Where the export of a ``.nsys-rep`` in a folder we may not write goes: the user's cache
+    ($XDG_CACHE_HOME or ~/.cache, lmprof/exports), named by the report's path, size and mtime."""
+    import hashlib
+
+    st = rep.stat()
+    key = hashlib.sha1(f"{rep.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "lmprof" / "exports" / f"{rep.stem}-{key[:16]}.sqlite"
+
+
 def _sqlite_for_rep(rep: Path, nsys_path: str | None) -> Path:
-    """The SQLite export of a ``.nsys-rep``: the cached one beside it, else exported with nsys."""
+    """The SQLite export of a ``.nsys-rep``: a cached one (beside it, or in the user's cache when
+    its folder is read-only) that is not older than it, else exported there with nsys."""
     from lmprof.nsystool import export_sqlite, find_nsys
 
-    cached = rep.with_suffix(".sqlite")
-    if cached.is_file() and cached.stat().st_mtime_ns >= rep.stat().st_mtime_ns:
-        return cached
+    beside, elsewhere = rep.with_suffix(".sqlite"), _export_cache(rep)
+    for cached in (beside, elsewhere):
+        if cached.is_file() and cached.stat().st_mtime_ns >= rep.stat().st_mtime_ns:
+            return cached
+    target = beside if os.access(rep.parent, os.W_OK) else elsewhere
     try:
         nsys = find_nsys(nsys_path)
     except UserError:
         raise UserError(f"{str(rep)!r} is an nsys report and nsys is not available to export it: "
                         f"run 'nsys export --type=sqlite {rep}' and pass the .sqlite, or put "
                         "nsys on PATH (or give --nsys-path)") from None
-    return export_sqlite(nsys, rep, cached)
+    if target is elsewhere:
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"cannot export {str(rep)!r}: its folder is read-only and the cache "
+                            f"folder {str(target.parent)!r} cannot be made ({exc.strerror})") \
+                from None
+    return export_sqlite(nsys, rep, target)
 
 
 def expand_reports(args) -> list[str | Path]:

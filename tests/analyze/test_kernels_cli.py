@@ -271,23 +271,67 @@ def test_bad_input_exits_2_with_one_line(tmp_path, arg, message):
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
+def _fake_nsys(tmp_path: Path, fail: bool = False) -> Path:
+    """A stand-in for 'nsys export --type=sqlite --output=OUT REP': copies the fixture to OUT
+    (half of it, then exit 1, with ``fail``) and counts its calls in bin/calls."""
+    fake = tmp_path / "bin" / "nsys"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text(f"#!{sys.executable}\nimport shutil, sys\n"
+                    "out = [a.split('=', 1)[1] for a in sys.argv if a.startswith('--output=')][0]\n"
+                    f"open({str(fake.parent / 'calls')!r}, 'a').write('x')\n"
+                    + (f"open(out, 'wb').write(open({str(REPORT)!r}, 'rb').read()[:4096])\n"
+                       "sys.exit('export failed: disk full')\n" if fail else
+                       f"shutil.copyfile({str(REPORT)!r}, out)\n"))
+    fake.chmod(0o755)
+    return fake
+
+
 def test_nsys_rep_is_exported_once_and_cached(tmp_path):
     rep = tmp_path / "trace.nsys-rep"
     rep.write_bytes(b"\0" * 64)
-    fake = tmp_path / "bin" / "nsys"
-    fake.parent.mkdir()
-    # a stand-in for 'nsys export --type=sqlite --output=OUT REP': copies the fixture to OUT
-    fake.write_text(f"#!{sys.executable}\nimport shutil, sys\n"
-                    "out = [a.split('=', 1)[1] for a in sys.argv if a.startswith('--output=')][0]\n"
-                    f"shutil.copyfile({str(REPORT)!r}, out)\n"
-                    "open(out + '.calls', 'a').write('x')\n")
-    fake.chmod(0o755)
+    fake = _fake_nsys(tmp_path)
     for _ in range(2):
         code, _, err = run("kernels", str(rep), "--nsys-path", str(fake), "--table",
                            "gemm_fraction")
         assert code == 0, err
     assert (tmp_path / "trace.sqlite").is_file()
-    assert (tmp_path / "trace.sqlite.calls").read_text() == "x"  # exported once
+    assert (fake.parent / "calls").read_text() == "x"  # exported once
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "trace.nsys-rep", "trace.sqlite"]
+
+
+def test_nsys_rep_in_a_read_only_folder_is_exported_to_the_cache(tmp_path, monkeypatch):
+    from lmprof.analyze import nsys
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    rep = shared / "trace.nsys-rep"
+    rep.write_bytes(b"\0" * 64)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    # (tests may run as root, for whom no folder is read-only: the check is what is replaced)
+    real_access = os.access
+    monkeypatch.setattr(nsys.os, "access", lambda path, mode: False if Path(path) == shared
+                        else real_access(path, mode))
+    fake = _fake_nsys(tmp_path)
+    for _ in range(2):
+        code, out, err = run("kernels", str(rep), "--nsys-path", str(fake), "--table",
+                             "gemm_fraction", "--format", "csv")
+        assert code == 0, err
+    assert (fake.parent / "calls").read_text() == "x"
+    assert [p.name for p in shared.iterdir()] == ["trace.nsys-rep"]
+    cached = list((tmp_path / "cache" / "lmprof" / "exports").iterdir())
+    assert len(cached) == 1 and cached[0].name.startswith("trace-")
+    assert sha256(cached[0]) == sha256(REPORT)
+
+
+def test_failed_nsys_export_leaves_nothing_to_trust(tmp_path):
+    rep = tmp_path / "trace.nsys-rep"
+    rep.write_bytes(b"\0" * 64)
+    fake = _fake_nsys(tmp_path, fail=True)
+    code, _, err = run("kernels", str(rep), "--nsys-path", str(fake))
+    assert code == 2 and "nsys export failed" in err and "disk full" in err
+    assert err.count("\n") == 1
+    # no partial export beside the report that a later run would take for the cached one
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "trace.nsys-rep"]
 
 
 def test_analyze_never_imports_torch(tmp_path):
