@@ -43,6 +43,9 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
     from lmprof.capture import runner
 
     spec = spec_from_kwargs(kwargs)
+    if (nsys_path or nsys_args) and not spec.nsys:
+        flag = "--nsys-path" if nsys_path else "--nsys-args"
+        raise UserError(f"{flag} applies to a run under Nsight Systems: add --nsys")
     prep = runner.prepare(spec)
     out_root = Path(out)
     nsys = nsystool.find_nsys(nsys_path) if spec.nsys and not under_nsys else None

@@ -141,6 +141,14 @@ def test_nsys_on_cpu_is_refused():
     assert proc.returncode == 2 and "needs --device cuda" in proc.stderr
 
 
+@pytest.mark.parametrize("flag, value", [("--nsys-args", "--trace=cuda"),
+                                         ("--nsys-path", "/opt/nsys")])
+def test_nsys_flags_without_nsys_are_refused(tmp_path, flag, value):
+    proc = cli("run", *TINY, flag, value, "--out", str(tmp_path / "runs"))
+    assert proc.returncode == 2 and f"{flag} applies to a run under Nsight Systems" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and not (tmp_path / "runs").exists()
+
+
 def test_analyze_bad_run_dir(tmp_path):
     proc = cli("runs", str(tmp_path / "nope"), module="lmprof.analyze")
     assert proc.returncode == 2 and "no such run directory" in proc.stderr
