@@ -142,8 +142,88 @@ def load_run(path: str | Path) -> dict[str, Any]:
         raise UserError(
             f"{str(f)!r} has schema_version {version!r}; this lmprof reads up to {SCHEMA_VERSION}"
         )
+    problem = _shape_problem(record)
+    if problem:
+        raise UserError(f"{str(f)!r} is not a well-formed run.json: {problem}")
     record["run_dir"] = str(run_dir)
     return record
+
+
+# What a reader may index into, by the JSON types the docstring above gives: a key may be absent,
+# but where present it has its type, so that a hand-edited or foreign file is one error line
+# (exit 2) rather than a traceback in whichever table first does arithmetic with it.
+_NUMBER = (int, float)
+_SCALAR = (str, int, float, bool, type(None))
+_DICT_KEYS = ("config", "model", "flops", "environment", "timings", "artifacts", "peak_memory",
+              "sweep")
+_STR_KEYS = ("run_id", "created_utc", "kind", "status")
+# config of a `capture run` record (kind "run"): the options the tables read
+_RUN_CONFIG = {**dict.fromkeys(("batch_size", "context_length", "warmup", "steps", "d_model",
+                                "d_ff", "num_layers", "num_heads", "vocab_size"), int),
+               **dict.fromkeys(("size", "mode", "dtype", "attention", "device"), str),
+               **dict.fromkeys(("compile", "nsys", "memory"), bool)}
+_WINDOW = {"step": int, "phase": str, "start_ns": int, "end_ns": int}
+_SUMMARY_KEYS = {"mean_s", "std_s", "median_s", "min_s", "max_s", "n"}
+
+
+def _is(value: Any, kind) -> bool:
+    """``value`` is null or of ``kind`` (a type or tuple of types; a bool only where bool is)."""
+    if value is None:
+        return True
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool):
+        return bool in kinds
+    return isinstance(value, kinds)
+
+
+def _shape_problem(record: dict[str, Any]) -> str | None:
+    """What is of the wrong type in a run.json, or None."""
+    for key in _DICT_KEYS:
+        if key in record and not isinstance(record[key], dict):
+            return f"{key!r} is {type(record[key]).__name__}, not an object"
+    for key in _STR_KEYS:
+        if key in record and not isinstance(record[key], str):
+            return f"{key!r} is {type(record[key]).__name__}, not a string"
+    if not _is(record.get("error"), str):
+        return "'error' is not a string or null"
+    for key, kind in (("environment", _SCALAR), ("sweep", _SCALAR), ("artifacts", str),
+                      ("model", _SCALAR), ("flops", _NUMBER), ("peak_memory", _NUMBER)):
+        for name, value in record.get(key, {}).items():
+            if not _is(value, kind):
+                return f"'{key}.{name}' is {type(value).__name__}"
+    if record.get("kind", "run") == "run":
+        config = record.get("config", {})
+        for name, kind in _RUN_CONFIG.items():
+            if not _is(config.get(name), kind):
+                return f"'config.{name}' is {type(config[name]).__name__}, not {kind.__name__}"
+    timings = record.get("timings", {})
+    for name in ("total_s", "warmup_s"):
+        if not _is(timings.get(name), _NUMBER):
+            return f"'timings.{name}' is not a number"
+    for name in ("warmup_steps_s", "steps"):
+        items = timings.get(name, [])
+        item, what = (_NUMBER, "numbers") if name == "warmup_steps_s" else (dict, "objects")
+        if not isinstance(items, list) or not all(x is not None and _is(x, item) for x in items):
+            return f"'timings.{name}' is not a list of {what}"
+    for step in timings.get("steps", []):
+        if not all(_is(v, _NUMBER) for v in step.values()):
+            return "'timings.steps' holds a value that is not a number"
+    summary = timings.get("summary", {})
+    if not isinstance(summary, dict):
+        return "'timings.summary' is not an object"
+    for phase, stats in summary.items():
+        if not isinstance(stats, dict) or not _SUMMARY_KEYS <= stats.keys() or \
+                not all(_is(v, _NUMBER) for v in stats.values()):
+            return (f"'timings.summary.{phase}' is not an object of numbers with "
+                    f"{', '.join(sorted(_SUMMARY_KEYS))}")
+    windows = record.get("phase_windows", [])
+    if not isinstance(windows, list):
+        return "'phase_windows' is not a list"
+    for w in windows:
+        if not isinstance(w, dict) or any(w.get(k) is None or not _is(w[k], t)
+                                          for k, t in _WINDOW.items()):
+            return "'phase_windows' holds an entry without integer step/start_ns/end_ns and a phase"
+    return None
 
 
 def artifact_path(record: dict[str, Any], key: str) -> Path | None:

@@ -117,13 +117,21 @@ def load_memory(con: duckdb.DuckDBPyConnection, snapshot_path: str | Path,
     path = Path(snapshot_path)
     flat = read_flat(path)
     sid = _next_id(con)
-    windows, phase_source = _phase_windows(flat, run_record)
-    for name, cols in (("memory_trace", flat.trace), ("memory_frames", flat.frames),
-                       ("memory_stacks", flat.stacks), ("memory_stack_frames", flat.stack_frames),
-                       ("memory_segments", flat.segments), ("memory_blocks", flat.blocks),
-                       ("memory_annotations", flat.annotations),
-                       ("memory_phase_windows", windows)):
-        _append(con, name, sid, cols)
+    try:
+        windows, phase_source = _phase_windows(flat, run_record)
+        tables = {"memory_trace": flat.trace, "memory_frames": flat.frames,
+                  "memory_stacks": flat.stacks, "memory_stack_frames": flat.stack_frames,
+                  "memory_segments": flat.segments, "memory_blocks": flat.blocks,
+                  "memory_annotations": flat.annotations, "memory_phase_windows": windows}
+        arrow = {name: _arrow(name, cols) for name, cols in tables.items()}
+    except (pa.ArrowException, OverflowError, ValueError, TypeError) as exc:
+        # a snapshot of the right shape holding a value of the wrong type (a string where an
+        # address or a time belongs, a number too large for 64 bits): named, not a traceback
+        raise UserError(f"{str(path)!r}: unrecognised snapshot layout (a value of the wrong type: "
+                        f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+                        ) from None
+    for name, table in arrow.items():
+        _append(con, name, sid, table)
     layout = flat.layout
     del flat
     _append(con, "memory_snapshots", sid,
@@ -147,9 +155,15 @@ def _exists(con: duckdb.DuckDBPyConnection, table: str) -> bool:
                             [table]).fetchall()[0][0])
 
 
-def _append(con: duckdb.DuckDBPyConnection, name: str, sid: int, cols: dict[str, list]) -> None:
-    schema = _SCHEMAS[name]
-    table = pa.table({k: pa.array(cols[k], t) for k, t in schema.items()})
+def _arrow(name: str, cols: dict[str, list]) -> pa.Table:
+    """Columns of table ``name`` as Arrow arrays of its schema's types."""
+    return pa.table({k: pa.array(cols[k], t) for k, t in _SCHEMAS[name].items()})
+
+
+def _append(con: duckdb.DuckDBPyConnection, name: str, sid: int, table) -> None:
+    """Table ``name`` gets ``table``'s rows (an Arrow table, or columns to convert)."""
+    if isinstance(table, dict):
+        table = _arrow(name, table)
     con.register("_lmprof_memory_load", table)
     try:
         select = f"SELECT {int(sid)}::INT AS snapshot_id, * FROM _lmprof_memory_load"

@@ -199,7 +199,10 @@ def _nvtx_types(sq: sqlite3.Connection, tables: set[str]) -> dict[str, int]:
     if "ENUM_NSYS_EVENT_TYPE" in tables:
         for id_, name in sq.execute(_ENUM_SQL):
             if name in types:
-                types[name] = int(id_)
+                if not isinstance(id_, int) or isinstance(id_, bool):
+                    raise UserError(f"ENUM_NSYS_EVENT_TYPE gives {name} the id {id_!r}, not an "
+                                    "integer (a damaged or hand-edited export?)")
+                types[name] = id_
     return types
 
 
@@ -359,13 +362,22 @@ def _load_session(sq: sqlite3.Connection, duck: duckdb.DuckDBPyConnection, prese
         ("source", "VARCHAR"), ("nsys_version", "VARCHAR"), ("session_start_utc_ns", "BIGINT"),
         ("trace_start_ns", "BIGINT"), ("trace_end_ns", "BIGINT"), ("nvtx_push_pop_type", "INTEGER"),
         ("nvtx_start_end_type", "INTEGER"), ("nvtx_domain_create_type", "INTEGER")],
-        [(str(path.resolve()), _text(version), _int(utc), _int(start), _int(stop),
-          int(types["NvtxPushPopRange"]), int(types["NvtxStartEndRange"]),
-          int(types["NvtxDomainCreate"]))])
+        [(str(path.resolve()), _text(version), _int(utc, path, "the session start time"),
+          _int(start, path, "ANALYSIS_DETAILS.startTime"),
+          _int(stop, path, "ANALYSIS_DETAILS.stopTime"),
+          _int(types["NvtxPushPopRange"], path, "the NvtxPushPopRange event type"),
+          _int(types["NvtxStartEndRange"], path, "the NvtxStartEndRange event type"),
+          _int(types["NvtxDomainCreate"], path, "the NvtxDomainCreate event type"))])
 
 
-def _int(value):
-    return None if value is None else int(value)
+def _int(value, path: Path, what: str):
+    """An integer read from the export's metadata (SQLite keeps any type in any column)."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and -2**63 <= value < 2**63:
+        return value
+    raise UserError(f"{str(path)!r}: {what} is {value!r}, not a 64-bit integer (a damaged or "
+                    "hand-edited export?)")
 
 
 def _text(value):

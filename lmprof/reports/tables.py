@@ -18,15 +18,15 @@ def phase_summary_table(record: dict[str, Any]) -> pd.DataFrame:
     for name in PHASE_ORDER:
         if name in summary:
             s = summary[name]
-            rows.append({"phase": name, "mean_s": s["mean_s"], "std_s": s["std_s"],
-                         "median_s": s["median_s"], "min_s": s["min_s"], "max_s": s["max_s"],
-                         "steps": s["n"]})
+            rows.append({"phase": name, "mean_s": s.get("mean_s"), "std_s": s.get("std_s"),
+                         "median_s": s.get("median_s"), "min_s": s.get("min_s"),
+                         "max_s": s.get("max_s"), "steps": s.get("n")})
     return pd.DataFrame(rows)
 
 
 def _mean_std(summary: dict, key: str) -> tuple[float | None, float | None]:
     s = summary.get(key)
-    return (s["mean_s"], s["std_s"]) if s else (None, None)
+    return (s.get("mean_s"), s.get("std_s")) if s else (None, None)
 
 
 def benchmark_table(records: list[dict[str, Any]]) -> pd.DataFrame:

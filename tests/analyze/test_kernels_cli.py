@@ -194,6 +194,19 @@ def test_export_without_nvtx_keeps_kernel_tables(tmp_path):
         stats("cuda_gpu_kern_sum")["Instances"].sum()
 
 
+@pytest.mark.parametrize("statement, message", [
+    ("UPDATE ANALYSIS_DETAILS SET startTime = 'x'", "ANALYSIS_DETAILS.startTime is 'x'"),
+    ("UPDATE TARGET_INFO_SESSION_START_TIME SET utcEpochNs = 'now'", "session start time is 'now'"),
+    ("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 'abc' WHERE rowid = 5", "Invalid type"),
+])
+def test_wrong_typed_values_in_the_export_are_one_line_errors(tmp_path, statement, message):
+    # SQLite keeps any value in any column: a damaged or hand-edited export
+    path = edit(writable_copy(tmp_path), statement)
+    code, _, err = run("kernels", str(path))
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err
+
+
 def test_export_without_kernels(tmp_path):
     path = edit(writable_copy(tmp_path), "DROP TABLE CUPTI_ACTIVITY_KIND_KERNEL")
     code, out, err = run("kernels", str(path))

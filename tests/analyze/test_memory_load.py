@@ -98,6 +98,50 @@ def test_other_inputs_of_the_tool_are_named(tmp_path, name, content, message):
         read_snapshot(f)
 
 
+def _small_snapshot() -> dict:
+    snap = read_snapshot(FIXTURE)
+    snap["device_traces"] = [trace[:300] for trace in snap["device_traces"]]
+    snap["segments"] = snap["segments"][:20]
+    return snap
+
+
+def _first_with(items, key):
+    return next(item for item in items if item.get(key))
+
+
+@pytest.mark.parametrize("edit", [
+    # (found by mutating the fixture: each of these was a traceback before)
+    lambda s: s["segments"][0].update(blocks=None),
+    lambda s: s["device_traces"][0][5].update(time_us="x"),
+    lambda s: s["device_traces"][0][5].update(size=True),
+    lambda s: s["device_traces"][0][5].update(stream=[]),
+    lambda s: s["segments"][0]["blocks"][0].update(requested_size=2**70),
+    lambda s: _first_with(s["device_traces"][0], "frames")["frames"][0].update(line=True),
+], ids=["blocks-none", "time-str", "size-bool", "stream-list", "size-2^70", "line-bool"])
+def test_wrong_values_inside_a_snapshot_are_one_line_errors(tmp_path, edit):
+    from lmprof.analyze import memory
+    from lmprof.analyze.db import connect
+
+    snap = _small_snapshot()
+    edit(snap)
+    f = tmp_path / "memory.pickle"
+    f.write_bytes(pickle.dumps(snap))
+    with pytest.raises(UserError, match="unrecognised snapshot layout"):
+        memory.load_memory(connect(), f)
+    proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", "memory", str(f)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_the_small_snapshot_itself_loads(tmp_path):
+    from lmprof.analyze import memory
+    from lmprof.analyze.db import connect
+
+    f = tmp_path / "memory.pickle"
+    f.write_bytes(pickle.dumps(_small_snapshot()))
+    assert memory.load_memory(connect(), f) == 0
+
+
 def test_truncated_pickle(tmp_path):
     raw = lzma.decompress(FIXTURE.read_bytes())
     f = tmp_path / "cut.pickle"

@@ -11,6 +11,8 @@ from lmprof.reports.tables import benchmark_table
 def _ms(mean, std) -> str:
     if mean is None or pd.isna(mean):
         return ""
+    if std is None or pd.isna(std):
+        return f"{mean * 1e3:.2f}"
     return f"{mean * 1e3:.2f} ± {std * 1e3:.2f}"
 
 

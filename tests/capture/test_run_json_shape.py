@@ -1,0 +1,69 @@
+"""run.json of the wrong shape: one line and exit 2 from every reader, never a traceback; every
+real run.json (the fixtures', a fresh capture's, a sweep stand-in's) passes the check."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lmprof import rundir
+from lmprof.capture import runner
+from lmprof.capture.runner import Hooks, RunSpec, execute, prepare
+from lmprof.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+GOOD = json.loads((ROOT / "tests" / "data" / "h200-lmprof-memory" / "run.json").read_text())
+
+
+def test_real_run_json_files_pass(tmp_path):
+    for path in sorted((ROOT / "tests" / "data").rglob("run.json")):
+        rundir.load_run(path.parent)
+    spec = RunSpec(size="tiny", context_length=16, batch_size=2, warmup=1, steps=2, device="cpu")
+    prep = prepare(spec)
+    run_dir = runner.new_run_dir(tmp_path, prep)
+    rundir.write_run(run_dir, execute(prep, run_dir, Hooks(), progress=False))
+    assert rundir.load_run(run_dir)["status"] == "OK"
+
+
+def _edit(path: list, value):
+    record = json.loads(json.dumps(GOOD))
+    node = record
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return record
+
+
+@pytest.mark.parametrize("path, value, message", [
+    (["config"], None, "'config' is NoneType, not an object"),
+    (["timings"], [1, 2], "'timings' is list, not an object"),
+    (["status"], 5, "'status' is int, not a string"),
+    (["error"], {"why": 1}, "'error' is not a string or null"),
+    (["environment", "torch"], ["2.11"], "'environment.torch' is list"),
+    (["flops", "forward_flops"], "many", "'flops.forward_flops' is str"),
+    (["artifacts", "memory_snapshot"], 3, "'artifacts.memory_snapshot' is int"),
+    (["config", "context_length"], "long", "'config.context_length' is str, not int"),
+    (["config", "batch_size"], True, "'config.batch_size' is bool, not int"),
+    (["timings", "summary", "step"], {"mean_s": [1]}, "'timings.summary.step' is not an object"),
+    (["timings", "summary", "forward"], {"mean_s": 0.1},
+     "'timings.summary.forward' is not an object of numbers with max_s"),
+    (["timings", "steps"], [1, 2], "'timings.steps' is not a list of objects"),
+    (["timings", "warmup_steps_s"], ["fast"], "'timings.warmup_steps_s' is not a list of numbers"),
+    (["phase_windows"], [{"phase": "forward", "start_ns": "a"}], "'phase_windows' holds an entry"),
+])
+def test_wrong_shapes_are_one_line_errors(tmp_path, path, value, message):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(json.dumps(_edit(path, value)))
+    with pytest.raises(UserError, match="is not a well-formed run.json: " + message):
+        rundir.load_run(run_dir)
+    for args in (["runs", str(run_dir)], ["report", str(run_dir), "-o", str(tmp_path / "rep")],
+                 ["memory", str(run_dir)]):
+        proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr and "well-formed" in proc.stderr
