@@ -59,6 +59,43 @@ def test_section_in_report(tmp_path):
     assert list((tmp_path / "report" / "img").glob("attention_tflops_*.png"))
 
 
+def _report_of(tmp_path, results) -> str:
+    run = tmp_path / "runs" / "20260101T000000Z-attention-abc-0000"
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "attention.json").write_text(json.dumps(results))
+    rundir.write_run(run, {"run_id": run.name, "kind": "attention", "status": "OK", "error": None,
+                           "config": {}, "environment": {}, "artifacts": {"attention": "attention.json"}})
+    return report.build([str(run)], tmp_path / "report").read_text()
+
+
+def test_real_results_pass_the_shape_check():
+    root = Path(__file__).resolve().parents[1] / "data" / "attention-runs"
+    for path in root.glob("*/attention.json"):
+        assert section._shape_problem(json.loads(path.read_text())) is None
+    results = _results()
+    results["environment"].update(git_dirty=False, gpu_count=1, cudnn=91900, git_commit=None)
+    assert section._shape_problem(results) is None
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda r: r.update(matmul_bf16_tflops="x"), "'matmul_bf16_tflops' is not a number"),
+    (lambda r: r.update(part_c=True), "'part_c' is not a list of rows"),
+    (lambda r: r["part_c"].__setitem__(1, True), "'part_c' is not a list of rows"),
+    (lambda r: r["part_c"][1].update(impl=1.5), "part_c[1].impl is 1.5"),
+    (lambda r: r["part_c"][0].update(seq="x"), "part_c[0].seq is 'x'"),
+    (lambda r: r["part_c"][0].update(e2e_ms={}), "part_c[0].e2e_ms is {}"),
+    (lambda r: r["part_b"][0].update(e2e_tflops="x"), "part_b[0].e2e_tflops is 'x'"),
+    (lambda r: r["environment"].update(triton=[]), "'environment' is not an object of plain"),
+], ids=["matmul", "part-bool", "row-bool", "impl-float", "seq-str", "ms-dict", "tflops-str",
+        "env-list"])
+def test_malformed_results_are_named_in_the_report(tmp_path, edit, message):
+    # (found by mutating a real attention.json: each of these failed the whole report before)
+    results = _results()
+    edit(results)
+    text = _report_of(tmp_path, results)
+    assert "its results could not be read" in text and message in text
+
+
 def test_no_attention_runs_no_section(tmp_path):
     assert section.section(report.ReportContext(runs=[], out_dir=tmp_path)) is None
 

@@ -240,6 +240,43 @@ def _combined_body(ctx: ReportContext, runs: list[tuple[dict, dict]]) -> list[st
     return bodies
 
 
+_ROW_TYPES = {**dict.fromkeys(("impl", "dtype", "status"), str),
+              **dict.fromkeys(("batch", "heads", "seq", "d"), int), "causal": bool}
+
+
+def _typed(value, kind) -> bool:
+    """null, or of ``kind`` (int or float for a number, a bool only where bool is asked)."""
+    if value is None:
+        return True
+    if isinstance(value, bool):
+        return kind is bool or (isinstance(kind, tuple) and bool in kind)
+    return isinstance(value, (int, float) if kind == "number" else kind)
+
+
+def _shape_problem(results) -> str | None:
+    """What in an attention.json is not of the type ``capture attention`` writes, or None (a
+    hand-edited or damaged file is named in the report instead of failing it)."""
+    if not isinstance(results, dict):
+        return "not an object"
+    if not isinstance(results.get("environment", {}), dict) or not all(
+            _typed(v, (str, int, float, bool)) for v in results.get("environment", {}).values()):
+        return "'environment' is not an object of plain values"
+    for key in ("leaderboard_best_ms", "matmul_bf16_tflops"):
+        if not _typed(results.get(key), "number"):
+            return f"{key!r} is not a number"
+    for part in ("part_a", "part_b", "part_c"):
+        rows = results.get(part, [])
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            return f"{part!r} is not a list of rows"
+        for i, row in enumerate(rows):
+            for key, value in row.items():
+                kind = "number" if key not in _ROW_TYPES and key != "error" else \
+                    _ROW_TYPES.get(key, str)
+                if not _typed(value, kind):
+                    return f"{part}[{i}].{key} is {value!r}"
+    return None
+
+
 def section(ctx: ReportContext) -> str | None:
     bodies = []
     read: list[tuple[dict, dict]] = []
@@ -248,6 +285,9 @@ def section(ctx: ReportContext) -> str | None:
             continue
         try:
             results = rundir.read_json_artifact(record, "attention")
+            problem = _shape_problem(results)
+            if problem:
+                raise UserError(f"attention.json is not well formed: {problem}")
         except UserError as exc:
             bodies.append(f"Run `{record.get('run_id')}`: its results could not be read ({exc}).")
             continue
