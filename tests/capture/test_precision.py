@@ -71,3 +71,25 @@ def test_cli_writes_a_precision_run_the_report_reads(tmp_path, capsys):
     text = build([str(tmp_path / "latest")], tmp_path / "rep").read_text()
     assert "## Mixed precision" in text and "10.00213623046875" in text
     assert "## End-to-end benchmark" not in text
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda r: r["accumulation"][1].update(accumulation_error="x"),
+     "accumulation[1].accumulation_error is 'x'"),
+    (lambda r: r["accumulation"].__setitem__(0, {}), "accumulation[0].case is None"),
+    (lambda r: r["autocast"]["fp16"].update(rows=None), "autocast.fp16 is not"),
+    (lambda r: r.update(device=1e308), "'device' / 'gpu_name' are not strings"),
+], ids=["error-str", "row-empty", "rows-none", "device-float"])
+def test_malformed_results_are_named_in_the_report(tmp_path, capsys, edit, message):
+    # (found by mutating a real precision.json: each of these was a traceback before)
+    capture_main(["precision", "--device", "cpu", "--out", str(tmp_path)])
+    capsys.readouterr()
+    record = rundir.load_run(tmp_path / "latest")
+    path = rundir.artifact_path(record, "precision")
+    results = json.loads(path.read_text())
+    edit(results)
+    path.write_text(json.dumps(results))
+    from lmprof.reports.report import build
+
+    text = build([str(tmp_path / "latest")], tmp_path / "rep").read_text()
+    assert "its results could not be read" in text and message in text

@@ -7,6 +7,7 @@ from typing import Any
 import pandas as pd
 
 from lmprof import rundir
+from lmprof.errors import UserError
 from lmprof.reports.report import ReportContext
 
 ACCUMULATION_NOTE = (
@@ -46,9 +47,50 @@ def autocast_table(results: dict[str, Any]) -> tuple[pd.DataFrame, list[str]]:
     return df, errors
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _shape_problem(res) -> str | None:
+    """What in a precision.json is not of the type ``capture precision`` writes, or None."""
+    if not isinstance(res, dict):
+        return "not an object"
+    if not isinstance(res.get("device"), str) or \
+            not isinstance(res.get("gpu_name"), (str, type(None))):
+        return "'device' / 'gpu_name' are not strings"
+    if not _number(res.get("n_adds")) or not isinstance(res.get("addend"), (str, int, float)):
+        return "'n_adds' / 'addend' missing or not numbers"
+    rows = res.get("accumulation")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        return "'accumulation' is not a list of rows"
+    for i, r in enumerate(rows):
+        for key in ("case", "accumulator", "values", "result_exact"):
+            if not isinstance(r.get(key), str):
+                return f"accumulation[{i}].{key} is {r.get(key)!r}"
+        for key in ("error", "representation_error", "accumulation_error"):
+            if not _number(r.get(key)):
+                return f"accumulation[{i}].{key} is {r.get(key)!r}"
+    autocast = res.get("autocast")
+    if not isinstance(autocast, dict):
+        return "'autocast' is not an object"
+    for dt, entry in autocast.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("rows"), dict) or \
+                not all(isinstance(v, (str, type(None))) for v in entry["rows"].values()) or \
+                not isinstance(entry.get("error"), (str, type(None))):
+            return f"autocast.{dt} is not {{rows: {{tensor: dtype}}, error}}"
+    return None
+
+
 def tables(record: dict[str, Any]) -> str:
-    """Both tables of one ``capture precision`` run, as markdown."""
-    res = rundir.read_json_artifact(record, "precision")
+    """Both tables of one ``capture precision`` run, as markdown (or a line saying why its
+    results cannot be read: an unreadable or hand-edited precision.json)."""
+    try:
+        res = rundir.read_json_artifact(record, "precision")
+        problem = _shape_problem(res)
+        if problem:
+            raise UserError(f"precision.json is not well formed: {problem}")
+    except UserError as exc:
+        return f"Run `{record.get('run_id')}`: its results could not be read ({exc})."
     where = res["device"] + (f" ({res['gpu_name']})" if res.get("gpu_name") else "")
     acc = accumulation_table(res)
     dtypes, errors = autocast_table(res)
