@@ -55,6 +55,12 @@ def read_sweep(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("kind") != "lmprof-sweep" or not isinstance(
             data.get("grids"), list):
         raise UserError(f"{str(f)!r} is not an lmprof sweep.json")
+    for grid in data["grids"]:
+        if not isinstance(grid, dict) or not isinstance(grid.get("grid_hash"), str) or \
+                not isinstance(grid.get("axes", {}), dict) or \
+                not isinstance(grid.get("fixed", {}), dict):
+            raise UserError(f"{str(f)!r} is not a well-formed sweep.json: each of 'grids' must be "
+                            "an object with a grid_hash and objects 'axes' and 'fixed'")
     return data
 
 

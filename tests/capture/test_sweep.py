@@ -362,3 +362,19 @@ def test_gpu_cells_record_peak_memory(tmp_path, capsys):
     for rec in recs:
         assert rec["status"] == "OK" and rec["environment"]["device"] == "cuda"
         assert rec["peak_memory"]["allocated_bytes"] > 0
+
+
+@pytest.mark.parametrize("grids", [[5], [{"grid_hash": 1}], [{"grid_hash": "h", "axes": []}]])
+def test_damaged_sweep_json_is_one_line_for_sweep_and_report(grids, tmp_path, capsys):
+    root = tmp_path / "out" / "s"
+    root.mkdir(parents=True)
+    (root / sweepdir.SWEEP_FILE).write_text(json.dumps(
+        {"schema_version": 1, "kind": "lmprof-sweep", "grids": grids}))
+    rc, _, err = cli(["sweep", *TINY, "--context-length", "16", "--out", str(tmp_path / "out"),
+                      "--name", "s"], capsys)
+    assert rc == 2 and "is not a well-formed sweep.json" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (root / "cells").exists()
+    proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", "report", str(root), "-o",
+                           str(tmp_path / "rep")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "well-formed sweep.json" in proc.stderr
+    assert "Traceback" not in proc.stderr
