@@ -853,7 +853,7 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
-    if q.device.type != "cuda" and not INTERPRET:
+    if q.device.type != "cuda" and not (INTERPRET and q.device.type == "cpu"):
         raise ValueError(f"q, k, v are on {q.device.type}; the Triton kernel needs CUDA tensors "
                          "(or TRITON_INTERPRET=1 set before triton is imported, to interpret on CPU)")
 
@@ -1044,6 +1044,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
     """
     check_inputs(q, k, v)
     _scale(q.shape[-1], scale)
+    if not isinstance(is_causal, bool):  # as SDPA: a flag, not anything truthy
+        raise ValueError(f"is_causal must be True or False, got {is_causal!r}")
     if backward not in BACKWARD_MODES:
         raise ValueError(f"backward={backward!r}; choose one of {', '.join(BACKWARD_MODES)}")
     if q.dim() == 3:  # (B, T, d): one head, as a view

@@ -266,6 +266,19 @@ def test_bad_backward_mode():
         fa.flash_attention(*_bad(), backward="fast")
 
 
+@pytest.mark.parametrize("flag", ["yes", 1, None])
+def test_is_causal_must_be_a_bool(flag):
+    with pytest.raises(ValueError, match="is_causal must be True or False"):
+        fa.flash_attention(*_bad(), is_causal=flag)
+
+
+def test_meta_tensors_are_refused_by_name(monkeypatch):
+    monkeypatch.setattr(fa, "INTERPRET", True)  # even where the interpreter would take CPU ones
+    q, k, v = (torch.randn(1, 1, 8, 16, device="meta") for _ in range(3))
+    with pytest.raises(ValueError, match="on meta; the Triton kernel needs CUDA tensors"):
+        fa.flash_attention(q, k, v)
+
+
 def test_cpu_tensors_need_the_interpreter(monkeypatch):
     monkeypatch.setattr(fa, "INTERPRET", False)
     q, k, v = (torch.randn(1, 1, 8, 16) for _ in range(3))
