@@ -166,8 +166,9 @@ _WINDOW = {"step": int, "phase": str, "start_ns": int, "end_ns": int}
 _SUMMARY_KEYS = {"mean_s", "std_s", "median_s", "min_s", "max_s", "n"}
 
 
-def _is(value: Any, kind) -> bool:
-    """``value`` is null or of ``kind`` (a type or tuple of types; a bool only where bool is)."""
+def json_is(value: Any, kind) -> bool:
+    """``value`` (read from JSON) is null or of ``kind``, a type or tuple of types; a bool only
+    where bool is asked (JSON's true is no number). Also used for the JSON artifacts' checks."""
     if value is None:
         return True
     kinds = kind if isinstance(kind, tuple) else (kind,)
@@ -184,43 +185,44 @@ def _shape_problem(record: dict[str, Any]) -> str | None:
     for key in _STR_KEYS:
         if key in record and not isinstance(record[key], str):
             return f"{key!r} is {type(record[key]).__name__}, not a string"
-    if not _is(record.get("error"), str):
+    if not json_is(record.get("error"), str):
         return "'error' is not a string or null"
     for key, kind in (("environment", _SCALAR), ("sweep", _SCALAR), ("artifacts", str),
                       ("model", _SCALAR), ("flops", _NUMBER), ("peak_memory", _NUMBER)):
         for name, value in record.get(key, {}).items():
-            if not _is(value, kind):
+            if not json_is(value, kind):
                 return f"'{key}.{name}' is {type(value).__name__}"
     if record.get("kind", "run") == "run":
         config = record.get("config", {})
         for name, kind in _RUN_CONFIG.items():
-            if not _is(config.get(name), kind):
+            if not json_is(config.get(name), kind):
                 return f"'config.{name}' is {type(config[name]).__name__}, not {kind.__name__}"
     timings = record.get("timings", {})
     for name in ("total_s", "warmup_s"):
-        if not _is(timings.get(name), _NUMBER):
+        if not json_is(timings.get(name), _NUMBER):
             return f"'timings.{name}' is not a number"
     for name in ("warmup_steps_s", "steps"):
         items = timings.get(name, [])
         item, what = (_NUMBER, "numbers") if name == "warmup_steps_s" else (dict, "objects")
-        if not isinstance(items, list) or not all(x is not None and _is(x, item) for x in items):
+        if not isinstance(items, list) or \
+                not all(x is not None and json_is(x, item) for x in items):
             return f"'timings.{name}' is not a list of {what}"
     for step in timings.get("steps", []):
-        if not all(_is(v, _NUMBER) for v in step.values()):
+        if not all(json_is(v, _NUMBER) for v in step.values()):
             return "'timings.steps' holds a value that is not a number"
     summary = timings.get("summary", {})
     if not isinstance(summary, dict):
         return "'timings.summary' is not an object"
     for phase, stats in summary.items():
         if not isinstance(stats, dict) or not _SUMMARY_KEYS <= stats.keys() or \
-                not all(_is(v, _NUMBER) for v in stats.values()):
+                not all(json_is(v, _NUMBER) for v in stats.values()):
             return (f"'timings.summary.{phase}' is not an object of numbers with "
                     f"{', '.join(sorted(_SUMMARY_KEYS))}")
     windows = record.get("phase_windows", [])
     if not isinstance(windows, list):
         return "'phase_windows' is not a list"
     for w in windows:
-        if not isinstance(w, dict) or any(w.get(k) is None or not _is(w[k], t)
+        if not isinstance(w, dict) or any(w.get(k) is None or not json_is(w[k], t)
                                           for k, t in _WINDOW.items()):
             return "'phase_windows' holds an entry without integer step/start_ns/end_ns and a phase"
     return None

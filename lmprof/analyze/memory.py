@@ -127,9 +127,9 @@ def load_memory(con: duckdb.DuckDBPyConnection, snapshot_path: str | Path,
     except (pa.ArrowException, OverflowError, ValueError, TypeError) as exc:
         # a snapshot of the right shape holding a value of the wrong type (a string where an
         # address or a time belongs, a number too large for 64 bits): named, not a traceback
-        raise UserError(f"{str(path)!r}: unrecognised snapshot layout (a value of the wrong type: "
-                        f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
-                        ) from None
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UserError(f"{str(path)!r}: unrecognised snapshot layout (a value of the wrong "
+                        f"type: {detail})") from None
     for name, table in arrow.items():
         _append(con, name, sid, table)
     layout = flat.layout

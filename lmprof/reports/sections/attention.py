@@ -240,17 +240,9 @@ def _combined_body(ctx: ReportContext, runs: list[tuple[dict, dict]]) -> list[st
     return bodies
 
 
-_ROW_TYPES = {**dict.fromkeys(("impl", "dtype", "status"), str),
+_NUMBER = (int, float)
+_ROW_TYPES = {**dict.fromkeys(("impl", "dtype", "status", "error"), str),
               **dict.fromkeys(("batch", "heads", "seq", "d"), int), "causal": bool}
-
-
-def _typed(value, kind) -> bool:
-    """null, or of ``kind`` (int or float for a number, a bool only where bool is asked)."""
-    if value is None:
-        return True
-    if isinstance(value, bool):
-        return kind is bool or (isinstance(kind, tuple) and bool in kind)
-    return isinstance(value, (int, float) if kind == "number" else kind)
 
 
 def _shape_problem(results) -> str | None:
@@ -259,10 +251,11 @@ def _shape_problem(results) -> str | None:
     if not isinstance(results, dict):
         return "not an object"
     if not isinstance(results.get("environment", {}), dict) or not all(
-            _typed(v, (str, int, float, bool)) for v in results.get("environment", {}).values()):
+            rundir.json_is(v, (str, int, float, bool))
+            for v in results.get("environment", {}).values()):
         return "'environment' is not an object of plain values"
     for key in ("leaderboard_best_ms", "matmul_bf16_tflops"):
-        if not _typed(results.get(key), "number"):
+        if not rundir.json_is(results.get(key), _NUMBER):
             return f"{key!r} is not a number"
     for part in ("part_a", "part_b", "part_c"):
         rows = results.get(part, [])
@@ -270,9 +263,7 @@ def _shape_problem(results) -> str | None:
             return f"{part!r} is not a list of rows"
         for i, row in enumerate(rows):
             for key, value in row.items():
-                kind = "number" if key not in _ROW_TYPES and key != "error" else \
-                    _ROW_TYPES.get(key, str)
-                if not _typed(value, kind):
+                if not rundir.json_is(value, _ROW_TYPES.get(key, _NUMBER)):
                     return f"{part}[{i}].{key} is {value!r}"
     return None
 
