@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import math
 import os
 import queue
 import shutil
@@ -57,6 +58,12 @@ _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
 # ---------------------------------------------------------------- the grid
+
+
+# Cells a sweep plans at once: each is a training run of seconds to minutes, and the plan (each
+# cell's config hash and name) is built before anything starts — a typo such as a 100-value list
+# on three axes (10⁶ cells) is refused at once instead of hanging the planner.
+MAX_CELLS = 10_000
 
 
 @dataclass(frozen=True)
@@ -205,6 +212,11 @@ def build_grid(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Grid:
         if dupes:
             raise UserError(f"contradictory grid: {_FLAGS[name]} lists {dupes[0]} more than once")
         axes[name] = values
+    n_cells = math.prod(len(v) for v in axes.values())
+    if n_cells > MAX_CELLS:
+        shape = " × ".join(f"{len(v)} {_FLAGS[k]}" for k, v in axes.items())
+        raise UserError(f"the grid has {n_cells:,} cells ({shape}); a sweep plans at most "
+                        f"{MAX_CELLS:,}: narrow the lists or split them over several sweeps")
     return Grid(axes=axes, fixed=fixed)
 
 

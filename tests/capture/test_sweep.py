@@ -133,13 +133,16 @@ def _bad_inputs(tmp: Path) -> dict[str, list[str]]:
         "gpu that does not exist": ["--gpus", "99"],
         "shard out of range": ["--shard", "3/2"],
         "shard malformed": ["--shard", "two"],
+        "grid too large": ["--context-length", ",".join(map(str, range(1, 101))),
+                           "--batch-size", ",".join(map(str, range(1, 101))),
+                           "--warmup", ",".join(map(str, range(2)))],
     }
 
 
 BAD_CASES = ["empty grid file", "empty grid", "repeated value", "memory on cpu", "unknown option in file",
              "malformed file", "file not a mapping", "missing file", "fixed option as list",
              "bad bool", "bad int", "unwritable out", "gpu that does not exist",
-             "shard out of range", "shard malformed"]
+             "shard out of range", "shard malformed", "grid too large"]
 
 
 @pytest.mark.parametrize("case", BAD_CASES)
