@@ -46,6 +46,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Any
@@ -68,8 +69,16 @@ def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+_LABEL = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,99}")
+
+
 def create_run_dir(out_root: Path, label: str) -> Path:
-    """A new, empty ``<out_root>/<run-id>`` (out_root created and proven writable first)."""
+    """A new, empty ``<out_root>/<run-id>`` (out_root created and proven writable first). The
+    label becomes part of a directory name: letters, digits and ``. _ + -`` only, so that no
+    label names another folder (``../x``, ``a/b``)."""
+    if not _LABEL.fullmatch(label):
+        raise UserError(f"--label {label!r}: use up to 100 letters, digits, '.', '_', '+' or '-' "
+                        "(not starting with '.')")
     check_writable_dir(out_root)
     run_dir = out_root / new_run_id(label)
     run_dir.mkdir()

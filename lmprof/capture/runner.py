@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import signal
 import statistics
@@ -90,6 +91,10 @@ def check_spec(spec: RunSpec, device_type: str) -> ModelConfig:
             raise UserError(f"--{name.replace('_', '-')} must be positive, got {getattr(spec, name)}")
     if spec.warmup < 0:
         raise UserError(f"--warmup must be zero or more, got {spec.warmup}")
+    if spec.context_length >= 2**31 or spec.batch_size >= 2**31:
+        raise UserError("--context-length and --batch-size must be below 2^31")
+    if not (math.isfinite(spec.lr) and spec.lr >= 0):
+        raise UserError(f"--lr must be a finite number ≥ 0, got {spec.lr}")
     if spec.memory_stacks not in ("python", "all"):
         raise UserError(f"--memory-stacks must be python or all, got {spec.memory_stacks!r}")
     if spec.memory_steps is not None and not 0 < spec.memory_steps <= spec.steps:

@@ -149,6 +149,22 @@ def test_nsys_flags_without_nsys_are_refused(tmp_path, flag, value):
     assert proc.stderr.count("\n") == 1 and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--label", "../outside"], "--label '../outside': use up to 100 letters"),
+    (["--label", "a/b"], "--label 'a/b'"),
+    (["--label", ".hidden"], "not starting with '.'"),
+    (["--lr", "-1"], "--lr must be a finite number"),
+    (["--lr", "nan"], "--lr must be a finite number"),
+    (["--context-length", str(2**40)], "must be below 2^31"),
+])
+def test_options_that_would_fail_later_are_refused_up_front(tmp_path, args, message):
+    # (a label with '/' used to be a traceback from mkdir; a negative learning rate an ERROR run
+    # recorded after the model was built)
+    proc = cli("run", *TINY, *args, "--out", str(tmp_path / "runs"))
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+    assert not any((tmp_path / "runs").glob("*/run.json"))
+
+
 def test_analyze_bad_run_dir(tmp_path):
     proc = cli("runs", str(tmp_path / "nope"), module="lmprof.analyze")
     assert proc.returncode == 2 and "no such run directory" in proc.stderr
