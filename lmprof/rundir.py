@@ -128,7 +128,7 @@ def resolve_run_dir(path: str | Path) -> Path:
     if not p.exists():
         raise UserError(f"no such run directory: {str(p)!r}")
     if p.is_file() and p.name == RUN_FILE:
-        return p.parent
+        return p.parent.resolve()  # (resolved, as below: one run is one run_dir however named)
     if p.is_file() and p.name == LATEST:
         return resolve_run_dir(p.parent / p.read_text().strip())
     if p.is_dir() and (p / RUN_FILE).is_file():

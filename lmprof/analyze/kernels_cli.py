@@ -80,7 +80,12 @@ def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: st
     from lmprof.analyze.nsys import expand_reports, resolve_report
     from lmprof.analyze.trace import configure
 
-    resolved = [resolve_report(r, nsys_path) for r in expand_reports(reports)]
+    resolved, seen = [], set()
+    for report in expand_reports(reports):
+        path, record = resolve_report(report, nsys_path)
+        if path.resolve() not in seen:  # one export named twice (runs/latest and its run) is one
+            seen.add(path.resolve())
+            resolved.append((path, record))
     with tempfile.TemporaryDirectory(prefix="lmprof-duckdb-") as spill:
         con = dbmod.connect(db)
         try:
@@ -88,6 +93,21 @@ def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: st
             yield con, _prepare_all(con, resolved, options, defer)
         finally:
             con.close()
+
+
+def _tell_apart(traces) -> None:
+    """Runs of the same configuration share a label: add the run id, else the folder, else
+    the position, whichever first makes every label different."""
+    tags = ((lambda i, t: (t.record or {}).get("run_id")), (lambda i, t: t.path.parent.name),
+            (lambda i, t: f"#{i + 1}"))
+    base = [t.label for t in traces]
+    for tag in tags:
+        labels = [f"{b} ({tag(i, t)})" if base.count(b) > 1 else b
+                  for i, (b, t) in enumerate(zip(base, traces))]
+        if len(set(labels)) == len(labels):
+            break
+    for t, label in zip(traces, labels):
+        t.label = label
 
 
 def _prepare_all(con, resolved, options, defer=False):
@@ -99,6 +119,7 @@ def _prepare_all(con, resolved, options, defer=False):
         schema = "main" if len(resolved) == 1 else f"r{i}"
         traces.append(prepare(con, path, options, schema=schema, record=record,
                               defer_phase_instances=defer and len(resolved) == 1))
+    _tell_apart(traces)
     if len(traces) > 1:
         con.execute("USE main")
         con.execute("CREATE OR REPLACE TABLE main.reports (schema_name VARCHAR, source VARCHAR, "

@@ -131,6 +131,24 @@ def test_several_reports_and_run_directories(tmp_path):
     assert {r["run"] for r in per_run} == {r["run"] for r in cross}
 
 
+def test_one_export_named_twice_is_one_and_equal_labels_are_told_apart(tmp_path):
+    for name in ("a", "b"):
+        d = tmp_path / name
+        d.mkdir()
+        writable_copy(d)
+        write_run_json(d)  # the same configuration, so the same label
+    # the run, its run.json and its export: one report (no run column)
+    code, out, err = run("kernels", str(tmp_path / "a"), str(tmp_path / "a" / "run.json"),
+                         str(tmp_path / "a" / "report.sqlite"), "--table", "gemm_fraction",
+                         "--format", "csv")
+    assert code == 0 and out.splitlines()[0].startswith("phase,"), err
+    code, out, err = run("kernels", str(tmp_path / "a"), str(tmp_path / "b"), "--table",
+                         "gemm_fraction", "--format", "json", "--out", str(tmp_path / "o"))
+    assert code == 0, err
+    runs = {r["run"] for r in json.loads((tmp_path / "o" / "gemm_fraction.json").read_text())}
+    assert len(runs) == 2, runs  # not one label for two runs
+
+
 def test_a_directory_of_runs_stands_for_its_runs_with_an_export(tmp_path):
     """`analyze kernels runs/`: the runs in it that hold an nsys export (one without is left
     out, `latest` is not counted twice); a directory of runs without any export is an error."""

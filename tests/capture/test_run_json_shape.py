@@ -67,3 +67,13 @@ def test_wrong_shapes_are_one_line_errors(tmp_path, path, value, message):
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (args, proc.stderr)
         assert "Traceback" not in proc.stderr and "well-formed" in proc.stderr
+
+
+def test_a_run_named_two_ways_is_one_run(tmp_path, monkeypatch):
+    from lmprof.reports.report import load_runs
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(json.dumps(GOOD))
+    monkeypatch.chdir(tmp_path)  # relative names, as typed on a command line
+    assert len(load_runs(["r", "r/run.json", str(run_dir)])) == 1
