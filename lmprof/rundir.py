@@ -237,6 +237,20 @@ def _shape_problem(record: dict[str, Any]) -> str | None:
     return None
 
 
+def distinct_labels(labels: list[str], records: list[dict | None], paths: list[Path]
+                    ) -> list[str]:
+    """``labels`` with those that repeat (runs of one configuration) told apart by the run id,
+    else the folder, else the position: whichever first makes every label different."""
+    tags = ((lambda i: (records[i] or {}).get("run_id")), (lambda i: paths[i].parent.name),
+            (lambda i: f"#{i + 1}"))
+    out = list(labels)
+    for tag in tags:
+        out = [f"{b} ({tag(i)})" if labels.count(b) > 1 else b for i, b in enumerate(labels)]
+        if len(set(out)) == len(out):
+            break
+    return out
+
+
 def artifact_path(record: dict[str, Any], key: str) -> Path | None:
     """Absolute path of an artifact named in run.json, or None when absent."""
     rel = (record.get("artifacts") or {}).get(key)

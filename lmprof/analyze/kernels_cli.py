@@ -95,21 +95,6 @@ def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: st
             con.close()
 
 
-def _tell_apart(traces) -> None:
-    """Runs of the same configuration share a label: add the run id, else the folder, else
-    the position, whichever first makes every label different."""
-    tags = ((lambda i, t: (t.record or {}).get("run_id")), (lambda i, t: t.path.parent.name),
-            (lambda i, t: f"#{i + 1}"))
-    base = [t.label for t in traces]
-    for tag in tags:
-        labels = [f"{b} ({tag(i, t)})" if base.count(b) > 1 else b
-                  for i, (b, t) in enumerate(zip(base, traces))]
-        if len(set(labels)) == len(labels):
-            break
-    for t, label in zip(traces, labels):
-        t.label = label
-
-
 def _prepare_all(con, resolved, options, defer=False):
     from lmprof.analyze.sqlfile import insert_rows
     from lmprof.analyze.trace import prepare
@@ -119,7 +104,12 @@ def _prepare_all(con, resolved, options, defer=False):
         schema = "main" if len(resolved) == 1 else f"r{i}"
         traces.append(prepare(con, path, options, schema=schema, record=record,
                               defer_phase_instances=defer and len(resolved) == 1))
-    _tell_apart(traces)
+    from lmprof import rundir
+
+    for t, label in zip(traces, rundir.distinct_labels([t.label for t in traces],
+                                                       [t.record for t in traces],
+                                                       [t.path for t in traces])):
+        t.label = label
     if len(traces) > 1:
         con.execute("USE main")
         con.execute("CREATE OR REPLACE TABLE main.reports (schema_name VARCHAR, source VARCHAR, "

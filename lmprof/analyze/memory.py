@@ -112,8 +112,9 @@ def resolve(arg: str, run_dir: str | None = None) -> SnapshotRef:
 
 
 def load_memory(con: duckdb.DuckDBPyConnection, snapshot_path: str | Path,
-                run_record: dict[str, Any] | None = None) -> int:
-    """Load one snapshot into ``con`` and compute its derived tables; returns its snapshot_id."""
+                run_record: dict[str, Any] | None = None, label: str | None = None) -> int:
+    """Load one snapshot into ``con`` and compute its derived tables; returns its snapshot_id.
+    ``label`` names it in the tables (default ``snapshot_label``)."""
     path = Path(snapshot_path)
     flat = read_flat(path)
     sid = _next_id(con)
@@ -135,7 +136,7 @@ def load_memory(con: duckdb.DuckDBPyConnection, snapshot_path: str | Path,
     layout = flat.layout
     del flat
     _append(con, "memory_snapshots", sid,
-            _snapshot_row(path, run_record, phase_source, layout, con, sid))
+            _snapshot_row(path, run_record, phase_source, layout, con, sid, label))
     for name in _DERIVED:
         _derive(con, name, sid)
     for name in _VIEWS:
@@ -182,13 +183,14 @@ def _derive(con: duckdb.DuckDBPyConnection, name: str, sid: int) -> None:
 
 
 def _snapshot_row(path: Path, run: dict | None, phase_source: str, layout: str,
-                  con: duckdb.DuckDBPyConnection, sid: int) -> dict[str, list]:
+                  con: duckdb.DuckDBPyConnection, sid: int, label: str | None = None
+                  ) -> dict[str, list]:
     n = con.execute("SELECT count(*) FROM memory_trace WHERE snapshot_id = ?",
                     [sid]).fetchall()[0][0]
     c = (run or {}).get("config") or {}
     m = (run or {}).get("model") or {}
     return {
-        "path": [str(path)], "label": [snapshot_label(path, run)],
+        "path": [str(path)], "label": [label or snapshot_label(path, run)],
         "run_dir": [(run or {}).get("run_dir")], "run_id": [(run or {}).get("run_id")],
         "layout": [layout], "has_trace": [n > 0], "trace_entries": [n],
         "phase_source": [phase_source], "size": [c.get("size")],

@@ -38,16 +38,23 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
 
     if run_dir and len(inputs) != 1:
         raise UserError("--run pairs one raw snapshot with its run.json; give exactly one input")
-    from lmprof import sweepdir
+    from lmprof import rundir, sweepdir
 
     args = sweepdir.expand_with_artifact(
         inputs, ("memory_snapshot",), "a memory snapshot (capture one with 'capture run --memory')")
-    refs = [memory.resolve(arg, run_dir) for arg in args]
+    refs, seen = [], set()
+    for arg in args:  # one snapshot named twice (its run and its file) is loaded once
+        ref = memory.resolve(arg, run_dir)
+        if ref.path.resolve() not in seen:
+            seen.add(ref.path.resolve())
+            refs.append(ref)
+    labels = rundir.distinct_labels([memory.snapshot_label(r.path, r.run) for r in refs],
+                                    [r.run for r in refs], [r.path for r in refs])
     con = connect(db)
     if db:
         memory.drop_tables(con)
-    for ref in refs:
-        memory.load_memory(con, ref.path, ref.run)
+    for ref, label in zip(refs, labels):
+        memory.load_memory(con, ref.path, ref.run, label=label)
     tables, notes = memory.tables(con, top)
     click.echo(emit(tables, fmt, out, shorten={"site": 70}, notes=notes))
     plot_dir = plots or out

@@ -145,3 +145,21 @@ def test_report_gains_memory_section(tmp_path):
     imgs = sorted(p.name for p in (tmp_path / "rep" / "img").iterdir())
     assert imgs == ["memory_0_dev0_categories.png", "memory_0_dev0_timeline.png"]
     assert "](img/memory_0_dev0_timeline.png)" in text
+
+
+def test_one_snapshot_named_thrice_is_one_and_equal_labels_are_told_apart(tmp_path):
+    import shutil
+
+    src = ROOT / "tests" / "data" / "h200-lmprof-memory"
+    proc = _run(src, src / "run.json", src / "memory.pickle.xz", "--format", "csv",
+                "--out", tmp_path / "one")
+    assert proc.returncode == 0, proc.stderr
+    rows = [r for r in (tmp_path / "one" / "memory_peak.csv").read_text().splitlines() if r]
+    assert len(rows) == 2  # header and one snapshot (with no snapshot column: a single one)
+    for name in ("a", "b"):  # two runs of one configuration (copies: same run id too)
+        shutil.copytree(src, tmp_path / name)
+    proc = _run(tmp_path / "a", tmp_path / "b", "--format", "csv", "--out", tmp_path / "two")
+    assert proc.returncode == 0, proc.stderr
+    labels = [r.split(",")[0] for r in
+              (tmp_path / "two" / "memory_peak.csv").read_text().splitlines()[1:] if r]
+    assert len(labels) == 2 and len(set(labels)) == 2, labels
