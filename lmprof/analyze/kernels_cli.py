@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import tempfile
 from pathlib import Path
 
@@ -90,9 +91,56 @@ def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: st
         con = dbmod.connect(db)
         try:
             configure(con, spill)
+            if db:
+                _forget_previous(con)
+                before = _catalog(con)
             yield con, _prepare_all(con, resolved, options, defer)
+            if db:
+                _remember(con, _catalog(con) - before)
         finally:
             con.close()
+
+
+# A kept database (--db) lists what `analyze kernels` wrote into it, so that the next run on the
+# same file first drops exactly that: runs of one report (schema main) and of several (schemas
+# r1..rN and main.reports) can follow each other without leaving the other's tables behind, and
+# the memory tables of `analyze memory --db`, or anything else in the file, are left alone.
+_REGISTRY = "_lmprof_kernel_objects"
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _catalog(con) -> set[tuple[str, str, str]]:
+    """(kind, schema, name) of every table and view in the database's own schemas."""
+    return set(con.execute(
+        "SELECT 'TABLE', schema_name, table_name FROM duckdb_tables() "
+        "WHERE database_name = current_database() UNION ALL "
+        "SELECT 'VIEW', schema_name, view_name FROM duckdb_views() "
+        "WHERE NOT internal AND database_name = current_database()").fetchall())
+
+
+def _forget_previous(con) -> None:
+    if ("TABLE", "main", _REGISTRY) not in _catalog(con):
+        return
+    rows = con.execute(f"SELECT kind, schema_name, name FROM main.{_REGISTRY}").fetchall()
+    # (names read from the file reach SQL only as checked identifiers)
+    rows = [r for r in rows if r[0] in ("TABLE", "VIEW") and _IDENT.fullmatch(r[1] or "")
+            and _IDENT.fullmatch(r[2] or "")]
+    for kind, schema, name in sorted(rows, key=lambda r: r[0] != "VIEW"):  # views first
+        con.execute(f'DROP {kind} IF EXISTS "{schema}"."{name}" CASCADE')
+    left = {s for _, s, _ in _catalog(con)}
+    for schema in sorted({r[1] for r in rows} - left):  # r1..rN of several reports, now empty
+        if re.fullmatch(r"r[0-9]+", schema):
+            con.execute(f'DROP SCHEMA IF EXISTS "{schema}"')
+    con.execute(f"DROP TABLE main.{_REGISTRY}")
+
+
+def _remember(con, created: set[tuple[str, str, str]]) -> None:
+    from lmprof.analyze.sqlfile import insert_rows
+
+    con.execute(f"CREATE OR REPLACE TABLE main.{_REGISTRY} (kind VARCHAR, schema_name VARCHAR, "
+                "name VARCHAR)")
+    insert_rows(con, f"main.{_REGISTRY}", [("kind", "VARCHAR"), ("schema_name", "VARCHAR"),
+                                           ("name", "VARCHAR")], sorted(created))
 
 
 def _prepare_all(con, resolved, options, defer=False):

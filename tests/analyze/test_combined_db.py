@@ -37,3 +37,48 @@ def test_kernels_and_memory_share_one_database(tmp_path):
     run("kernels", str(DATA / "report.sqlite"), "--db", str(db), "--table", "gemm_fraction")
     out = run("sql", str(db), "--format", "csv", "SELECT count(*) AS n FROM memory_trace")
     assert next(csv.DictReader(io.StringIO(out)))["n"] == row["trace"]
+
+
+def _objects(db):
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {(s, n) for s, n in con.execute(
+            "SELECT schema_name, table_name FROM duckdb_tables() UNION ALL "
+            "SELECT schema_name, view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+    finally:
+        con.close()
+
+
+def test_a_reused_db_keeps_only_the_last_kernel_run(tmp_path):
+    db = tmp_path / "k.duckdb"
+    report = str(DATA / "report.sqlite")
+    run("memory", str(DATA / "memory.pickle.xz"), "--db", str(db))
+    memory = _objects(db)
+    run("kernels", report, "--db", str(db), "--table", "gemm_fraction")
+    single = _objects(db)
+    run("kernels", report, str(DATA.parent / "h200-lmprof-nsys"), "--db", str(db),
+        "--table", "gemm_fraction")
+    several = _objects(db)
+    # several reports: r1, r2 and main.reports; none of the single run's tables stay in main
+    assert {s for s, _ in several} >= {"r1", "r2"}
+    assert {(s, n) for s, n in several if s == "main"} - memory == \
+        {("main", "reports"), ("main", "_lmprof_kernel_objects")}
+    run("kernels", report, "--db", str(db), "--table", "gemm_fraction")
+    assert _objects(db) == single  # back to one report: r1, r2 and main.reports gone
+    assert memory <= single  # the memory tables were never touched
+
+
+def test_the_db_registry_is_data_not_sql(tmp_path):
+    import duckdb
+
+    db = tmp_path / "k.duckdb"
+    run("kernels", str(DATA / "report.sqlite"), "--db", str(db), "--table", "gemm_fraction")
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE keep_me AS SELECT 1 AS x")
+    con.execute("INSERT INTO _lmprof_kernel_objects VALUES "
+                "('TABLE', 'main', 'x\"; DROP TABLE keep_me; --'), ('SCHEMA', 'main', 'keep_me')")
+    con.close()
+    run("kernels", str(DATA / "report.sqlite"), "--db", str(db), "--table", "gemm_fraction")
+    assert ("main", "keep_me") in _objects(db)
