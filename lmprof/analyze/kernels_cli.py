@@ -249,6 +249,35 @@ def _check_reads_only(con: duckdb.DuckDBPyConnection, query: str) -> None:
             kind = statement.type.name.lower()
             raise UserError(f"analyze sql runs queries that only read (SELECT, EXPLAIN), not "
                             f"{kind}: the report and --db files are never changed")
+        for name in _table_functions(con, statement):
+            if name.startswith("sqlite_"):  # the scanner opens files itself (see above)
+                raise UserError(f"analyze sql reads this database only: {name}() opens other "
+                                "files")
+
+
+def _table_functions(con: duckdb.DuckDBPyConnection, statement) -> list[str]:
+    """Names of the table functions a SELECT (or an EXPLAIN of one) calls, from DuckDB's own
+    parse tree (``json_serialize_sql``); PRAGMA, SHOW and DESCRIBE arrive here as SELECTs."""
+    import json
+
+    from lmprof.analyze.sqlfile import literal
+
+    text = statement.query
+    if statement.type == duckdb.StatementType.EXPLAIN:
+        text = re.sub(r"^\s*EXPLAIN(\s+ANALY[SZ]E)?\s+", "", text, flags=re.IGNORECASE)
+    tree = json.loads(con.execute(f"SELECT json_serialize_sql({literal(text)})").fetchone()[0])
+    if tree.get("error"):
+        raise UserError(f"analyze sql could not check the query: {tree.get('error_message')}")
+    names, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "TABLE_FUNCTION" and isinstance(node.get("function"), dict):
+                names.append(str(node["function"].get("function_name", "")))
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    return names
 
 
 SCHEMA_SQL = ("SELECT table_schema AS schema, table_name AS name, table_type AS kind, "
@@ -263,7 +292,8 @@ SCHEMA_SQL = ("SELECT table_schema AS schema, table_name AS name, table_type AS 
                "phase_instances, kernel_names, gpus, session (see --schema). Times are ns on the "
                "nsys session clock. Queries only read (SELECT, EXPLAIN; PRAGMA, SHOW, DESCRIBE, "
                "SUMMARIZE) and see this database only: no file is read or written through "
-               "DuckDB (COPY, read_csv, ATTACH); results go out through --format and --out.")
+               "DuckDB or the sqlite scanner (COPY, read_csv, sqlite_scan, ATTACH); results go out "
+               "through --format and --out.")
 @click.argument("file")
 @click.argument("query", required=False)
 @click.option("--schema", "show_schema", is_flag=True,

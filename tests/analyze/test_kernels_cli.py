@@ -261,6 +261,10 @@ def test_db_that_is_not_duckdb_is_refused_untouched(tmp_path):
     ("INSERT INTO session SELECT * FROM session", "not insert"),
     ("SET enable_external_access = true", "not set"),
     ("SELECT count(*) FROM read_csv('{report}')", "Permission Error"),
+    # the scanner's own table functions open files past the external-access switch
+    ("SELECT count(*) FROM sqlite_scan('{report}', 'StringIds')", "sqlite_scan() opens other"),
+    ("EXPLAIN ANALYZE SELECT * FROM sqlite_scan('{report}', 'StringIds')", "sqlite_scan()"),
+    ("WITH a AS (FROM sqlite_attach('{report}')) SELECT 1", "sqlite_attach() opens other"),
     ("SELECT * FROM glob('{out_dir}/*')", "Permission Error"),
 ])
 def test_sql_reads_only_this_database(tmp_path, query, message):
