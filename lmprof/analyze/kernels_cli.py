@@ -126,7 +126,7 @@ def _forget_previous(con) -> None:
     rows = [r for r in rows if r[0] in ("TABLE", "VIEW") and _IDENT.fullmatch(r[1] or "")
             and _IDENT.fullmatch(r[2] or "")]
     for kind, schema, name in sorted(rows, key=lambda r: r[0] != "VIEW"):  # views first
-        con.execute(f'DROP {kind} IF EXISTS "{schema}"."{name}" CASCADE')
+        con.execute(f'DROP {kind} IF EXISTS "{schema}"."{name}"')
     left = {s for _, s, _ in _catalog(con)}
     for schema in sorted({r[1] for r in rows} - left):  # r1..rN of several reports, now empty
         if re.fullmatch(r"r[0-9]+", schema):
