@@ -49,7 +49,7 @@ import os
 import re
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from lmprof.errors import UserError
 
@@ -162,7 +162,7 @@ def load_run(path: str | Path) -> dict[str, Any]:
 # but where present it has its type, so that a hand-edited or foreign file is one error line
 # (exit 2) rather than a traceback in whichever table first does arithmetic with it.
 _NUMBER = (int, float)
-_SCALAR = (str, int, float, bool, type(None))
+_SCALAR = (str, int, float, bool)
 _DICT_KEYS = ("config", "model", "flops", "environment", "timings", "artifacts", "peak_memory",
               "sweep")
 _STR_KEYS = ("run_id", "created_utc", "kind", "status")
@@ -259,15 +259,21 @@ def artifact_path(record: dict[str, Any], key: str) -> Path | None:
     return Path(record["run_dir"]) / rel
 
 
-def read_json_artifact(record: dict[str, Any], key: str) -> Any:
-    """The JSON artifact ``key`` named in run.json; UserError when absent or unreadable."""
+def read_json_artifact(record: dict[str, Any], key: str,
+                       shape_problem: Callable[[Any], str | None] | None = None) -> Any:
+    """The JSON artifact ``key`` named in run.json; UserError when absent, unreadable, or (given
+    ``shape_problem``, which names what is of the wrong type, else None) not well formed."""
     path = artifact_path(record, key)
     if path is None:
         raise UserError(f"run {record.get('run_id')!r} names no {key} results")
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"cannot read {str(path)!r}: {exc}") from None
+    problem = shape_problem(data) if shape_problem else None
+    if problem:
+        raise UserError(f"{path.name} is not well formed: {problem}")
+    return data
 
 
 def find_run_for(path: str | Path) -> dict[str, Any] | None:

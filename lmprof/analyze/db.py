@@ -14,6 +14,7 @@ from pathlib import Path
 
 import duckdb
 
+from lmprof.analyze import magic
 from lmprof.errors import UserError
 
 
@@ -22,11 +23,10 @@ def connect(path: str | Path | None = None, threads: int | None = None) -> duckd
     that is not a DuckDB database is refused before DuckDB sees it (it would try to open an
     SQLite file, such as the export itself, through an extension)."""
     if path and Path(path).is_file() and Path(path).stat().st_size:
-        with open(path, "rb") as fh:
-            head = fh.read(16)
-        if head[8:12] != b"DUCK":
-            what = ("an SQLite file (an nsys export?)" if head.startswith(b"SQLite format 3\x00")
-                    else "not a DuckDB database")
+        found = magic.file_kind(path)
+        if found != "duckdb":
+            what = "an SQLite file (an nsys export?)" if found == "sqlite" else \
+                "not a DuckDB database"
             raise UserError(f"--db {str(path)!r} exists and is {what}: give a new file name or a "
                             "DuckDB file written by --db")
     try:

@@ -11,6 +11,7 @@ import click
 import duckdb
 
 from lmprof import phases
+from lmprof.analyze import magic
 from lmprof.analyze.cli import format_option, out_option
 from lmprof.errors import UserError
 
@@ -219,14 +220,6 @@ def _several_reports(traces, names, top):
     return kernels.several_reports(traces, names, top)
 
 
-def _is_duckdb(path: Path) -> bool:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(12)[8:12] == b"DUCK"
-    except OSError:
-        return False
-
-
 def _confine(con: duckdb.DuckDBPyConnection) -> None:
     """DuckDB's external access off (no file read or written through DuckDB: COPY ... TO,
     read_csv, ATTACH of a DuckDB file; no extension loaded) and the configuration locked, so
@@ -311,7 +304,7 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, nsys_path, fmt,
         raise UserError("give a QUERY (or --schema to list the tables)")
     path = Path(file)
     with contextlib.ExitStack() as stack:
-        if path.is_file() and _is_duckdb(path):
+        if path.is_file() and magic.file_kind(path) == "duckdb":
             try:
                 con = duckdb.connect(str(path), read_only=True)
             except duckdb.Error as exc:

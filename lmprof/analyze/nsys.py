@@ -37,11 +37,10 @@ from pathlib import Path
 
 import duckdb
 
-from lmprof.analyze import db
+from lmprof.analyze import db, magic
 from lmprof.analyze.sqlfile import insert_rows, literal
 from lmprof.errors import UserError
 
-SQLITE_MAGIC = b"SQLite format 3\x00"
 # Tables every nsys export has, whatever was traced; their absence means "not an nsys export".
 REQUIRED_TABLES = ("StringIds", "ANALYSIS_DETAILS")
 # Name of the attached export inside DuckDB while it loads (detached right after).
@@ -160,10 +159,10 @@ def _check_file(path: Path) -> None:
         raise UserError(f"{str(path)!r} is a directory, not an nsys SQLite export")
     try:
         with open(path, "rb") as fh:
-            head = fh.read(len(SQLITE_MAGIC))
+            head = fh.read(magic.HEAD)
     except OSError as exc:
         raise UserError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
-    if head != SQLITE_MAGIC:
+    if magic.kind(head) != "sqlite":
         raise UserError(f"{str(path)!r} is not an SQLite file (export one with "
                         "'nsys export --type=sqlite')")
 

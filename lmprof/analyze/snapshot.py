@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from lmprof.analyze import magic
 from lmprof.errors import UserError
 
 _MAGIC = (
@@ -60,9 +61,10 @@ class _Refused(Exception):
 def _other_kind(path: Path, head: bytes) -> str | None:
     """What a file given as a snapshot is instead, where its first bytes or name tell: the
     other inputs of this tool, so that the error says which command reads it."""
-    if head.startswith(b"SQLite format 3\x00"):
+    found = magic.kind(head)
+    if found == "sqlite":
         return "an SQLite database (an nsys export? 'analyze kernels' reads those)"
-    if head[8:12] == b"DUCK":
+    if found == "duckdb":
         return "a DuckDB database ('analyze sql' queries those)"
     if path.suffix in (".nsys-rep", ".qdrep"):
         return "an Nsight Systems report ('analyze kernels' reads those)"
@@ -78,15 +80,15 @@ def _open(path: Path) -> tuple[BinaryIO, str]:
         raise UserError(f"{str(path)!r} is a directory, not a memory snapshot") from None
     except PermissionError:
         raise UserError(f"permission denied: {str(path)!r}") from None
-    head = f.read(16)
+    head = f.read(magic.HEAD)
     f.seek(0)
     other = _other_kind(path, head)
     if other:
         f.close()
         raise UserError(f"{str(path)!r} is {other}, not a memory snapshot (a pickle written by "
                         "torch.cuda.memory._dump_snapshot)")
-    for magic, kind in _MAGIC:
-        if head.startswith(magic):
+    for prefix, kind in _MAGIC:
+        if head.startswith(prefix):
             if kind == "xz":
                 return lzma.open(f), kind
             if kind == "gzip":

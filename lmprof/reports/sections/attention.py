@@ -275,10 +275,7 @@ def section(ctx: ReportContext) -> str | None:
         if record.get("kind") != "attention":
             continue
         try:
-            results = rundir.read_json_artifact(record, "attention")
-            problem = _shape_problem(results)
-            if problem:
-                raise UserError(f"attention.json is not well formed: {problem}")
+            results = rundir.read_json_artifact(record, "attention", _shape_problem)
         except UserError as exc:
             bodies.append(f"Run `{record.get('run_id')}`: its results could not be read ({exc}).")
             continue

@@ -48,7 +48,7 @@ def autocast_table(results: dict[str, Any]) -> tuple[pd.DataFrame, list[str]]:
 
 
 def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return value is not None and rundir.json_is(value, (int, float))
 
 
 def _shape_problem(res) -> str | None:
@@ -85,10 +85,7 @@ def tables(record: dict[str, Any]) -> str:
     """Both tables of one ``capture precision`` run, as markdown (or a line saying why its
     results cannot be read: an unreadable or hand-edited precision.json)."""
     try:
-        res = rundir.read_json_artifact(record, "precision")
-        problem = _shape_problem(res)
-        if problem:
-            raise UserError(f"precision.json is not well formed: {problem}")
+        res = rundir.read_json_artifact(record, "precision", _shape_problem)
     except UserError as exc:
         return f"Run `{record.get('run_id')}`: its results could not be read ({exc})."
     where = res["device"] + (f" ({res['gpu_name']})" if res.get("gpu_name") else "")
