@@ -229,3 +229,31 @@ def test_precision_section_renders_recorded_failures(tmp_path):
     assert "9.953125" in text and "-0.0469" in text
     assert "autocast fp16 failed on cpu: RuntimeError: not supported" in text
     assert sweep_section.section(ctx) is None
+
+
+def test_no_context_plot_for_one_context_run_twice(tmp_path):
+    # two runs of one configuration at one context length (e.g. an nsys run and a memory run
+    # given together): no line to draw, so no plot (it used to be an empty chart)
+    recs = [run_record(ctx=128, step_s=0.1), run_record(ctx=128, step_s=0.2, warmup=5)]
+    recs[1]["run_id"] += "-again"
+    text = section_text(write_sweep(tmp_path / "s", recs), tmp_path / "r")
+    assert "Time vs context length" not in (text or "")
+    assert not (tmp_path / "r" / "img" / "sweep_time_vs_context.png").exists()
+
+
+def test_context_plot_draws_only_lines_of_two_contexts(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    recs = [run_record(ctx=c, step_s=0.01 * c / 128) for c in (128, 256)]
+    recs.append(run_record(ctx=1024, dtype="bf16", step_s=5.0))  # one point: no line
+    drawn = []
+    real_plot = plt.Axes.plot
+
+    def plot(self, x, y, *a, **k):
+        drawn.append((list(x), k.get("label")))
+        return real_plot(self, x, y, *a, **k)
+
+    monkeypatch.setattr(plt.Axes, "plot", plot)
+    text = section_text(write_sweep(tmp_path / "s", recs), tmp_path / "r")
+    assert "img/sweep_time_vs_context.png" in text
+    assert drawn == [([128, 256], "small fp32")]

@@ -77,9 +77,15 @@ def _speedup(df: pd.DataFrame, column: str, base, what: str) -> str | None:
 def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
     ok = df[(df["status"] == "OK") & df["step_mean_s"].notna()]
     line_keys = ["size", "batch", "dtype", "compile", "attention", "warmup", "device"]
-    modes = [m for m, g in ok.groupby("mode", sort=False)
-             if any(len(lg) > 1 for _, lg in g.groupby(line_keys, dropna=False))]
-    if not modes:
+    # one line per configuration with at least two context lengths; the same configuration run
+    # twice (two sweeps, or two runs given together) is plotted by its median per context
+    lines: dict[str, list[tuple[tuple, pd.DataFrame]]] = {}
+    for mode, g in ok.groupby("mode", sort=False):
+        for key, lg in g.groupby(line_keys, dropna=False, sort=False):
+            lg = lg.groupby("context", as_index=False)["step_mean_s"].median()
+            if len(lg) >= 2:
+                lines.setdefault(mode, []).append((key, lg))
+    if not lines:
         return None
     import matplotlib
 
@@ -87,25 +93,19 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4.5), squeeze=False)
-    for ax, mode in zip(axes[0], modes):
-        g = ok[ok["mode"] == mode]
-        for key, lg in g.groupby(line_keys, dropna=False, sort=False):
-            if len(lg) < 2:
-                continue
-            # the same configuration run twice (two sweeps given together): plot the median
-            lg = lg.groupby("context", as_index=False)["step_mean_s"].median()
-            if len(lg) < 2:
-                continue
+    fig, axes = plt.subplots(1, len(lines), figsize=(6 * len(lines), 4.5), squeeze=False)
+    for ax, (mode, mode_lines) in zip(axes[0], lines.items()):
+        plotted = pd.concat([lg for _, lg in mode_lines])
+        for key, lg in mode_lines:
             size, _, dtype, compiled, attention, *_ = key
             label = f"{size} {dtype}" + (" compiled" if compiled else "") + (
                 f" {attention}" if attention != "naive" else "")
             ax.plot(lg["context"], lg["step_mean_s"] * 1e3, marker="o", label=label)
         ax.set_xscale("log", base=2)
-        contexts = sorted(g["context"].unique())
+        contexts = sorted(plotted["context"].unique())
         ax.set_xticks(contexts, [str(c) for c in contexts])
         ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-        if g["step_mean_s"].max() > 4 * g["step_mean_s"].min():  # log only where it helps
+        if plotted["step_mean_s"].max() > 4 * plotted["step_mean_s"].min():  # log where it helps
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
             ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
