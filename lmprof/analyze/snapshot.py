@@ -71,7 +71,9 @@ def _other_kind(path: Path, head: bytes) -> str | None:
     return None
 
 
-def _open(path: Path) -> tuple[BinaryIO, str]:
+def _open(path: Path) -> tuple[BinaryIO, str, BinaryIO]:
+    """The snapshot's (decompressed) stream, its kind, and the file under it (a decompressor
+    given a file object does not close it)."""
     try:
         f = open(path, "rb")
     except (FileNotFoundError, NotADirectoryError):
@@ -90,24 +92,24 @@ def _open(path: Path) -> tuple[BinaryIO, str]:
     for prefix, kind in _MAGIC:
         if head.startswith(prefix):
             if kind == "xz":
-                return lzma.open(f), kind
+                return lzma.open(f), kind, f
             if kind == "gzip":
-                return gzip.open(f), kind
+                return gzip.open(f), kind, f
             if kind == "bz2":
-                return bz2.open(f), kind
+                return bz2.open(f), kind, f
             import zstandard
 
-            return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(f)), kind
-    return f, "pickle"
+            return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(f)), kind, f
+    return f, "pickle", f
 
 
 def read_snapshot(path: str | Path) -> Any:
     """Unpickle ``path`` (maybe compressed) admitting plain data only; UserError otherwise."""
     path = Path(path)
-    stream, kind = _open(path)
+    stream, kind, raw = _open(path)
     what = f"{str(path)!r}" + ("" if kind == "pickle" else f" ({kind})")
     try:
-        with stream:
+        with raw, stream:
             return _DataOnlyUnpickler(stream).load()
     except _Refused as exc:
         raise UserError(f"{what}: refused to unpickle {exc}: a memory snapshot holds plain data "

@@ -74,6 +74,27 @@ def test_compressed_variants_load_the_same(tmp_path):
         assert read_snapshot(tmp_path / name) == plain
 
 
+@pytest.mark.parametrize("compress", ["none", "gzip", "xz", "bz2", "zstd"])
+def test_every_kind_closes_its_file(tmp_path, compress):
+    # a decompressor handed a file object does not close it: the file under it must be closed
+    # too (it was left to the garbage collector, with a ResourceWarning, for the compressed kinds)
+    import bz2
+    import warnings
+
+    import zstandard
+
+    raw = pickle.dumps({"segments": [], "device_traces": []})
+    blob = {"none": raw, "gzip": gzip.compress(raw), "xz": lzma.compress(raw),
+            "bz2": bz2.compress(raw), "zstd": zstandard.ZstdCompressor().compress(raw)}[compress]
+    path = tmp_path / "s.pickle"
+    path.write_bytes(blob)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert read_snapshot(path)["segments"] == []
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+
+
 @pytest.mark.parametrize("content, message", [
     (b"", "truncated or empty"),
     (b"hello, not a pickle at all", "not a readable pickle"),
