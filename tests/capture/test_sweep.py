@@ -330,6 +330,8 @@ def test_sigkill_mid_cell_loses_nothing_and_resume_duplicates_nothing(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
+        proc.stderr.close()
     root = roots[0]
     (first,) = sweepdir.cell_dirs(root)
     first_json = (first / "run.json").read_bytes()
