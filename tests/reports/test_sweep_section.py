@@ -257,3 +257,16 @@ def test_context_plot_draws_only_lines_of_two_contexts(tmp_path, monkeypatch):
     text = section_text(write_sweep(tmp_path / "s", recs), tmp_path / "r")
     assert "img/sweep_time_vs_context.png" in text
     assert drawn == [([128, 256], "small fp32")]
+
+
+def test_benchmark_section_keeps_small_tflops_readable(tmp_path):
+    # a CPU-sized run reaches a thousandth of a TFLOP/s: shown as such, not rounded to 0
+    from lmprof.reports.sections import benchmark
+
+    slow, fast = run_record(ctx=128, step_s=1.0), run_record(ctx=256, step_s=0.001)
+    for rec in (slow, fast):
+        rec["flops"] = {"forward_flops": 4e8, "backward_flops": 8e8, "optimizer_flops": 0}
+    text = benchmark.section(ReportContext(
+        runs=load_runs([str(write_sweep(tmp_path / "s", [slow, fast]))]), out_dir=tmp_path / "r"))
+    cells = [ln.split("|")[-3].strip() for ln in text.splitlines() if ln.startswith("| small")]
+    assert sorted(cells) == ["0.0012", "1.2"]

@@ -33,7 +33,9 @@ def section(ctx: ReportContext) -> str | None:
         "Step (ms)": [_ms(m, s) for m, s in zip(df["step_mean_s"], df["step_std_s"])],
         "Warm-up total (ms)": [f"{v * 1e3:.1f}" if pd.notna(v) else "" for v in
                                df["warmup_total_s"]],
-        "TFLOP/s": [f"{v:.1f}" if pd.notna(v) else "" for v in df["achieved_tflops"]],
+        # three significant digits below 1 (a CPU run's 0.0008 printed as 0)
+        "TFLOP/s": [(f"{v:.1f}" if v >= 1 else f"{v:.3g}") if pd.notna(v) else ""
+                    for v in df["achieved_tflops"]],
         "MFU (%)": [f"{v:.1f}" if pd.notna(v) else "" for v in df["mfu_pct"]],
     })
     note = ("Mean ± standard deviation over measured steps; each phase is timed with "
