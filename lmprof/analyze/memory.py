@@ -74,7 +74,8 @@ _SCHEMAS: dict[str, dict[str, pa.DataType]] = {
                          "layout": _STR, "has_trace": _BOOL, "trace_entries": _BIG,
                          "phase_source": _STR, "size": _STR, "batch_size": _BIG,
                          "context_length": _BIG, "d_model": _BIG, "num_layers": _BIG,
-                         "mode": _STR, "dtype": _STR, "n_params": _BIG},
+                         "mode": _STR, "dtype": _STR, "attention": _STR, "compile": _BOOL,
+                         "n_params": _BIG},
 }
 _DERIVED = ("memory_events", "memory_allocations", "memory_peaks")
 _VIEWS = ("memory_by_phase", "memory_live_at_peak", "memory_categories")
@@ -198,7 +199,9 @@ def _snapshot_row(path: Path, run: dict | None, phase_source: str, layout: str,
         "context_length": [c.get("context_length") or m.get("context_length")],
         "d_model": [m.get("d_model") or c.get("d_model")],
         "num_layers": [m.get("num_layers") or c.get("num_layers")],
-        "mode": [c.get("mode")], "dtype": [c.get("dtype")], "n_params": [m.get("n_params")],
+        "mode": [c.get("mode")], "dtype": [c.get("dtype")],
+        "attention": [c.get("attention")], "compile": [c.get("compile")],
+        "n_params": [m.get("n_params")],
     }
 
 
@@ -405,7 +408,7 @@ def compare(con) -> pd.DataFrame:
     """One row per snapshot and device: the config and its peaks (overall and per phase)."""
     df = con.execute("""
         SELECT s.label AS snapshot, p.device, s.size, s.context_length, s.batch_size, s.mode,
-            s.dtype, p.peak_allocated_bytes, p.peak_reserved_bytes, p.peak_phase,
+            s.dtype, s.attention, s.compile, p.peak_allocated_bytes, p.peak_reserved_bytes, p.peak_phase,
             max(b.peak_allocated_bytes) FILTER (WHERE b.phase = 'forward') AS forward_peak_bytes,
             max(b.peak_allocated_bytes) FILTER (WHERE b.phase = 'inference')
                 AS inference_peak_bytes,
@@ -420,14 +423,27 @@ def compare(con) -> pd.DataFrame:
     return df.drop(columns="snapshot_id")
 
 
+# Run settings besides size and context that change a model's memory: a row of
+# peak_by_context per value where the snapshots differ in them.
+_MEMORY_CONFIG = ("batch_size", "attention", "compile")
+
+
 def peak_by_context(cmp: pd.DataFrame) -> pd.DataFrame:
-    """The write-up table: peak allocated by context length, a column per mode and dtype."""
+    """The write-up table: peak allocated by context length, a column per mode and dtype; a
+    row per size, context length and each of batch size, attention and compile that differs
+    between the snapshots (unknown where a run did not record it). Snapshots of one
+    configuration give their largest peak."""
     known = cmp.dropna(subset=["context_length", "mode", "dtype"])
     if known.empty:
         return pd.DataFrame()
     known = known.assign(column=known["mode"].astype(str) + "_" + known["dtype"].astype(str)
                          + "_peak_bytes", size=known["size"].fillna("custom"))
-    table = known.pivot_table(index=["size", "context_length"], columns="column",
+    varying = [c for c in _MEMORY_CONFIG if c in known
+               and known[c].astype(object).where(known[c].notna(), None).nunique(dropna=False) > 1]
+    for c in varying:  # pivot_table drops rows whose index holds a missing value
+        known[c] = [("unknown" if v is None or v is pd.NA or v != v else v)
+                    for v in known[c].astype(object)]
+    table = known.pivot_table(index=["size", *varying, "context_length"], columns="column",
                               values="peak_allocated_bytes", aggfunc="max")
     table.columns.name = None
     return table.astype("Int64").reset_index()
@@ -509,7 +525,10 @@ def tables(con: duckdb.DuckDBPyConnection, top: int = 10) -> tuple[dict[str, pd.
         pbc = peak_by_context(cmp)
         if not pbc.empty:
             out["memory_peak_by_context"] = pbc
-            notes["memory_peak_by_context"] = "Peak allocated memory, one column per mode and dtype."
+            notes["memory_peak_by_context"] = (
+                "Peak allocated memory, one column per mode and dtype; a row per size and "
+                "context length (and batch size, attention or compile where the snapshots differ "
+                "in them); snapshots of one configuration give their largest peak.")
     return {k: _tidy(v, many_s, many_d) for k, v in out.items()}, notes
 
 

@@ -52,22 +52,39 @@ def runs_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
                           ignore_index=True)
 
 
-def _value(row: pd.Series, col: str) -> Any:
-    """A cell for a grid table: the number for OK runs, the status otherwise."""
-    return row[col] if row["status"] == "OK" else row["status"]
+def _cell(g: pd.DataFrame, col: str) -> Any:
+    """One grid cell from the runs of one configuration (a sweep cell, or the same configuration
+    run again: two sweeps or runs given together): the median of ``col`` over its OK runs that
+    recorded it; else the status of its failed runs (OOM, ERROR, TIMEOUT); else None."""
+    ok = g.loc[(g["status"] == "OK") & g[col].notna(), col]
+    if len(ok):
+        return float(ok.median())
+    failed = [str(s) for s in dict.fromkeys(g["status"]) if s != "OK"]
+    return " / ".join(failed) if failed else None
+
+
+def _grid(df: pd.DataFrame, keys: list[str], col: str) -> pd.DataFrame:
+    """``col`` per configuration (``keys``) × context length, one cell per pair (``_cell``);
+    columns ``ctx <n>`` in increasing context, rows in the order of ``df``; ``runs_in_cell``
+    (a frame attribute) holds the largest number of runs behind one cell."""
+    cells, most = {}, 0
+    for key, g in df.groupby([*keys, "context"], dropna=False, sort=False):
+        cells.setdefault(key[:-1], {})[key[-1]] = _cell(g, col)
+        most = max(most, len(g))
+    contexts = sorted({c for row in cells.values() for c in row})
+    rows = [{**dict(zip(keys, key)), **{f"ctx {c}": row.get(c) for c in contexts}}
+            for key, row in cells.items() if any(v is not None for v in row.values())]
+    table = pd.DataFrame(rows, columns=[*keys, *(f"ctx {c}" for c in contexts)])
+    table.attrs["runs_in_cell"] = most
+    return table
 
 
 def step_grid(df: pd.DataFrame) -> pd.DataFrame:
-    """Step time (mean) per configuration × context length; failed cells show their status."""
+    """Step time (mean) per configuration × context length; failed cells show their status;
+    a configuration run more than once shows the median of its OK runs."""
     if df.empty or df["context"].nunique() < 2:
         return pd.DataFrame()
-    keys = [k for k in CONFIG if k not in ("context", "d_model")]
-    out = df.assign(cell=[_value(r, "step_mean_s") for _, r in df.iterrows()])
-    table = out.pivot_table(index=keys, columns="context", values="cell", aggfunc="first",
-                            dropna=False, sort=False)
-    table = table.dropna(how="all")
-    table.columns = [f"ctx {c}" for c in table.columns]
-    return table.reset_index()
+    return _grid(df, [k for k in CONFIG if k not in ("context", "d_model")], "step_mean_s")
 
 
 def warmup_effect(df: pd.DataFrame) -> pd.DataFrame:
@@ -88,24 +105,35 @@ def speedup(df: pd.DataFrame, column: str, base: Any) -> pd.DataFrame:
     if df.empty or column not in df:
         return pd.DataFrame()
     keys = [k for k in CONFIG if k != column]
-    rows = []
+    rows, most = [], 0
     for _, g in df.groupby(keys, dropna=False, sort=False):
-        ref = g[g[column] == base]
-        if ref.empty:
+        # each value of the column once: the median of its OK runs, or its runs' failure status
+        sides = {v: (_cell(runs, "step_mean_s"), runs.iloc[0])
+                 for v, runs in g.groupby(column, dropna=False, sort=False)}
+        if base not in sides:
             continue
-        ref = ref.iloc[0]
-        for _, other in g[g[column] != base].iterrows():
-            ok = ref["status"] == "OK" and other["status"] == "OK"
+        most = max([most, *(len(runs) for _, runs in g.groupby(column, dropna=False))])
+        ref_step, ref = sides[base]
+        for value, (step, other) in sides.items():
+            if value == base:
+                continue
+            ok = isinstance(ref_step, float) and isinstance(step, float)
             rows.append({
                 **{k: ref[k] for k in ("size", "context", "batch", "mode", "attention")},
                 **{k: ref[k] for k in ("dtype", "compile") if k != column},
-                "compared": _compared(column, other[column], base),
-                "base_step_s": ref["step_mean_s"] if ref["status"] == "OK" else None,
-                "other_step_s": other["step_mean_s"] if other["status"] == "OK" else None,
-                "speedup": ref["step_mean_s"] / other["step_mean_s"] if ok else None,
-                "status": "OK" if ok else f"{ref['status']} / {other['status']}",
+                "compared": _compared(column, value, base),
+                "base_step_s": ref_step if isinstance(ref_step, float) else None,
+                "other_step_s": step if isinstance(step, float) else None,
+                "speedup": ref_step / step if ok else None,
+                "status": "OK" if ok else f"{_status(ref_step)} / {_status(step)}",
             })
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    table.attrs["runs_in_cell"] = most
+    return table
+
+
+def _status(cell: Any) -> str:
+    return "OK" if isinstance(cell, float) else str(cell or "no time")
 
 
 def _compared(column: str, value: Any, base: Any) -> str:
@@ -114,16 +142,16 @@ def _compared(column: str, value: Any, base: Any) -> str:
     return f"{value} vs {base}"
 
 
+# Peak memory and GEMM share do not depend on the warm-up: runs that differ only in it share a row.
+MEMORY_KEYS = [k for k in CONFIG if k not in ("context", "d_model", "warmup")]
+
+
 def peak_memory_grid(df: pd.DataFrame) -> pd.DataFrame:
-    """Peak allocated bytes per configuration × context length, when runs recorded it."""
+    """Peak allocated bytes per configuration × context length, when runs recorded it (the
+    median of a configuration's OK runs where there are several)."""
     if df.empty or df["peak_allocated_bytes"].isna().all():
         return pd.DataFrame()
-    keys = [k for k in CONFIG if k not in ("context", "d_model", "warmup")]
-    out = df.assign(cell=[_value(r, "peak_allocated_bytes") for _, r in df.iterrows()])
-    table = out.pivot_table(index=keys, columns="context", values="cell", aggfunc="first",
-                            dropna=False, sort=False).dropna(how="all")
-    table.columns = [f"ctx {c}" for c in table.columns]
-    return table.reset_index()
+    return _grid(df, MEMORY_KEYS, "peak_allocated_bytes")
 
 
 def gemm_fraction_by_phase(sqlite: str | Path) -> dict[str, float] | None:
@@ -144,20 +172,18 @@ def gemm_fraction_by_phase(sqlite: str | Path) -> dict[str, float] | None:
 
 
 def gemm_grid(df: pd.DataFrame) -> pd.DataFrame:
-    """GEMM fraction (%) per phase, size and context for runs captured under nsys."""
+    """GEMM fraction (%) per configuration, phase and context for runs captured under nsys (the
+    median over a configuration's runs where there are several)."""
     if df.empty:
         return pd.DataFrame()
     rows = []
     for _, r in df[df["nsys_sqlite"].notna()].iterrows():
         fractions = gemm_fraction_by_phase(r["nsys_sqlite"])
         for phase, pct in (fractions or {}).items():
-            rows.append({"size": r["size"], "mode": r["mode"], "dtype": r["dtype"],
-                         "compile": r["compile"], "phase": phase, "context": r["context"],
-                         "gemm_pct": pct})
+            rows.append({**{k: r[k] for k in MEMORY_KEYS}, "phase": phase,
+                         "context": r["context"], "status": "OK", "gemm_pct": pct})
     if not rows:
         return pd.DataFrame()
-    table = pd.DataFrame(rows).pivot_table(
-        index=["size", "mode", "dtype", "compile", "phase"], columns="context", values="gemm_pct",
-        aggfunc="first", sort=False)
-    table.columns = [f"ctx {c} (%)" for c in table.columns]
-    return table.reset_index()
+    table = _grid(pd.DataFrame(rows), [*MEMORY_KEYS, "phase"], "gemm_pct")
+    table.columns = [f"{c} (%)" if str(c).startswith("ctx ") else c for c in table.columns]
+    return table

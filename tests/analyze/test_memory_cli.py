@@ -163,3 +163,31 @@ def test_one_snapshot_named_thrice_is_one_and_equal_labels_are_told_apart(tmp_pa
     labels = [r.split(",")[0] for r in
               (tmp_path / "two" / "memory_peak.csv").read_text().splitlines()[1:] if r]
     assert len(labels) == 2 and len(set(labels)) == 2, labels
+
+
+def test_peak_by_context_keeps_attention_apart(tmp_path):
+    # naive vs flash attention at one size and context: the write-up table
+    # must show both peaks, not the larger one for both
+    notrace = pickle.loads(lzma.decompress(FIXTURE.read_bytes()))
+    notrace["device_traces"] = [[]]  # peak = the state at dump, smaller than the fixture's
+    dirs = []
+    for name, attention, snapshot in (("naive", "naive", FIXTURE.read_bytes()),
+                                      ("flash", "flash", pickle.dumps(notrace))):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "memory.pickle").write_bytes(snapshot)
+        (d / "run.json").write_text(json.dumps({
+            "schema_version": 1, "run_id": name, "status": "OK",
+            "config": {"size": "small", "context_length": 256, "batch_size": 4, "mode": "train",
+                       "dtype": "fp32", "attention": attention, "compile": False},
+            "model": {"d_model": 768}, "artifacts": {"memory_snapshot": "memory.pickle"}}))
+        dirs.append(str(d))
+    res = CliRunner().invoke(analyze, ["memory", *dirs, "--format", "csv", "--out",
+                                       str(tmp_path / "o")], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    pbc = (tmp_path / "o" / "memory_peak_by_context.csv").read_text().split()
+    assert pbc[0] == "size,attention,context_length,train_fp32_peak_bytes"
+    peaks = dict(row.split(",")[1::2] for row in pbc[1:])  # attention -> peak
+    assert peaks["naive"] == "2899810304" and int(peaks["flash"]) < 2899810304
+    compare = (tmp_path / "o" / "memory_compare.csv").read_text().splitlines()
+    assert "attention" in compare[0].split(",") and "compile" in compare[0].split(",")

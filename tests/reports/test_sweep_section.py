@@ -157,9 +157,10 @@ def test_gemm_fraction_from_real_exports_matches_analyze_kernels(tmp_path, capsy
     text = section_text(root, tmp_path / "r")
     assert "### GEMM fraction by size and context length" in text
     table = text[text.index("### GEMM fraction"):]
-    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines()
-             if line.startswith("| small ")]
-    rows = {c[4]: c for c in cells}  # phase -> (size, mode, dtype, compile, phase, ctx 128, ctx 256)
+    lines = [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines()
+             if line.startswith("| ")]
+    header, cells = lines[0], lines[1:]
+    rows = {c[header.index("Phase")]: dict(zip(header, c)) for c in cells}  # phase -> its row
     for ctx, src in exports.items():
         try:
             analyze_main(["kernels", str(src), "--table", "gemm_fraction", "--format", "csv"])
@@ -167,7 +168,7 @@ def test_gemm_fraction_from_real_exports_matches_analyze_kernels(tmp_path, capsy
             assert not exc.code
         ours = pd.read_csv(__import__("io").StringIO(capsys.readouterr().out))
         for _, r in ours[ours["phase"].isin(["forward", "backward"])].iterrows():
-            shown = float(rows[r["phase"]][5 if ctx == 128 else 6])
+            shown = float(rows[r["phase"]][f"ctx {ctx} (%)"])
             assert shown == pytest.approx(r["gemm_pct"], abs=0.06), (ctx, r["phase"])
 
 
@@ -270,3 +271,54 @@ def test_benchmark_section_keeps_small_tflops_readable(tmp_path):
         runs=load_runs([str(write_sweep(tmp_path / "s", [slow, fast]))]), out_dir=tmp_path / "r"))
     cells = [ln.split("|")[-3].strip() for ln in text.splitlines() if ln.startswith("| small")]
     assert sorted(cells) == ["0.0012", "1.2"]
+
+
+def _again(rec: dict, n: int) -> dict:
+    rec["run_id"] += f"-again{n}"
+    return rec
+
+
+def test_repeated_configurations_show_the_median_of_their_ok_runs(tmp_path):
+    # the same sweep run twice (before/after a change, or two sweeps given together): every grid
+    # cell and speed-up is the median of its OK runs, not whichever run came first
+    recs = [run_record(ctx=128, step_s=0.1, peak=100 * 2**20),
+            _again(run_record(ctx=128, step_s=0.3, peak=300 * 2**20), 1),
+            _again(run_record(ctx=128, step_s=0.5, peak=200 * 2**20), 2),
+            run_record(ctx=256, status="OOM"),
+            _again(run_record(ctx=256, step_s=0.4, peak=400 * 2**20), 1),
+            run_record(ctx=512, status="OOM"), _again(run_record(ctx=512, status="ERROR"), 1),
+            run_record(ctx=128, dtype="bf16", step_s=0.15)]
+    df = comparisons.runs_frame(load_runs([str(write_sweep(tmp_path / "s", recs))]))
+    grid = comparisons.step_grid(df)
+    fp32 = grid[grid["dtype"] == "fp32"].iloc[0]
+    assert fp32["ctx 128"] == pytest.approx(0.3)  # median of 0.1, 0.3, 0.5
+    assert fp32["ctx 256"] == pytest.approx(0.4)  # the OOM run does not hide the OK one
+    assert fp32["ctx 512"] == "OOM / ERROR"
+    assert grid.attrs["runs_in_cell"] == 3
+    peak = comparisons.peak_memory_grid(df)
+    assert peak[peak["dtype"] == "fp32"].iloc[0]["ctx 128"] == 200 * 2**20
+    bf16 = comparisons.speedup(df, "dtype", "fp32")
+    row = bf16[bf16["context"] == 128].iloc[0]
+    assert row["base_step_s"] == pytest.approx(0.3) and row["speedup"] == pytest.approx(2.0)
+    text = section_text(tmp_path / "s", tmp_path / "r")
+    assert text.count("run more than once (up to 3 runs)") == 3  # step grid, memory, bf16
+
+
+def test_gemm_grid_keeps_configurations_apart(tmp_path, monkeypatch):
+    # runs that differ in attention (or batch) at one size and context are two rows, not one
+    recs = [run_record(ctx=c, sqlite=True) for c in (128, 256)]
+    for rec in [run_record(ctx=c, sqlite=True) for c in (128, 256)]:
+        rec["config"]["attention"] = "flash"
+        rec["run_id"] += "-flash"
+        recs.append(rec)
+    root = write_sweep(tmp_path / "s", recs)
+    share = {"naive": 80.0, "flash": 90.0}
+
+    def fake(sqlite):
+        attention = "flash" if "flash" in str(sqlite) else "naive"
+        return {"forward": share[attention]}
+
+    monkeypatch.setattr(comparisons, "gemm_fraction_by_phase", fake)
+    grid = comparisons.gemm_grid(comparisons.runs_frame(load_runs([str(root)])))
+    assert sorted(zip(grid["attention"], grid["ctx 128 (%)"])) == [("flash", 90.0),
+                                                                  ("naive", 80.0)]

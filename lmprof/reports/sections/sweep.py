@@ -41,12 +41,21 @@ def _ctx_cols(df: pd.DataFrame, unit: str, scale: float, fmt: str) -> dict:
     return {c: (f"{c} ({unit})", scale, fmt) for c in df.columns if str(c).startswith("ctx ")}
 
 
+def _repeats(t: pd.DataFrame) -> str:
+    """The note for a table some of whose cells come from more than one run."""
+    if t.attrs.get("runs_in_cell", 1) <= 1:
+        return ""
+    return (" Some configurations were run more than once (up to "
+            f"{t.attrs['runs_in_cell']} runs): their cells show the median of their OK runs.")
+
+
 def _step_grid(df: pd.DataFrame) -> str | None:
     t = cmp.step_grid(df)
     if t.empty:
         return None
     return ("Mean step time (ms) per configuration and context length; failed cells show their "
-            "status (OOM, ERROR, TIMEOUT).\n\n" + _md(t, _ctx_cols(t, "ms", 1e3, ".2f")))
+            "status (OOM, ERROR, TIMEOUT)." + _repeats(t) + "\n\n"
+            + _md(t, _ctx_cols(t, "ms", 1e3, ".2f")))
 
 
 def _warmup(df: pd.DataFrame) -> str | None:
@@ -68,7 +77,7 @@ def _speedup(df: pd.DataFrame, column: str, base, what: str) -> str | None:
     if t.empty:
         return None
     note = (f"{what}: mean step time of each pair of runs equal in everything else; speedup = "
-            "base / other (above 1: faster).")
+            "base / other (above 1: faster)." + _repeats(t))
     return note + "\n\n" + _md(t, {
         "base_step_s": ("Base step (ms)", 1e3, ".2f"), "other_step_s": ("Other step (ms)", 1e3, ".2f"),
         "speedup": ("Speedup (×)", 1.0, ".2f")})
@@ -128,7 +137,7 @@ def _memory(df: pd.DataFrame) -> str | None:
     if t.empty:
         return None
     return ("Peak allocated CUDA memory over the measured steps "
-            "(`torch.cuda.max_memory_allocated`, reset after warm-up), MiB.\n\n"
+            "(`torch.cuda.max_memory_allocated`, reset after warm-up), MiB." + _repeats(t) + "\n\n"
             + _md(t, _ctx_cols(t, "MiB", 1 / 2**20, ".0f")))
 
 
@@ -137,7 +146,8 @@ def _gemm(df: pd.DataFrame) -> str | None:
     if t.empty:
         return None
     return ("Share of GPU kernel time spent in GEMM kernels per phase, for runs captured under "
-            "nsys.\n\n" + _md(t, {c: (c, 1.0, ".1f") for c in t.columns if str(c).startswith("ctx ")}))
+            "nsys." + _repeats(t) + "\n\n"
+            + _md(t, {c: (c, 1.0, ".1f") for c in t.columns if str(c).startswith("ctx ")}))
 
 
 def section(ctx: ReportContext) -> str | None:
