@@ -13,6 +13,7 @@ import csv
 import io
 import json
 import math
+import numbers
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,14 +195,23 @@ def for_display(df: pd.DataFrame, shorten: dict[str, int] | None = None) -> pd.D
     for col in df.columns:
         _, unit, scale = _split_unit(col)
         values = df[col]
-        if unit and scale != 1.0 and pd.api.types.is_numeric_dtype(values):
-            values = values * scale
+        if unit and scale != 1.0:
+            if pd.api.types.is_numeric_dtype(values):
+                values = values * scale
+            elif _numbers_or_missing(values):  # integers with gaps, kept as objects with None
+                values = values.map(lambda v, k=scale: None if _missing(v) else v * k)
         if shorten and col in shorten:
             width = shorten[col]
             values = values.map(lambda s, w=width: s if not isinstance(s, str) or len(s) <= w
                                 else s[: w - 1] + "…")
         out[display_name(col)] = values
     return out
+
+
+def _numbers_or_missing(values: pd.Series) -> bool:
+    present = [v for v in values if not _missing(v)]
+    return bool(present) and all(isinstance(v, numbers.Real) and not isinstance(v, bool)
+                                 for v in present)
 
 
 def to_markdown(df: pd.DataFrame, shorten: dict[str, int] | None = None,

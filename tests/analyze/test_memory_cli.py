@@ -191,3 +191,8 @@ def test_peak_by_context_keeps_attention_apart(tmp_path):
     assert peaks["naive"] == "2899810304" and int(peaks["flash"]) < 2899810304
     compare = (tmp_path / "o" / "memory_compare.csv").read_text().splitlines()
     assert "attention" in compare[0].split(",") and "compile" in compare[0].split(",")
+    # markdown shows MiB as its header says (the nullable integers were printed as bytes)
+    res = CliRunner().invoke(analyze, ["memory", *dirs], catch_exceptions=False)
+    table = res.output.split("## memory peak by context")[1]
+    assert "Train fp32 peak (MiB)" in table
+    assert f"{2899810304 / 2**20:.3f}" in table and "2899810304" not in table
