@@ -218,7 +218,19 @@ def results(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | No
         finally:
             trace.con.execute(f"SET threads = {threads}")
     notes = {name: NO_RANGES_NOTE if out[name] is None else TABLES[name][2] for name in names}
+    fused = _fused_attention(trace)
+    if fused and out.get("softmax_vs_matmul") is not None and out["softmax_vs_matmul"].empty:
+        notes["softmax_vs_matmul"] += (
+            f" Nothing ran under those ranges: this run's attention is {fused!r}, one fused "
+            "kernel (class attention, in the tables above); only naive attention computes the "
+            "scores, softmax and final matmul as separate ranges.")
     return {name: out[name] for name in names}, notes
+
+
+def _fused_attention(trace: Trace) -> str | None:
+    """The run's attention setting from run.json when it is not the naive one (sdpa, flash)."""
+    attention = ((trace.record or {}).get("config") or {}).get("attention")
+    return attention if isinstance(attention, str) and attention != "naive" else None
 
 
 # --- several reports: per-run tables with a run column, cross-run tables, without pandas ------

@@ -111,6 +111,21 @@ def test_softmax_vs_matmul_uses_run_json_flops(tmp_path):
     assert np.isnan(timing.loc["backward", "runner_mean_ns"])
 
 
+@pytest.mark.parametrize("attention", ["naive", "flash"])
+def test_softmax_vs_matmul_says_why_a_fused_attention_run_has_no_rows(tmp_path, attention):
+    # a flash or sdpa run opens no softmax / matmul ranges (ranges that match nothing stand in
+    # for it here): the empty table says why, from run.json; a naive run's empty table does not
+    report = writable_copy(tmp_path)
+    record = json.loads(write_run_json(tmp_path).joinpath("run.json").read_text())
+    record["config"]["attention"] = attention
+    (tmp_path / "run.json").write_text(json.dumps(record))
+    code, out, err = run("kernels", str(report), "--table", "softmax_vs_matmul",
+                         "--softmax-range", "no such range", "--matmul-range", "nor this one")
+    assert code == 0, err
+    assert "_no data_" in out
+    assert ("this run's attention is 'flash', one fused kernel" in out) == (attention == "flash")
+
+
 def test_several_reports_and_run_directories(tmp_path):
     runs = []
     for size, ctx in (("small", 128), ("medium", 256)):
