@@ -1,0 +1,82 @@
+"""A real pair of H200 captures, naive and Triton flash attention, one configuration otherwise
+(tests/data/h200-naive-vs-flash): what the tables must keep apart and say about them."""
+
+from __future__ import annotations
+
+import csv
+import io
+import lzma
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from lmprof.analyze.cli import analyze
+from lmprof.reports.report import build
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "h200-naive-vs-flash"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """Both run directories with their exports decompressed (stored as .xz to keep the
+    repository small; the snapshot stays compressed, as analyze reads that)."""
+    root = tmp_path_factory.mktemp("runs")
+    for name in ("naive", "flash"):
+        shutil.copytree(DATA / name, root / name, ignore=shutil.ignore_patterns("*.sqlite.xz"))
+        (root / name / "report.sqlite").write_bytes(
+            lzma.decompress((DATA / name / "report.sqlite.xz").read_bytes()))
+    return root
+
+
+def _csv_tables(output: str) -> dict[str, list[dict[str, str]]]:
+    """``--format csv`` output on stdout: '# name' then the table, for each table."""
+    tables = {}
+    for block in output.split("# ")[1:]:
+        name, _, body = block.partition("\n")
+        tables[name.strip()] = list(csv.DictReader(io.StringIO(body.strip())))
+    return tables
+
+
+def test_kernels_classify_the_triton_kernels_and_explain_the_empty_softmax_table(runs):
+    res = CliRunner().invoke(analyze, ["kernels", str(runs / "flash"), "--format", "csv",
+                                       "--top", "50"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    top = _csv_tables(res.output)["top_kernels"]
+    classes = {r["name"]: r["kernel_class"] for r in top if r["phase"] == "all"}
+    for kernel in ("_flash_fwd_kernel", "_flash_bwd_dkdv_kernel", "_flash_bwd_dq_kernel"):
+        assert classes[kernel] == "attention"
+    phases = {r["name"]: r["phase"] for r in top if r["phase"] in ("forward", "backward")
+              and r["name"].startswith("_flash")}
+    assert phases["_flash_fwd_kernel"] == "forward"
+    assert phases["_flash_bwd_dkdv_kernel"] == phases["_flash_bwd_dq_kernel"] == "backward"
+    md = CliRunner().invoke(analyze, ["kernels", str(runs / "flash"), "--table",
+                                      "softmax_vs_matmul"], catch_exceptions=False).output
+    assert "this run's attention is 'flash', one fused kernel" in md
+    md = CliRunner().invoke(analyze, ["kernels", str(runs / "naive"), "--table",
+                                      "softmax_vs_matmul"], catch_exceptions=False).output
+    assert "one fused kernel" not in md and "| forward" in md
+
+
+def test_memory_keeps_the_two_peaks_apart(runs):
+    res = CliRunner().invoke(analyze, ["memory", str(runs / "naive"), str(runs / "flash"),
+                                       "--format", "csv"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    tables = _csv_tables(res.output)
+    peak = {r["attention"]: int(r["peak_allocated_bytes"]) for r in tables["memory_compare"]}
+    by_context = {r["attention"]: int(r["train_bf16_peak_bytes"])
+                  for r in tables["memory_peak_by_context"]}
+    assert by_context == peak  # one row each, not the larger peak twice
+    assert peak["flash"] < 0.7 * peak["naive"]  # no T×T scores kept for backward
+
+
+def test_report_grids_keep_the_two_runs_apart(runs, tmp_path):
+    text = build([str(runs)], tmp_path / "report").read_text()
+    sweep = text.split("## Sweep")[1].split("\n## ")[0]
+    gemm = sweep.split("### GEMM fraction")[1]
+    rows = [r for r in gemm.splitlines() if r.startswith("| small")]
+    assert {r.split("|")[6].strip() for r in rows} == {"naive", "flash"}
+    memory = sweep.split("### Peak memory by context length")[1].split("###")[0]
+    assert sum(r.startswith("| small") for r in memory.splitlines()) == 2
+    assert "run more than once" not in sweep
