@@ -89,7 +89,12 @@ def add_sweep_options(fn):
             text, metavar = f"{kwargs['help']} One value for every cell.", "VALUE"
         if default is not None:
             text += f"  [default: {default}]"
-        fn = click.option(on, name, type=str, default=None, metavar=metavar, help=text)(fn)
+        extra = {}
+        if "/" in flag:  # given bare, as for capture run (`--nsys --memory`), it means yes
+            extra = dict(is_flag=False, flag_value="yes")
+            text = text.replace(" yes, no, or yes,no", " yes (also given alone), no, or yes,no")
+        fn = click.option(on, name, type=str, default=None, metavar=metavar, help=text,
+                          **extra)(fn)
     return fn
 
 

@@ -56,6 +56,22 @@ def test_cli_lists_make_the_cartesian_grid_and_dry_run_starts_nothing(tmp_path, 
     assert not (tmp_path / "o").exists()
 
 
+def test_switches_given_alone_mean_yes_as_for_capture_run(tmp_path, capsys):
+    # `capture run --compile --nsys` style: a bare switch is "yes" for every cell, followed by
+    # another option or not; "yes,no" still varies it
+    rc, out, _ = cli(["sweep", *TINY, "--compile", "--context-length", "16,32", "--out",
+                      str(tmp_path / "o"), "--dry-run"], capsys)
+    assert rc == 0
+    names = [ln.split()[1] for ln in out.splitlines()[2:]]
+    assert len(names) == 2 and all("compiled" in n for n in names)
+    rc, out, _ = cli(["sweep", *TINY, "--context-length", "16", "--out", str(tmp_path / "o"),
+                      "--dry-run", "--compile"], capsys)
+    assert rc == 0 and "compiled" in out.splitlines()[2]
+    rc, _, err = cli(["sweep", *TINY, "--nsys", "--memory", "--out", str(tmp_path / "o"),
+                      "--dry-run"], capsys)
+    assert rc == 2 and "--memory records CUDA memory history and needs --device cuda" in err
+
+
 def test_grid_files_in_every_format_give_the_same_grid(tmp_path):
     (tmp_path / "g.yaml").write_text("model: tiny\ncontext-length: [16, 32]\nmode: [forward, train]\n"
                                      "compile: false\nsteps: 2\nlr: 1e-3\n")
