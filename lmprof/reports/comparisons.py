@@ -15,9 +15,10 @@ import pandas as pd
 from lmprof import rundir
 from lmprof.reports.tables import benchmark_table
 
-# What identifies a configuration (besides the option a table compares).
+# What identifies a configuration (besides the option a table compares). A run under nsys or
+# recording memory history is timed with the profiler's overhead: never the same as a plain run.
 CONFIG = ["size", "d_model", "batch", "context", "mode", "dtype", "compile", "attention",
-          "warmup", "device"]
+          "warmup", "device", "nsys", "memory"]
 
 
 def _first_steps(record: dict[str, Any]) -> tuple[float | None, float | None]:
@@ -95,8 +96,9 @@ def warmup_effect(df: pd.DataFrame) -> pd.DataFrame:
     groups = [g for _, g in df.groupby(keys, dropna=False, sort=False) if g["warmup"].nunique() > 1]
     if not groups:
         return pd.DataFrame()
-    cols = ["size", "context", "batch", "mode", "dtype", "compile", "attention", "warmup",
-            "status", "step_mean_s", "step_std_s", "first_measured_step_s", "first_step_s"]
+    cols = ["size", "context", "batch", "mode", "dtype", "compile", "attention", "nsys",
+            "memory", "warmup", "status", "step_mean_s", "step_std_s", "first_measured_step_s",
+            "first_step_s"]
     return pd.concat([g.sort_values("warmup")[cols] for g in groups], ignore_index=True)
 
 
@@ -119,7 +121,8 @@ def speedup(df: pd.DataFrame, column: str, base: Any) -> pd.DataFrame:
                 continue
             ok = isinstance(ref_step, float) and isinstance(step, float)
             rows.append({
-                **{k: ref[k] for k in ("size", "context", "batch", "mode", "attention")},
+                **{k: ref[k] for k in ("size", "context", "batch", "mode", "attention", "nsys",
+                                       "memory")},
                 **{k: ref[k] for k in ("dtype", "compile") if k != column},
                 "compared": _compared(column, value, base),
                 "base_step_s": ref_step if isinstance(ref_step, float) else None,

@@ -55,6 +55,8 @@ def benchmark_table(records: list[dict[str, Any]]) -> pd.DataFrame:
             "batch": c.get("batch_size"), "context": c.get("context_length"),
             "mode": c.get("mode"), "warmup": c.get("warmup"), "dtype": c.get("dtype"),
             "compile": bool(c.get("compile")), "attention": c.get("attention"),
+            # profiled runs are slower than plain ones (the tables say so; they are not paired)
+            "nsys": bool(c.get("nsys")), "memory": bool(c.get("memory")),
             "device": env.get("gpu_name") or env.get("device"),
             "status": r.get("status"),
             "warmup_total_s": t.get("warmup_s"),
@@ -69,5 +71,5 @@ def benchmark_table(records: list[dict[str, Any]]) -> pd.DataFrame:
     if df.empty:
         return df
     order = ["d_model", "size", "context", "batch", "mode", "dtype", "compile", "attention",
-             "warmup"]
+             "warmup", "nsys", "memory"]
     return df.sort_values(order, kind="stable", na_position="last").reset_index(drop=True)

@@ -322,3 +322,45 @@ def test_gemm_grid_keeps_configurations_apart(tmp_path, monkeypatch):
     grid = comparisons.gemm_grid(comparisons.runs_frame(load_runs([str(root)])))
     assert sorted(zip(grid["attention"], grid["ctx 128 (%)"])) == [("flash", 90.0),
                                                                   ("naive", 80.0)]
+
+
+def test_profiled_runs_are_their_own_configurations(tmp_path):
+    # the same grid plain and under nsys / memory recording (as measured on an H200: the
+    # profiled runs are slower): never one cell's median, and speed-ups pair runs profiled alike
+    recs = []
+    for nsys, memory, scale in ((False, False, 1.0), (True, False, 1.6), (False, True, 1.4)):
+        for dtype, step in (("fp32", 0.06), ("bf16", 0.05)):
+            rec = run_record(ctx=128, dtype=dtype, step_s=step * scale)
+            rec["config"].update(nsys=nsys, memory=memory)
+            rec["run_id"] += f"-n{int(nsys)}m{int(memory)}"
+            recs.append(rec)
+    recs.append(_again(run_record(ctx=256, step_s=0.07), 1))
+    df = comparisons.runs_frame(load_runs([str(write_sweep(tmp_path / "s", recs))]))
+    grid = comparisons.step_grid(df)
+    assert grid.attrs["runs_in_cell"] == 1 and len(grid) == 6
+    plain = grid[(grid["dtype"] == "fp32") & ~grid["nsys"] & ~grid["memory"]].iloc[0]
+    assert plain["ctx 128"] == pytest.approx(0.06)
+    bf16 = comparisons.speedup(df, "dtype", "fp32")
+    ctx128 = bf16[bf16["context"] == 128]
+    assert len(ctx128) == 3 and ctx128["speedup"].round(6).eq(1.2).all()
+    text = section_text(tmp_path / "s", tmp_path / "r")
+    assert "| nsys " in text and "| Memory history " in text
+    assert "run more than once" not in text
+
+
+def test_benchmark_section_marks_profiled_runs(tmp_path):
+    from lmprof.reports.sections import benchmark
+
+    plain, profiled = run_record(ctx=128), run_record(ctx=256)
+    profiled["config"].update(nsys=True, memory=True)
+
+    def text(records):
+        root = write_sweep(tmp_path / f"s{len(records)}", records)
+        return benchmark.section(ReportContext(runs=load_runs([str(root)]),
+                                               out_dir=tmp_path / "r"))
+
+    both = text([plain, profiled])
+    assert "| Profiled " in both and "| nsys + memory " in both and "| no " in both
+    assert "include the profiler's overhead" in both
+    alone = text([plain])
+    assert "Profiled" not in alone and "profiler" not in alone

@@ -16,6 +16,10 @@ def _ms(mean, std) -> str:
     return f"{mean * 1e3:.2f} ± {std * 1e3:.2f}"
 
 
+def _profiled(nsys: bool, memory: bool) -> str:
+    return " + ".join(name for name, on in (("nsys", nsys), ("memory", memory)) if on) or "no"
+
+
 def section(ctx: ReportContext) -> str | None:
     df = benchmark_table(ctx.runs)
     if df.empty:
@@ -25,7 +29,9 @@ def section(ctx: ReportContext) -> str | None:
         "Heads": df["heads"], "Batch": df["batch"], "Context": df["context"], "Mode": df["mode"],
         "Warm-up": df["warmup"], "Dtype": df["dtype"],
         "Compile": df["compile"].map({True: "yes", False: "no"}), "Attention": df["attention"],
-        "Device": df["device"], "Status": df["status"],
+        "Device": df["device"], "Profiled": [_profiled(n, m) for n, m in
+                                               zip(df["nsys"], df["memory"])],
+        "Status": df["status"],
         "Forward (ms)": [_ms(m, s) for m, s in zip(df["forward_mean_s"], df["forward_std_s"])],
         "Backward (ms)": [_ms(m, s) for m, s in zip(df["backward_mean_s"], df["backward_std_s"])],
         "Optimizer (ms)": [_ms(m, s) for m, s in zip(df["optimizer_mean_s"],
@@ -41,6 +47,12 @@ def section(ctx: ReportContext) -> str | None:
     note = ("Mean ± standard deviation over measured steps; each phase is timed with "
             "synchronization before and after. TFLOP/s counts matmul FLOPs of forward, backward "
             "(2× forward) and AdamW per step; MFU uses the GPU's data-sheet dense peak for the dtype.")
+    if not (df["nsys"] | df["memory"]).any():
+        view = view.drop(columns="Profiled")
+    else:
+        note += (" *Profiled* runs ran under Nsight Systems (nsys) or recorded CUDA memory "
+                 "history (memory): their times include the profiler's overhead, so compare "
+                 "speed between runs profiled alike (the sweep tables pair them so).")
     errors = [f"- `{r['run_id']}`: {r['status']} — {r['error']}" for r in ctx.runs if r.get("error")]
     tail = ("\n\nFailed runs:\n" + "\n".join(errors)) if errors else ""
     return f"{note}\n\n{view.to_markdown(index=False)}{tail}"

@@ -12,7 +12,7 @@ from lmprof.reports.report import ReportContext
 DISPLAY = {"size": "Size", "batch": "Batch", "mode": "Mode", "dtype": "Dtype",
            "compile": "Compile", "attention": "Attention", "warmup": "Warm-up",
            "device": "Device", "status": "Status", "context": "Context", "compared": "Compared",
-           "phase": "Phase"}
+           "phase": "Phase", "nsys": "nsys", "memory": "Memory history"}
 
 
 def _cell(v, scale: float, fmt: str) -> str:
@@ -27,6 +27,8 @@ def _md(df: pd.DataFrame, scaled: dict[str, tuple[str, float, str]]) -> str:
     """Markdown with readable names; ``scaled`` maps a column to (display name, scale, format)."""
     out = pd.DataFrame(index=df.index)
     for col in df.columns:
+        if col in ("nsys", "memory") and not df[col].any():  # shown where some run was profiled
+            continue
         if col in scaled:
             name, scale, fmt = scaled[col]
             out[name] = [_cell(v, scale, fmt) for v in df[col]]
@@ -83,9 +85,15 @@ def _speedup(df: pd.DataFrame, column: str, base, what: str) -> str | None:
         "speedup": ("Speedup (×)", 1.0, ".2f")})
 
 
+def _profiled_label(nsys: bool, memory: bool) -> str:
+    on = [name for name, flag in (("nsys", nsys), ("memory", memory)) if flag]
+    return f" ({' + '.join(on)})" if on else ""
+
+
 def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
     ok = df[(df["status"] == "OK") & df["step_mean_s"].notna()]
-    line_keys = ["size", "batch", "dtype", "compile", "attention", "warmup", "device"]
+    line_keys = ["size", "batch", "dtype", "compile", "attention", "warmup", "device", "nsys",
+                 "memory"]
     # one line per configuration with at least two context lengths; the same configuration run
     # twice (two sweeps, or two runs given together) is plotted by its median per context
     lines: dict[str, list[tuple[tuple, pd.DataFrame]]] = {}
@@ -106,9 +114,9 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
     for ax, (mode, mode_lines) in zip(axes[0], lines.items()):
         plotted = pd.concat([lg for _, lg in mode_lines])
         for key, lg in mode_lines:
-            size, _, dtype, compiled, attention, *_ = key
+            size, _, dtype, compiled, attention, _, _, nsys, memory = key
             label = f"{size} {dtype}" + (" compiled" if compiled else "") + (
-                f" {attention}" if attention != "naive" else "")
+                f" {attention}" if attention != "naive" else "") + _profiled_label(nsys, memory)
             ax.plot(lg["context"], lg["step_mean_s"] * 1e3, marker="o", label=label)
         ax.set_xscale("log", base=2)
         contexts = sorted(plotted["context"].unique())
