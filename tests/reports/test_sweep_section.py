@@ -114,7 +114,7 @@ def test_section_writes_the_context_plot_and_memory_table(grid, tmp_path):
     text = section_text(grid, tmp_path / "r")
     png = tmp_path / "r" / "img" / "sweep_time_vs_context.png"
     assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
-    assert "img/sweep_time_vs_context.png" in text
+    assert "img/sweep_time_vs_context.png" in text and "(log scales)" in text  # 4 ms .. 40 ms
     assert "### Peak memory by context length" in text and "| 256 " in text.replace("256.", "x")
     assert "### bf16/fp16 vs fp32" in text and "2.00" in text
     assert "### Compiled vs eager" in text and "1.25" in text
@@ -258,6 +258,7 @@ def test_context_plot_draws_only_lines_of_two_contexts(tmp_path, monkeypatch):
     text = section_text(write_sweep(tmp_path / "s", recs), tmp_path / "r")
     assert "img/sweep_time_vs_context.png" in text
     assert drawn == [([128, 256], "small fp32")]
+    assert "(log context axis)" in text  # 10 and 20 ms: the step axis stays linear
 
 
 def test_benchmark_section_keeps_small_tflops_readable(tmp_path):

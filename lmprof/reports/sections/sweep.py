@@ -110,6 +110,7 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
+    log_y = False
     fig, axes = plt.subplots(1, len(lines), figsize=(6 * len(lines), 4.5), squeeze=False)
     for ax, (mode, mode_lines) in zip(axes[0], lines.items()):
         plotted = pd.concat([lg for _, lg in mode_lines])
@@ -124,6 +125,7 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
         ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         if plotted["step_mean_s"].max() > 4 * plotted["step_mean_s"].min():  # log where it helps
             ax.set_yscale("log")
+            log_y = True
             ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
             ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.set_xlabel("context length (tokens)")
@@ -135,9 +137,10 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
     path, link = ctx.image("sweep_time_vs_context.png")
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    scales = "log scales" if log_y else "log context axis"
     return (f"![step time vs context length]({link})\n\nMean step time against context length "
-            "(log scales); one line per size, dtype and compile setting; failed cells are left out, "
-            "repeated configurations are shown by their median.")
+            f"({scales}); one line per size, dtype, compile, attention and profiling setting; "
+            "failed cells are left out, repeated configurations are shown by their median.")
 
 
 def _memory(df: pd.DataFrame) -> str | None:
