@@ -15,6 +15,7 @@ import json
 import math
 import numbers
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
@@ -134,30 +135,52 @@ def _short(v: Any, width: int) -> Any:
     return v if not isinstance(v, str) or len(v) <= width else v[: width - 1] + "…"
 
 
-def _table_markdown(table: Table, shorten: dict[str, int] | None, floatfmt: str) -> str:
+# How a text column is shortened for markdown: a width (cut at the end) or a function of the
+# text (e.g. lmprof.analyze.kernel_names.display_name for kernel names).
+Shorten = dict[str, "int | Callable[[str], str]"]
+
+
+def _shortened(values: Iterable[Any], spec: int | Callable[[str], str]) -> list[Any]:
+    """``values`` shortened by ``spec``; texts that differ stay apart: a short form that two
+    different texts share gets ' #2', ' #3', ... for the second, third, ... of them."""
+    fn = spec if callable(spec) else (lambda text: _short(text, spec))
+    shown: dict[str, str] = {}
+    taken: dict[str, int] = {}
+    out = []
+    for v in values:
+        if isinstance(v, str):
+            if v not in shown:
+                short = fn(v)
+                taken[short] = taken.get(short, 0) + 1
+                shown[v] = short if taken[short] == 1 else f"{short} #{taken[short]}"
+            v = shown[v]
+        out.append(v)
+    return out
+
+
+def _table_markdown(table: Table, shorten: Shorten | None, floatfmt: str) -> str:
     """``to_markdown`` of a Table: the same values, as Python objects, to the same tabulate."""
     import tabulate
 
     if table.empty:
         return "_no data_"
-    cols = []  # per column: (scale or None, shorten width or None)
+    scales = []  # per column: scale or None
     for i, col in enumerate(table.columns):
         _, unit, scale = _split_unit(col)
-        cols.append((scale if unit and scale != 1.0 and table.numeric(i) else None,
-                     (shorten or {}).get(col)))
+        scales.append(scale if unit and scale != 1.0 and table.numeric(i) else None)
     rows = []
     for row in table.rows:
         out = []
-        for v, (scale, width) in zip(row, cols):
+        for v, scale in zip(row, scales):
             if _missing(v):
                 out.append(None)
                 continue
-            if scale is not None:
-                v = v * scale
-            if width is not None:
-                v = _short(v, width)
-            out.append(v)
+            out.append(v * scale if scale is not None else v)
         rows.append(out)
+    for i, col in enumerate(table.columns):
+        if shorten and col in shorten:
+            for row, v in zip(rows, _shortened([r[i] for r in rows], shorten[col])):
+                row[i] = v
     return tabulate.tabulate(rows, headers=[display_name(c) for c in table.columns],
                              tablefmt="pipe", showindex=False, floatfmt=floatfmt, missingval="")
 
@@ -188,7 +211,7 @@ def _table_json(table: Table) -> str:
     return json.dumps(rows, indent=1, default=str)
 
 
-def for_display(df: pd.DataFrame, shorten: dict[str, int] | None = None) -> pd.DataFrame:
+def for_display(df: pd.DataFrame, shorten: Shorten | None = None) -> pd.DataFrame:
     """Scale unit columns, rename them for people, and shorten long text columns."""
     import pandas as pd
 
@@ -202,9 +225,8 @@ def for_display(df: pd.DataFrame, shorten: dict[str, int] | None = None) -> pd.D
             elif _numbers_or_missing(values):  # integers with gaps, kept as objects with None
                 values = values.map(lambda v, k=scale: None if _missing(v) else v * k)
         if shorten and col in shorten:
-            width = shorten[col]
-            values = values.map(lambda s, w=width: s if not isinstance(s, str) or len(s) <= w
-                                else s[: w - 1] + "…")
+            values = pd.Series(_shortened(values, shorten[col]), index=values.index,
+                               dtype=object)
         out[display_name(col)] = values
     return out
 
@@ -215,7 +237,7 @@ def _numbers_or_missing(values: pd.Series) -> bool:
                                  for v in present)
 
 
-def to_markdown(df: pd.DataFrame, shorten: dict[str, int] | None = None,
+def to_markdown(df: pd.DataFrame, shorten: Shorten | None = None,
                 floatfmt: str = ".3f") -> str:
     if df.empty:
         return "_no data_"
@@ -230,7 +252,7 @@ def _json_safe(v):
     return v
 
 
-def render(df: pd.DataFrame | Table, fmt: str, shorten: dict[str, int] | None = None) -> str:
+def render(df: pd.DataFrame | Table, fmt: str, shorten: Shorten | None = None) -> str:
     if fmt not in FORMATS:
         raise UserError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if isinstance(df, Table):
@@ -246,7 +268,7 @@ def render(df: pd.DataFrame | Table, fmt: str, shorten: dict[str, int] | None = 
 
 
 def emit(tables: dict[str, pd.DataFrame | Table], fmt: str, out: str | Path | None,
-         shorten: dict[str, int] | None = None, notes: dict[str, str] | None = None) -> str:
+         shorten: Shorten | None = None, notes: dict[str, str] | None = None) -> str:
     """Render named tables to one text (stdout), and write each to ``out/<name>.<fmt>`` if given."""
     notes = notes or {}
     parts = []

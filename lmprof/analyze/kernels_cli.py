@@ -189,6 +189,7 @@ def kernels_cmd(reports, attribution, phase_ranges, softmax_ranges, matmul_range
                 table_names, db, nsys_path, fmt, out) -> None:
     """Kernel tables of one or more nsys REPORTs: phase timing, top kernels, GEMM fraction,
     softmax vs matmul, class breakdown, GPU idle gaps; cross-run tables for several reports."""
+    from lmprof.analyze import kernel_names
     from lmprof.render import Table, emit
 
     options = _options(attribution, phase_ranges, softmax_ranges, matmul_ranges)
@@ -203,7 +204,8 @@ def kernels_cmd(reports, attribution, phase_ranges, softmax_ranges, matmul_range
             tables = {name: Table([], [], []) if t is None else t for name, t in tables.items()}
         else:
             tables, notes = _several_reports(traces, names, top)
-        click.echo(emit(tables, fmt, out, shorten={"name": 70}, notes=notes))
+        click.echo(emit(tables, fmt, out, shorten={"name": kernel_names.display_name},
+                        notes=notes))
 
 
 def _several_reports(traces, names, top):

@@ -3,9 +3,11 @@ and the cross-run tables when several runs have an nsys export."""
 
 from __future__ import annotations
 
+import functools
 import tempfile
 
 from lmprof import rundir
+from lmprof.analyze import kernel_names
 from lmprof.errors import UserError
 from lmprof.render import to_markdown
 from lmprof.reports.report import ReportContext
@@ -18,7 +20,7 @@ _TABLES = (
     ("softmax_vs_matmul", "Softmax vs matmul in attention"),
 )
 _TOP = 5
-_SHORTEN = {"name": 60}
+_SHORTEN = {"name": functools.partial(kernel_names.display_name, width=60)}
 
 _INTRO = (
     "Kernels are attributed to the NVTX ranges open in the launching process when the CUDA call "
