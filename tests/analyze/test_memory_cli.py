@@ -88,19 +88,23 @@ def test_multi_device_snapshot_is_per_device(tmp_path):
     assert peak[1]["peak_allocated_bytes"] == seg1["blocks"][0]["size"]
 
 
+def _memory_run(d: Path, run_id: str, snapshot_name: str, snapshot: bytes, **config) -> str:
+    """A run directory holding a memory snapshot, for a small fp32 model of batch 4."""
+    d.mkdir()
+    (d / snapshot_name).write_bytes(snapshot)
+    (d / "run.json").write_text(json.dumps({
+        "schema_version": 1, "run_id": run_id, "status": "OK",
+        "config": {"size": "small", "batch_size": 4, "dtype": "fp32", **config},
+        "model": {"d_model": 768, "n_params": 1000},
+        "artifacts": {"memory_snapshot": snapshot_name}}))
+    return str(d)
+
+
 def test_several_runs_compare(tmp_path):
     dirs = []
     for ctx, mode in ((128, "train"), (256, "forward")):
-        d = tmp_path / f"run{ctx}"
-        d.mkdir()
-        (d / "memory.pickle.xz").write_bytes(FIXTURE.read_bytes())
-        (d / "run.json").write_text(json.dumps({
-            "schema_version": 1, "run_id": f"r{ctx}", "status": "OK",
-            "config": {"size": "small", "context_length": ctx, "batch_size": 4, "mode": mode,
-                       "dtype": "fp32"},
-            "model": {"d_model": 768, "n_params": 1000},
-            "artifacts": {"memory_snapshot": "memory.pickle.xz"}}))
-        dirs.append(str(d))
+        dirs.append(_memory_run(tmp_path / f"run{ctx}", f"r{ctx}", "memory.pickle.xz",
+                                FIXTURE.read_bytes(), context_length=ctx, mode=mode))
     res = CliRunner().invoke(analyze, ["memory", *dirs, "--format", "csv", "--out",
                                        str(tmp_path / "o")], catch_exceptions=False)
     assert res.exit_code == 0, res.output
@@ -173,15 +177,9 @@ def test_peak_by_context_keeps_attention_apart(tmp_path):
     dirs = []
     for name, attention, snapshot in (("naive", "naive", FIXTURE.read_bytes()),
                                       ("flash", "flash", pickle.dumps(notrace))):
-        d = tmp_path / name
-        d.mkdir()
-        (d / "memory.pickle").write_bytes(snapshot)
-        (d / "run.json").write_text(json.dumps({
-            "schema_version": 1, "run_id": name, "status": "OK",
-            "config": {"size": "small", "context_length": 256, "batch_size": 4, "mode": "train",
-                       "dtype": "fp32", "attention": attention, "compile": False},
-            "model": {"d_model": 768}, "artifacts": {"memory_snapshot": "memory.pickle"}}))
-        dirs.append(str(d))
+        dirs.append(_memory_run(tmp_path / name, name, "memory.pickle", snapshot,
+                                context_length=256, mode="train", attention=attention,
+                                compile=False))
     res = CliRunner().invoke(analyze, ["memory", *dirs, "--format", "csv", "--out",
                                        str(tmp_path / "o")], catch_exceptions=False)
     assert res.exit_code == 0, res.output
