@@ -72,10 +72,12 @@ def _grid(df: pd.DataFrame, keys: list[str], col: str) -> pd.DataFrame:
     for key, g in df.groupby([*keys, "context"], dropna=False, sort=False):
         cells.setdefault(key[:-1], {})[key[-1]] = _cell(g, col)
         most = max(most, len(g))
-    contexts = sorted({c for row in cells.values() for c in row})
-    rows = [{**dict(zip(keys, key)), **{f"ctx {c}": row.get(c) for c in contexts}}
+    contexts = sorted({c for row in cells.values() for c in row},
+                      key=lambda c: (pd.isna(c), 0 if pd.isna(c) else c))  # unknown last
+    names = {c: "ctx ?" if pd.isna(c) else f"ctx {int(c)}" for c in contexts}
+    rows = [{**dict(zip(keys, key)), **{names[c]: row.get(c) for c in contexts}}
             for key, row in cells.items() if any(v is not None for v in row.values())]
-    table = pd.DataFrame(rows, columns=[*keys, *(f"ctx {c}" for c in contexts)])
+    table = pd.DataFrame(rows, columns=[*keys, *names.values()])
     table.attrs["runs_in_cell"] = most
     return table
 
