@@ -54,8 +54,8 @@ def _split_unit(col: str) -> tuple[str, str | None, float]:
 
 # Names people write their own way (no title-casing of symbols and acronyms).
 _DISPLAY = {"d_model": "d_model", "d_ff": "d_ff", "d_head": "d_head", "mfu_pct": "MFU (%)",
-            "achieved_tflops": "TFLOP/s", "warmup": "Warm-up", "warmup_total_s": "Warm-up total (ms)",
-            "nsys": "nsys", "memory": "Memory history"}
+            "achieved_tflops": "TFLOP/s", "warmup": "Warm-up",
+            "warmup_total_s": "Warm-up total (ms)", "nsys": "nsys", "memory": "Memory history"}
 
 
 _ACRONYMS = {"cpu": "CPU", "gpu": "GPU", "gemm": "GEMM", "nvtx": "NVTX", "flops": "FLOPs",

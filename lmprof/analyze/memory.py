@@ -408,7 +408,8 @@ def compare(con) -> pd.DataFrame:
     """One row per snapshot and device: the config and its peaks (overall and per phase)."""
     df = con.execute("""
         SELECT s.label AS snapshot, p.device, s.size, s.context_length, s.batch_size, s.mode,
-            s.dtype, s.attention, s.compile, p.peak_allocated_bytes, p.peak_reserved_bytes, p.peak_phase,
+            s.dtype, s.attention, s.compile, p.peak_allocated_bytes, p.peak_reserved_bytes,
+            p.peak_phase,
             max(b.peak_allocated_bytes) FILTER (WHERE b.phase = 'forward') AS forward_peak_bytes,
             max(b.peak_allocated_bytes) FILTER (WHERE b.phase = 'inference')
                 AS inference_peak_bytes,
