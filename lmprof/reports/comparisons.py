@@ -181,14 +181,15 @@ def gemm_grid(df: pd.DataFrame) -> pd.DataFrame:
     median over a configuration's runs where there are several)."""
     if df.empty:
         return pd.DataFrame()
+    keys = [k for k in MEMORY_KEYS if k != "nsys"]  # every run here was captured under nsys
     rows = []
     for _, r in df[df["nsys_sqlite"].notna()].iterrows():
         fractions = gemm_fraction_by_phase(r["nsys_sqlite"])
         for phase, pct in (fractions or {}).items():
-            rows.append({**{k: r[k] for k in MEMORY_KEYS}, "phase": phase,
+            rows.append({**{k: r[k] for k in keys}, "phase": phase,
                          "context": r["context"], "status": "OK", "gemm_pct": pct})
     if not rows:
         return pd.DataFrame()
-    table = _grid(pd.DataFrame(rows), [*MEMORY_KEYS, "phase"], "gemm_pct")
+    table = _grid(pd.DataFrame(rows), [*keys, "phase"], "gemm_pct")
     table.columns = [f"{c} (%)" if str(c).startswith("ctx ") else c for c in table.columns]
     return table
