@@ -221,9 +221,10 @@ def results(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | No
     fused = _fused_attention(trace)
     if fused and out.get("softmax_vs_matmul") is not None and out["softmax_vs_matmul"].empty:
         notes["softmax_vs_matmul"] += (
-            f" Nothing ran under those ranges: this run's attention is {fused!r}, one fused "
-            "kernel (class attention, in the tables above); only naive attention computes the "
-            "scores, softmax and final matmul as separate ranges.")
+            " Nothing ran under those ranges: only naive attention opens them (scores, softmax "
+            f"and final matmul as separate steps); this run's attention is {fused!r}, which "
+            "computes them in one call (with the Triton kernel or a fused SDPA backend, one "
+            "kernel of class attention, in the tables above).")
     return {name: out[name] for name in names}, notes
 
 
