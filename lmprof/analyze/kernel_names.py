@@ -109,8 +109,8 @@ def _lambda_types(m: re.Match) -> str:
 def condense(name: str) -> str:
     """The demangled kernel name without the parts every kernel of its family repeats."""
     text = " ".join(name.split())
-    if "<" not in text and "(" not in text:
-        return text  # already a plain identifier (cuBLAS, Triton, memcpy records)
+    if "<" not in text:
+        return text  # no template: a plain identifier (cuBLAS, Triton) or a memory record
     if text.startswith("void "):
         text = text[5:]
     text = _drop_trailing_parameters(text)

@@ -45,6 +45,7 @@ BF16_DIRECT_COPY = (
     ("nvjet_sm90_tst_64x64_64x13_4x2_h_bz_TNT", "nvjet_sm90_tst_64x64_64x13_4x2_h_bz_TNT"),
     ("_flash_bwd_dkdv_kernel", "_flash_bwd_dkdv_kernel"),
     ("[CUDA memcpy Device-to-Device]", "[CUDA memcpy Device-to-Device]"),
+    ("Memcpy DtoD (Device -> Device)", "Memcpy DtoD (Device -> Device)"),  # torch profiler
 ])
 def test_condense_keeps_what_tells_kernels_apart(name, short):
     assert condense(name) == short
