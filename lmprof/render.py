@@ -158,16 +158,31 @@ def _shortened(values: Iterable[Any], spec: int | Callable[[str], str]) -> list[
     return out
 
 
-def _table_markdown(table: Table, shorten: Shorten | None, floatfmt: str) -> str:
-    """``to_markdown`` of a Table: the same values, as Python objects, to the same tabulate."""
+def _integral_columns_as_ints(rows: list[list[Any]]) -> None:
+    """A column of whole floats prints as integers (a sum of integers is a HUGEINT, which comes
+    out as a float, as pandas makes it)."""
+    for i in range(len(rows[0]) if rows else 0):
+        column = [r[i] for r in rows if not _missing(r[i])]
+        if column and all(isinstance(v, float) and v.is_integer() and abs(v) < 2**53
+                          for v in column):
+            for r in rows:
+                r[i] = None if _missing(r[i]) else int(r[i])
+
+
+def _table_markdown(table: Table, shorten: Shorten | None, floatfmt: str,
+                    raw: bool = False) -> str:
+    """``to_markdown`` of a Table: the same values, as Python objects, to the same tabulate;
+    ``raw``: the column names and values as they are (no display names, no unit scaling)."""
     import tabulate
 
     if table.empty:
+        if raw and table.columns:  # a query that matched nothing: its columns, no rows
+            return tabulate.tabulate([], headers=list(table.columns), tablefmt="pipe")
         return "_no data_"
     scales = []  # per column: scale or None
     for i, col in enumerate(table.columns):
         _, unit, scale = _split_unit(col)
-        scales.append(scale if unit and scale != 1.0 and table.numeric(i) else None)
+        scales.append(scale if unit and scale != 1.0 and table.numeric(i) and not raw else None)
     rows = []
     for row in table.rows:
         out = []
@@ -181,8 +196,11 @@ def _table_markdown(table: Table, shorten: Shorten | None, floatfmt: str) -> str
         if shorten and col in shorten:
             for row, v in zip(rows, _shortened([r[i] for r in rows], shorten[col])):
                 row[i] = v
-    return tabulate.tabulate(rows, headers=[display_name(c) for c in table.columns],
-                             tablefmt="pipe", showindex=False, floatfmt=floatfmt, missingval="")
+    if raw:
+        _integral_columns_as_ints(rows)
+    headers = list(table.columns) if raw else [display_name(c) for c in table.columns]
+    return tabulate.tabulate(rows, headers=headers, tablefmt="pipe", showindex=False,
+                             floatfmt=floatfmt, missingval="")
 
 
 def _csv_text(v: Any) -> str:
@@ -252,14 +270,22 @@ def _json_safe(v):
     return v
 
 
-def render(df: pd.DataFrame | Table, fmt: str, shorten: Shorten | None = None) -> str:
+def render(df: pd.DataFrame | Table, fmt: str, shorten: Shorten | None = None,
+           raw: bool = False) -> str:
+    """``df`` as md, csv or json; ``raw`` keeps markdown's column names and values as they are
+    (a user's own query), else unit columns are scaled and named for people."""
     if fmt not in FORMATS:
         raise UserError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if isinstance(df, Table):
         if fmt == "md":
-            return _table_markdown(df, shorten, ".3f")
+            return _table_markdown(df, shorten, ".3f", raw)
         return _table_csv(df) if fmt == "csv" else _table_json(df)
     if fmt == "md":
+        if raw:
+            view = df.astype(object).where(df.notna(), None)
+            rows = [list(r) for r in view.itertuples(index=False)]
+            return _table_markdown(Table([str(c) for c in df.columns],
+                                         ["DOUBLE"] * len(df.columns), rows), None, ".3f", True)
         return to_markdown(df, shorten)
     if fmt == "csv":
         return df.to_csv(index=False)
@@ -268,12 +294,14 @@ def render(df: pd.DataFrame | Table, fmt: str, shorten: Shorten | None = None) -
 
 
 def emit(tables: dict[str, pd.DataFrame | Table], fmt: str, out: str | Path | None,
-         shorten: Shorten | None = None, notes: dict[str, str] | None = None) -> str:
-    """Render named tables to one text (stdout), and write each to ``out/<name>.<fmt>`` if given."""
+         shorten: Shorten | None = None, notes: dict[str, str] | None = None,
+         raw: bool = False) -> str:
+    """Render named tables to one text (stdout), and write each to ``out/<name>.<fmt>`` if given
+    (``raw``: see ``render``)."""
     notes = notes or {}
     parts = []
     for name, df in tables.items():
-        body = render(df, fmt, shorten)
+        body = render(df, fmt, shorten, raw)
         if fmt == "md":
             title = f"## {name.replace('_', ' ')}\n\n"
             note = f"{notes[name]}\n\n" if name in notes else ""
@@ -285,7 +313,7 @@ def emit(tables: dict[str, pd.DataFrame | Table], fmt: str, out: str | Path | No
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
             for name, df in tables.items():
-                (out_dir / f"{name}.{fmt}").write_text(render(df, fmt, shorten) + "\n")
+                (out_dir / f"{name}.{fmt}").write_text(render(df, fmt, shorten, raw) + "\n")
         except OSError as exc:
             raise UserError(f"cannot write to --out {str(out_dir)!r}: {exc.strerror or exc}") from None
     return "\n".join(parts)

@@ -324,4 +324,5 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, nsys_path, fmt,
             df = Table.fetch(con.execute(SCHEMA_SQL if show_schema else query))
         except duckdb.Error as exc:
             raise UserError(f"query failed: {' '.join(str(exc).split())}") from None
-        click.echo(emit({"schema" if show_schema else "result": df}, fmt, out))
+        # the user's own columns and values, as the query gave them
+        click.echo(emit({"schema" if show_schema else "result": df}, fmt, out, raw=True))

@@ -444,6 +444,25 @@ def test_sql_falls_back_to_pandas_for_other_types(tmp_path):
     assert out == "t,n\n2026-01-02 03:04:05,1\n\n"
 
 
+@pytest.mark.parametrize("query_kind", ["rows", "pandas"])
+def test_sql_markdown_shows_the_query_columns_as_written(query_kind):
+    # the user's own columns: named as the query names them, values not rescaled (a sum of
+    # nanoseconds stays nanoseconds, an integer sum prints as an integer); the phase ENUM makes
+    # the second query go through DuckDB's DataFrame
+    group = "kind = 'kernel'" if query_kind == "rows" else "phase"
+    query = (f"SELECT {group} AS g, count(*) AS n, sum(dur_ns) AS total_ns FROM gpu_ops "
+             "GROUP BY 1 ORDER BY 2 DESC LIMIT 1")
+    code, out, err = run("sql", str(REPORT), query)
+    assert code == 0, err
+    code, csv_out, _ = run("sql", str(REPORT), query, "--format", "csv")
+    n, total = csv_out.splitlines()[1].split(",")[1:]
+    header, _, row = out.split("## result\n\n")[1].splitlines()[:3]
+    assert [c.strip() for c in header.strip("|").split("|")] == ["g", "n", "total_ns"]
+    assert [c.strip() for c in row.strip("|").split("|")][1:] == [n, str(int(float(total)))]
+    code, out, _ = run("sql", str(REPORT), "SELECT op_id, kind FROM gpu_ops WHERE false")
+    assert code == 0 and "| op_id   | kind   |" in out  # no rows: still its columns
+
+
 def test_hostile_range_names_are_data(tmp_path):
     """Range names from the command line reach DuckDB as data: quotes and SQL in a name neither
     break the query nor run; a real range name given the same way still works."""
