@@ -158,15 +158,21 @@ def _shortened(values: Iterable[Any], spec: int | Callable[[str], str]) -> list[
     return out
 
 
-def _integral_columns_as_ints(rows: list[list[Any]]) -> None:
-    """A column of whole floats prints as integers (a sum of integers is a HUGEINT, which comes
-    out as a float, as pandas makes it)."""
-    for i in range(len(rows[0]) if rows else 0):
-        column = [r[i] for r in rows if not _missing(r[i])]
-        if column and all(isinstance(v, float) and v.is_integer() and abs(v) < 2**53
-                          for v in column):
-            for r in rows:
-                r[i] = None if _missing(r[i]) else int(r[i])
+def _float_formats(columns: list[list[Any]], default: str) -> list[str]:
+    """Per column, how its floats print: without decimals where every one is a whole number
+    (a mean that is a count, a reserved size in whole MiB, a sum of integers fetched as float),
+    one decimal where they reach 1000 (MiB, launches per second: thousandths are noise there),
+    else ``default``."""
+    formats = []
+    for values in columns:
+        floats = [v for v in values if isinstance(v, float) and math.isfinite(v)]
+        if floats and all(v.is_integer() and abs(v) < 2**53 for v in floats):
+            formats.append(".0f")
+        elif floats and max(abs(v) for v in floats) >= 1000:
+            formats.append(".1f")
+        else:
+            formats.append(default)
+    return formats
 
 
 def _table_markdown(table: Table, shorten: Shorten | None, floatfmt: str,
@@ -196,11 +202,10 @@ def _table_markdown(table: Table, shorten: Shorten | None, floatfmt: str,
         if shorten and col in shorten:
             for row, v in zip(rows, _shortened([r[i] for r in rows], shorten[col])):
                 row[i] = v
-    if raw:
-        _integral_columns_as_ints(rows)
     headers = list(table.columns) if raw else [display_name(c) for c in table.columns]
+    formats = _float_formats([[r[i] for r in rows] for i in range(len(headers))], floatfmt)
     return tabulate.tabulate(rows, headers=headers, tablefmt="pipe", showindex=False,
-                             floatfmt=floatfmt, missingval="")
+                             floatfmt=formats, missingval="")
 
 
 def _csv_text(v: Any) -> str:
@@ -261,7 +266,8 @@ def to_markdown(df: pd.DataFrame, shorten: Shorten | None = None,
         return "_no data_"
     view = for_display(df, shorten)
     view = view.astype(object).where(view.notna(), None)  # NaN/NA print as empty cells
-    return view.to_markdown(index=False, floatfmt=floatfmt, missingval="")
+    formats = _float_formats([list(view[c]) for c in view.columns], floatfmt)
+    return view.to_markdown(index=False, floatfmt=formats, missingval="")
 
 
 def _json_safe(v):

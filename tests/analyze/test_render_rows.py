@@ -252,3 +252,19 @@ def test_lanes_at_most():
             assert any(group <= set(lane) for lane in lanes)
         if 1 < at_most < len(every):
             assert set(lanes[0]) == set(kernel_tables._READS_PHASE_INSTANCES)
+
+
+def test_markdown_precision_follows_each_column():
+    # whole numbers print whole (a mean that is a count), values from 1000 up with one decimal
+    # (MiB, launches per second), the rest with three; rows and DataFrames alike
+    con = duckdb.connect()
+    sql = ("SELECT * FROM (VALUES (874.0, 37268.3741, 0.0123, 2.5, 'a'), "
+           "(1077.0, 512.25, NULL, 1.0, 'b')) t(kernels_per_instance, launches_per_s, mean_s, "
+           "ratio, label)")
+    rows = Table.fetch(con.execute(sql))
+    assert isinstance(rows, Table)
+    text = render(rows, "md")
+    assert text == render(con.execute(sql).df(), "md")
+    body = [[c.strip() for c in ln.strip("|").split("|")] for ln in text.splitlines()[2:]]
+    assert body == [["874", "37268.4", "12.300", "2.500", "a"],
+                    ["1077", "512.2", "", "1.000", "b"]]
