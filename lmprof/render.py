@@ -175,6 +175,14 @@ def _float_formats(columns: list[list[Any]], default: str) -> list[str]:
     return formats
 
 
+def _empty_markdown(columns: list[str], raw: bool) -> str:
+    if raw and columns:  # a query that matched nothing: its columns, no rows
+        import tabulate
+
+        return tabulate.tabulate([], headers=[str(c) for c in columns], tablefmt="pipe")
+    return "_no data_"
+
+
 def _table_markdown(table: Table, shorten: Shorten | None, floatfmt: str,
                     raw: bool = False) -> str:
     """``to_markdown`` of a Table: the same values, as Python objects, to the same tabulate;
@@ -182,9 +190,7 @@ def _table_markdown(table: Table, shorten: Shorten | None, floatfmt: str,
     import tabulate
 
     if table.empty:
-        if raw and table.columns:  # a query that matched nothing: its columns, no rows
-            return tabulate.tabulate([], headers=list(table.columns), tablefmt="pipe")
-        return "_no data_"
+        return _empty_markdown(list(table.columns), raw)
     scales = []  # per column: scale or None
     for i, col in enumerate(table.columns):
         _, unit, scale = _split_unit(col)
@@ -261,10 +267,10 @@ def _numbers_or_missing(values: pd.Series) -> bool:
 
 
 def to_markdown(df: pd.DataFrame, shorten: Shorten | None = None,
-                floatfmt: str = ".3f") -> str:
+                floatfmt: str = ".3f", raw: bool = False) -> str:
     if df.empty:
-        return "_no data_"
-    view = for_display(df, shorten)
+        return _empty_markdown(list(df.columns), raw)
+    view = df if raw else for_display(df, shorten)
     view = view.astype(object).where(view.notna(), None)  # NaN/NA print as empty cells
     formats = _float_formats([list(view[c]) for c in view.columns], floatfmt)
     return view.to_markdown(index=False, floatfmt=formats, missingval="")
@@ -287,12 +293,7 @@ def render(df: pd.DataFrame | Table, fmt: str, shorten: Shorten | None = None,
             return _table_markdown(df, shorten, ".3f", raw)
         return _table_csv(df) if fmt == "csv" else _table_json(df)
     if fmt == "md":
-        if raw:
-            view = df.astype(object).where(df.notna(), None)
-            rows = [list(r) for r in view.itertuples(index=False)]
-            return _table_markdown(Table([str(c) for c in df.columns],
-                                         ["DOUBLE"] * len(df.columns), rows), None, ".3f", True)
-        return to_markdown(df, shorten)
+        return to_markdown(df, shorten, raw=raw)
     if fmt == "csv":
         return df.to_csv(index=False)
     rows = [{k: _json_safe(v) for k, v in row.items()} for row in df.to_dict(orient="records")]

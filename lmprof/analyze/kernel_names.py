@@ -44,27 +44,10 @@ def _closing(text: str, i: int, open_: str, close: str) -> int:
     return -1
 
 
-def _drop_trailing_parameters(text: str) -> str:
-    """``kernel<...>(int, T2, T3)`` -> ``kernel<...>``: the kernel's own parameter list."""
-    if not text.endswith(")"):
-        return text
-    depth = 0
-    for i in range(len(text) - 1, -1, -1):
-        if text[i] == ")":
-            depth += 1
-        elif text[i] == "(":
-            depth -= 1
-            if depth == 0:
-                head = text[:i].rstrip()
-                # a parameter list follows a name or a template's '>', not an operator keyword
-                return head if head and (head[-1] == ">" or head[-1].isalnum()
-                                         or head[-1] == "_") else text
-    return text
-
-
 def _drop_parameter_lists(text: str) -> str:
-    """Drop every ``(...)`` that follows a name or a ``>``: function parameter lists inside the
-    template arguments (``bfloat16_copy_kernel_cuda(at::TensorIteratorBase &)``)."""
+    """Drop every ``(...)`` that follows a name or a ``>``: function parameter lists, the
+    kernel's own (``kernel<...>(int, T2, T3)``) and those inside its template arguments
+    (``bfloat16_copy_kernel_cuda(at::TensorIteratorBase &)``)."""
     i = 0
     while (i := text.find("(", i)) >= 0:
         end = _closing(text, i, "(", ")")
@@ -113,7 +96,6 @@ def condense(name: str) -> str:
         return text  # no template: a plain identifier (cuBLAS, Triton) or a memory record
     if text.startswith("void "):
         text = text[5:]
-    text = _drop_trailing_parameters(text)
     text = _LAMBDA.sub(_lambda_types, text)
     text = _CALL_OPERATOR.sub("", text)
     text = _INT_CAST.sub("", text)

@@ -439,11 +439,11 @@ def peak_by_context(cmp: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     known = known.assign(column=known["mode"].astype(str) + "_" + known["dtype"].astype(str)
                          + "_peak_bytes", size=known["size"].fillna("custom"))
-    varying = [c for c in _MEMORY_CONFIG if c in known
-               and known[c].astype(object).where(known[c].notna(), None).nunique(dropna=False) > 1]
-    for c in varying:  # pivot_table drops rows whose index holds a missing value
-        known[c] = [("unknown" if v is None or v is pd.NA or v != v else v)
-                    for v in known[c].astype(object)]
+    # a missing setting is "unknown" (pivot_table drops rows whose index holds a missing value)
+    filled = {c: known[c].astype(object).where(known[c].notna(), "unknown")
+              for c in _MEMORY_CONFIG if c in known}
+    varying = [c for c, values in filled.items() if values.nunique() > 1]
+    known = known.assign(**{c: filled[c] for c in varying})
     table = known.pivot_table(index=["size", *varying, "context_length"], columns="column",
                               values="peak_allocated_bytes", aggfunc="max")
     table.columns.name = None

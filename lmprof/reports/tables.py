@@ -29,6 +29,11 @@ def _mean_std(summary: dict, key: str) -> tuple[float | None, float | None]:
     return (s.get("mean_s"), s.get("std_s")) if s else (None, None)
 
 
+def profiled(nsys: bool, memory: bool) -> str:
+    """How a run was profiled, for people: 'nsys', 'memory', 'nsys + memory', or ''."""
+    return " + ".join(name for name, on in (("nsys", nsys), ("memory", memory)) if on)
+
+
 def benchmark_table(records: list[dict[str, Any]]) -> pd.DataFrame:
     """The end-to-end benchmark table of a CS336 write-up, one row per run, OOM rows kept."""
     rows = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from lmprof.reports.report import ReportContext
-from lmprof.reports.tables import benchmark_table
+from lmprof.reports.tables import benchmark_table, profiled
 
 
 def _ms(mean, std) -> str:
@@ -14,10 +14,6 @@ def _ms(mean, std) -> str:
     if std is None or pd.isna(std):
         return f"{mean * 1e3:.2f}"
     return f"{mean * 1e3:.2f} ± {std * 1e3:.2f}"
-
-
-def _profiled(nsys: bool, memory: bool) -> str:
-    return " + ".join(name for name, on in (("nsys", nsys), ("memory", memory)) if on) or "no"
 
 
 def section(ctx: ReportContext) -> str | None:
@@ -29,7 +25,7 @@ def section(ctx: ReportContext) -> str | None:
         "Heads": df["heads"], "Batch": df["batch"], "Context": df["context"], "Mode": df["mode"],
         "Warm-up": df["warmup"], "Dtype": df["dtype"],
         "Compile": df["compile"].map({True: "yes", False: "no"}), "Attention": df["attention"],
-        "Device": df["device"], "Profiled": [_profiled(n, m) for n, m in
+        "Device": df["device"], "Profiled": [profiled(n, m) or "no" for n, m in
                                                zip(df["nsys"], df["memory"])],
         "Status": df["status"],
         "Forward (ms)": [_ms(m, s) for m, s in zip(df["forward_mean_s"], df["forward_std_s"])],

@@ -8,6 +8,7 @@ import pandas as pd
 
 from lmprof.reports import comparisons as cmp
 from lmprof.reports.report import ReportContext
+from lmprof.reports.tables import profiled
 
 DISPLAY = {"size": "Size", "batch": "Batch", "mode": "Mode", "dtype": "Dtype",
            "compile": "Compile", "attention": "Attention", "warmup": "Warm-up",
@@ -85,11 +86,6 @@ def _speedup(df: pd.DataFrame, column: str, base, what: str) -> str | None:
         "speedup": ("Speedup (×)", 1.0, ".2f")})
 
 
-def _profiled_label(nsys: bool, memory: bool) -> str:
-    on = [name for name, flag in (("nsys", nsys), ("memory", memory)) if flag]
-    return f" ({' + '.join(on)})" if on else ""
-
-
 def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
     ok = df[(df["status"] == "OK") & df["step_mean_s"].notna()]
     line_keys = ["size", "batch", "dtype", "compile", "attention", "warmup", "device", "nsys",
@@ -117,7 +113,8 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
         for key, lg in mode_lines:
             size, _, dtype, compiled, attention, _, _, nsys, memory = key
             label = f"{size} {dtype}" + (" compiled" if compiled else "") + (
-                f" {attention}" if attention != "naive" else "") + _profiled_label(nsys, memory)
+                f" {attention}" if attention != "naive" else "") + (
+                f" ({profiled(nsys, memory)})" if nsys or memory else "")
             ax.plot(lg["context"], lg["step_mean_s"] * 1e3, marker="o", label=label)
         ax.set_xscale("log", base=2)
         contexts = sorted(plotted["context"].unique())
