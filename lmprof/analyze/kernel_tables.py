@@ -218,20 +218,28 @@ def results(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | No
         finally:
             trace.con.execute(f"SET threads = {threads}")
     notes = {name: NO_RANGES_NOTE if out[name] is None else TABLES[name][2] for name in names}
-    fused = _fused_attention(trace)
-    if fused and out.get("softmax_vs_matmul") is not None and out["softmax_vs_matmul"].empty:
-        notes["softmax_vs_matmul"] += (
-            " Nothing ran under those ranges: only naive attention opens them (scores, softmax "
-            f"and final matmul as separate steps); this run's attention is {fused!r}, which "
-            "computes them in one call (with the Triton kernel or a fused SDPA backend, one "
-            "kernel of class attention, in the tables above).")
+    why = _no_attention_ranges(trace)
+    if why and out.get("softmax_vs_matmul") is not None and out["softmax_vs_matmul"].empty:
+        notes["softmax_vs_matmul"] += " " + why
     return {name: out[name] for name in names}, notes
 
 
-def _fused_attention(trace: Trace) -> str | None:
-    """The run's attention setting from run.json when it is not the naive one (sdpa, flash)."""
-    attention = ((trace.record or {}).get("config") or {}).get("attention")
-    return attention if isinstance(attention, str) and attention != "naive" else None
+def _no_attention_ranges(trace: Trace) -> str | None:
+    """Why a run (by its run.json) opens no attention ranges, if its settings say why."""
+    config = (trace.record or {}).get("config") or {}
+    attention = config.get("attention")
+    if isinstance(attention, str) and attention != "naive":
+        return ("Nothing ran under those ranges: only naive attention opens them (scores, "
+                f"softmax and final matmul as separate steps); this run's attention is "
+                f"{attention!r}, which computes them in one call (with the Triton kernel or a "
+                "fused SDPA backend, one kernel of class attention, in the tables above).")
+    if config.get("compile") is True:
+        return ("Nothing ran under those ranges: this run was compiled (torch.compile), and "
+                "lmprof's model opens no ranges inside compiled code (a range there would "
+                "break the graph), so the attention's parts cannot be told apart by range; the "
+                "kernels torch.compile generated for softmax are class softmax in the class "
+                "breakdown.")
+    return None
 
 
 # --- several reports: per-run tables with a run column, cross-run tables, without pandas ------

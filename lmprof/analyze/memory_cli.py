@@ -33,6 +33,7 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
     """
     from lmprof.analyze import memory
     from lmprof.analyze.db import connect
+    from lmprof.analyze.snapshot import display_site
     from lmprof.errors import UserError
     from lmprof.render import emit
 
@@ -56,7 +57,7 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
     for ref, label in zip(refs, labels):
         memory.load_memory(con, ref.path, ref.run, label=label)
     tables, notes = memory.tables(con, top)
-    click.echo(emit(tables, fmt, out, shorten={"site": 70}, notes=notes))
+    click.echo(emit(tables, fmt, out, shorten={"site": display_site}, notes=notes))
     plot_dir = plots or out
     if plot_dir:
         from lmprof.reports.memory_plots import write_plots

@@ -7,6 +7,8 @@ activation size of each config (batch × context × d_model × bytes per element
 
 from __future__ import annotations
 
+import functools
+
 from lmprof import rundir
 from lmprof.reports.report import ReportContext
 from lmprof.render import to_markdown
@@ -17,6 +19,7 @@ _TOP = 10
 def section(ctx: ReportContext) -> str | None:
     from lmprof.analyze import memory
     from lmprof.analyze.db import connect
+    from lmprof.analyze.snapshot import display_site
     from lmprof.reports.memory_plots import categories_png, timeline_png
 
     runs = [(r, rundir.artifact_path(r, "memory_snapshot")) for r in ctx.runs]
@@ -27,6 +30,7 @@ def section(ctx: ReportContext) -> str | None:
     for record, path in runs:
         memory.load_memory(con, path, record)
     tables, notes = memory.tables(con, _TOP)
+    shorten = {"site": functools.partial(display_site, width=60), "snapshot": 40}
     parts = []
     for name, title in (("memory_peak", "Peak memory"),
                         ("memory_compare", "Peak memory by configuration"),
@@ -42,7 +46,7 @@ def section(ctx: ReportContext) -> str | None:
         parts += [f"### {title}", ""]
         if name in notes:
             parts += [notes[name], ""]
-        parts += [to_markdown(df, shorten={"site": 60, "snapshot": 40}), ""]
+        parts += [to_markdown(df, shorten=shorten), ""]
     for sid, device, label, events in con.execute(
             "SELECT p.snapshot_id, p.device, s.label, p.events FROM memory_peaks p "
             "JOIN memory_snapshots s USING (snapshot_id) ORDER BY 1, 2").fetchall():

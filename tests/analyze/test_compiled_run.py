@@ -1,0 +1,122 @@
+"""A torch.compile'd run (tests/data/h200-compiled): memory sites name the model's source lines,
+not Inductor's generated files, and the empty softmax-vs-matmul table says why it is empty."""
+
+from __future__ import annotations
+
+import csv
+import io
+import lzma
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lmprof.analyze.snapshot import display_site, flatten, is_generated_frame, read_flat
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data" / "h200-compiled"
+GENERATED = "/tmp/torchinductor_me/gg/cggeff2zuusvdnengsw5m4u4ka5fuks6is2wmwkyxd3f25dzyqtr.py"
+
+
+def _snapshot(frames: list[dict]) -> dict:
+    """One block of 1 KiB alive at dump, allocated while recording with these frames."""
+    return {"segments": [{"device": 0, "address": 4096, "total_size": 2048, "stream": 0,
+                          "segment_type": "small", "allocated_size": 1024,
+                          "active_size": 1024, "requested_size": 1000,
+                          "blocks": [{"address": 4096, "size": 1024, "requested_size": 1000,
+                                      "state": "active_allocated", "frames": frames}]}],
+            "device_traces": [[{"action": "alloc", "addr": 4096, "size": 1024, "stream": 0,
+                                "time_us": 1, "frames": frames}]]}
+
+
+def _site(frames: list[dict]) -> str:
+    flat = flatten(_snapshot(frames), "x")
+    return flat.stacks["site"][flat.trace["stack_id"][0]]
+
+
+def _f(filename: str, line: int, name: str) -> dict:
+    return {"filename": filename, "line": line, "name": name}
+
+
+TORCH = "/venv/lib/python3.12/site-packages/torch/_inductor/utils.py"
+
+
+def test_generated_code_is_recognised():
+    assert is_generated_frame(GENERATED)
+    # Inductor's layout without the default cache directory: <dir>/<key[1:3]>/<key>.py
+    assert is_generated_frame("/cache/xh/cxhzj4hkoqjohveaz7dd4izd2tmmoicrabcdefghijklmnopqrst.py")
+    assert not is_generated_frame("/home/me/xh/cxh.py")
+    assert not is_generated_frame("/home/me/model.py")
+
+
+def test_a_compiled_allocation_is_named_by_the_source_line_torch_recorded():
+    frames = [_f(GENERATED, 1151, "call"), _f("/home/me/model.py", 122, "forward"),
+              _f("/home/me/model.py", 169, "forward"), _f(TORCH, 3401, "run"),
+              _f("/home/me/model.py", 165, "forward"), _f("/home/me/train.py", 9, "step")]
+    assert _site(frames) == "(compiled) /home/me/model.py:122 forward"
+
+
+def test_without_recorded_source_lines_the_generated_line_is_named():
+    # the next user frame out (165) is only where the compiled module was called
+    frames = [_f(GENERATED, 1151, "call"), _f(TORCH, 3401, "run"),
+              _f("/home/me/model.py", 165, "forward")]
+    assert _site(frames) == f"(compiled) {GENERATED}:1151 call"
+
+
+def test_eager_allocations_keep_their_innermost_user_frame():
+    frames = [_f(TORCH, 1, "inner"), _f("/home/me/model.py", 3, "f"), _f(GENERATED, 9, "call")]
+    assert _site(frames) == "/home/me/model.py:3 f"
+
+
+@pytest.mark.parametrize("site, width, expected", [
+    ("/home/me/model.py:3 f", 60, "/home/me/model.py:3 f"),
+    ("(compiled) /work/main/lmprof/model/transformer.py:86 naive_attention", 60,
+     "(compiled) …/lmprof/model/transformer.py:86 naive_attention"),
+    (f"(compiled) {GENERATED}:1151 call", 60,
+     "(compiled) cggeff2zuusvdnengsw5m4u4ka5fuks6is…r.py:1151 call"),
+    ("(allocated before recording)", 10, "(allocated before recording)"[:9] + "…"),
+])
+def test_display_site_keeps_file_line_and_function(site, width, expected):
+    shown = display_site(site, width)
+    assert shown == expected and len(shown) <= width
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("compiled") / "run"
+    shutil.copytree(DATA, root, ignore=shutil.ignore_patterns("*.sqlite.xz"))
+    (root / "report.sqlite").write_bytes(lzma.decompress((DATA / "report.sqlite.xz")
+                                                         .read_bytes()))
+    return root
+
+
+def test_real_compiled_snapshot_sites_point_at_the_model(run):
+    flat = read_flat(run / "memory.pickle.xz")
+    sites = set(flat.stacks["site"])
+    assert not any("torchinductor" in s for s in sites)
+    compiled = {s for s in sites if s.startswith("(compiled) ")}
+    assert len(compiled) >= 5
+    assert all("lmprof/model/transformer.py:" in s for s in compiled)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lmprof.analyze", *args], capture_output=True,
+                          text=True, cwd=ROOT)
+
+
+def test_memory_cli_live_at_peak_names_compiled_sites(run):
+    res = _cli("memory", str(run), "--format", "csv", "--top", "5")
+    assert res.returncode == 0, res.stderr
+    assert "(compiled) " in res.stdout and "torchinductor" not in res.stdout
+
+
+def test_softmax_table_of_a_compiled_run_says_why_it_is_empty(run):
+    res = _cli("kernels", str(run), "--table", "softmax_vs_matmul", "--table", "class_breakdown")
+    assert res.returncode == 0, res.stderr
+    assert "this run was compiled (torch.compile)" in res.stdout
+    # the softmax kernels it points at are there
+    res = _cli("kernels", str(run), "--table", "class_breakdown", "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(res.stdout.strip())))
+    assert any(r["phase"] == "forward" and r["kernel_class"] == "softmax" for r in rows)
