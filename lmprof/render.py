@@ -158,17 +158,20 @@ def _shortened(values: Iterable[Any], spec: int | Callable[[str], str]) -> list[
     return out
 
 
-def _float_formats(columns: list[list[Any]], default: str) -> list[str]:
+def _float_formats(columns: list[list[Any]], default: str,
+                   headers: list[str] | None = None) -> list[str]:
     """Per column, how its floats print: without decimals where every one is a whole number
     (a mean that is a count, a reserved size in whole MiB, a sum of integers fetched as float),
-    one decimal where they reach 1000 (MiB, launches per second: thousandths are noise there),
-    else ``default``."""
+    one decimal in percent columns (headers ending "(%)", as nsys prints its shares) and where
+    values reach 1000 (MiB, launches per second: thousandths are noise there), else
+    ``default``."""
     formats = []
-    for values in columns:
+    for i, values in enumerate(columns):
         floats = [v for v in values if isinstance(v, float) and math.isfinite(v)]
+        percent = headers is not None and str(headers[i]).endswith("(%)")
         if floats and all(v.is_integer() and abs(v) < 2**53 for v in floats):
             formats.append(".0f")
-        elif floats and max(abs(v) for v in floats) >= 1000:
+        elif floats and (percent or max(abs(v) for v in floats) >= 1000):
             formats.append(".1f")
         else:
             formats.append(default)
@@ -209,7 +212,8 @@ def _table_markdown(table: Table, shorten: Shorten | None, floatfmt: str,
             for row, v in zip(rows, _shortened([r[i] for r in rows], shorten[col])):
                 row[i] = v
     headers = list(table.columns) if raw else [display_name(c) for c in table.columns]
-    formats = _float_formats([[r[i] for r in rows] for i in range(len(headers))], floatfmt)
+    formats = _float_formats([[r[i] for r in rows] for i in range(len(headers))], floatfmt,
+                             None if raw else headers)
     return tabulate.tabulate(rows, headers=headers, tablefmt="pipe", showindex=False,
                              floatfmt=formats, missingval="")
 
@@ -272,7 +276,8 @@ def to_markdown(df: pd.DataFrame, shorten: Shorten | None = None,
         return _empty_markdown(list(df.columns), raw)
     view = df if raw else for_display(df, shorten)
     view = view.astype(object).where(view.notna(), None)  # NaN/NA print as empty cells
-    formats = _float_formats([list(view[c]) for c in view.columns], floatfmt)
+    formats = _float_formats([list(view[c]) for c in view.columns], floatfmt,
+                             None if raw else list(view.columns))
     return view.to_markdown(index=False, floatfmt=formats, missingval="")
 
 
