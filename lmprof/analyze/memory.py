@@ -388,10 +388,11 @@ def model_state(con, cats: pd.DataFrame | None = None) -> pd.DataFrame:
         rows.append({"snapshot": s.label, "quantity": "parameters" +
                      (" + AdamW state (2 moments)" if train else ""),
                      "expected_bytes": expected_state,
-                     "measured_bytes": measured(["parameters + optimizer state",
+                     "measured_bytes": measured(["model state",
                                                  "optimizer state"], "at_dump_bytes"),
-                     "measured_as": "allocated before recording or by the optimizer, "
-                                    "alive at dump"})
+                     "measured_as": ("allocated before recording or by the optimizer, "
+                                     "alive at dump" if train else
+                                     "allocated before recording, alive at dump")})
         if train:
             rows.append({"snapshot": s.label, "quantity": "gradients", "expected_bytes": p,
                          "measured_bytes": measured(["gradients"]),
@@ -502,7 +503,8 @@ def tables(con: duckdb.DuckDBPyConnection, top: int = 10) -> tuple[dict[str, pd.
             "and phase) are one row with `times`."),
         "memory_categories": (
             "Categories are inferred from phases and lifetimes: before recording and alive at "
-            "dump → parameters + optimizer state; made in backward and outliving it → "
+            "dump → model state (the parameters, in training also AdamW's moments, and "
+            "workspaces such as cuBLAS's); made in backward and outliving it → "
             "gradients; made in forward and outliving it → activations; freed in the phase "
             "that made them → temporaries."),
     }

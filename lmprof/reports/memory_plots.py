@@ -2,7 +2,7 @@
 
 - the allocated-memory timeline with phase bands, reserved memory and the peak marked — the
   picture people screenshot from pytorch.org/memory_viz, made from data;
-- allocated memory stacked by inferred category (parameters + optimizer state, gradients,
+- allocated memory stacked by inferred category (model state, gradients,
   activations, temporaries, ...).
 """
 
@@ -22,7 +22,7 @@ PHASE_COLORS = {
     "step": "#bab0ab", "other": "#dddddd", "unknown": "#eeeeee",
 }
 CATEGORY_COLORS = {
-    "parameters + optimizer state": "#4e79a7", "optimizer state": "#59a14f",
+    "model state": "#4e79a7", "optimizer state": "#59a14f",
     "gradients": "#f28e2c", "activations": "#e15759", "temporaries": "#edc949",
     "other": "#bab0ab",
 }

@@ -1,10 +1,12 @@
-"""A torch.compile'd run (tests/data/h200-compiled): memory sites name the model's source lines,
-not Inductor's generated files, and the empty softmax-vs-matmul table says why it is empty."""
+"""torch.compile'd runs (tests/data/h200-compiled, train and forward): memory sites name the
+model's source lines, not Inductor's generated files; the empty softmax-vs-matmul table says why
+it is empty; memory from before recording is model state, with no optimizer in forward runs."""
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 import lzma
 import shutil
 import subprocess
@@ -84,12 +86,19 @@ def test_display_site_keeps_file_line_and_function(site, width, expected):
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("compiled") / "run"
-    shutil.copytree(DATA, root, ignore=shutil.ignore_patterns("*.sqlite.xz"))
-    (root / "report.sqlite").write_bytes(lzma.decompress((DATA / "report.sqlite.xz")
-                                                         .read_bytes()))
+def runs(tmp_path_factory) -> Path:
+    """The compiled train and forward runs, exports decompressed."""
+    root = tmp_path_factory.mktemp("compiled")
+    for name in ("train", "forward"):
+        shutil.copytree(DATA / name, root / name, ignore=shutil.ignore_patterns("*.sqlite.xz"))
+        (root / name / "report.sqlite").write_bytes(
+            lzma.decompress((DATA / name / "report.sqlite.xz").read_bytes()))
     return root
+
+
+@pytest.fixture(scope="module")
+def run(runs) -> Path:
+    return runs / "train"
 
 
 def test_real_compiled_snapshot_sites_point_at_the_model(run):
@@ -120,3 +129,27 @@ def test_softmax_table_of_a_compiled_run_says_why_it_is_empty(run):
     res = _cli("kernels", str(run), "--table", "class_breakdown", "--format", "csv")
     rows = list(csv.DictReader(io.StringIO(res.stdout.strip())))
     assert any(r["phase"] == "forward" and r["kernel_class"] == "softmax" for r in rows)
+
+
+def test_state_from_before_recording_is_model_state_in_either_mode(runs):
+    """Blocks alive since before recording are 'model state' (parameters, AdamW's moments in
+    training): a forward-only run has no optimizer, and its table does not claim one."""
+    res = _cli("memory", str(runs), "--format", "json", "--out", str(runs / "out"))
+    assert res.returncode == 0, res.stderr
+    cats = json.loads((runs / "out" / "memory_categories.json").read_text())
+    state = {c["snapshot"]: c for c in cats if c["category"] == "model state"}
+    assert len(state) == 2
+    assert {c["category"] for c in cats} <= {"model state", "optimizer state", "gradients",
+                                             "activations", "temporaries", "other"}
+    rows = json.loads((runs / "out" / "memory_model_state.json").read_text())
+    first = {r["snapshot"]: r for r in reversed(rows)}  # each snapshot's first row
+    forward = next(r for label, r in first.items() if "forward" in label)
+    train = next(r for label, r in first.items() if "train" in label)
+    assert forward["quantity"] == "parameters" and "optimizer" not in forward["measured_as"]
+    assert "AdamW" in train["quantity"] and "optimizer" in train["measured_as"]
+    # what is measured: every block from before recording still alive at dump
+    for r in (forward, train):
+        assert r["measured_bytes"] >= r["expected_bytes"]
+        assert r["measured_bytes"] == state[r["snapshot"]]["at_dump_bytes"] + sum(
+            c["at_dump_bytes"] for c in cats
+            if c["snapshot"] == r["snapshot"] and c["category"] == "optimizer state")

@@ -19,7 +19,8 @@
 --   stack_id        INT     allocation call stack (memory_stacks); for blocks alive at dump
 --                           their recorded frames, NULL when freed before being seen allocated
 --   category        TEXT    inferred role (heuristic, from phases and lifetime):
---                           'parameters + optimizer state' before recording and alive at dump;
+--                           'model state' before recording and alive at dump (parameters,
+--                           AdamW moments in training, workspaces such as cuBLAS's);
 --                           'gradients' allocated in backward, outliving its phase;
 --                           'optimizer state' allocated in optimizer, outliving its phase;
 --                           'activations' allocated in forward, outliving its phase;
@@ -65,7 +66,7 @@ SELECT $snapshot_id AS snapshot_id, l.device, l.addr, l.bytes, l.block_bytes, l.
     l.phase, l.step, l.free_phase, l.free_step, l.stack_id,
     CASE
         WHEN l.origin <> 'trace' THEN
-            CASE WHEN l.free_seq IS NULL THEN 'parameters + optimizer state' ELSE 'other' END
+            CASE WHEN l.free_seq IS NULL THEN 'model state' ELSE 'other' END
         WHEN l.free_seq IS NOT NULL AND l.free_phase = l.phase
              AND l.free_step IS NOT DISTINCT FROM l.step
              AND l.phase NOT IN ('unknown', 'other') THEN 'temporaries'

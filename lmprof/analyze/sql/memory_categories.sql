@@ -20,7 +20,7 @@ WITH changes AS (
 ),
 levels AS (
     SELECT snapshot_id, device,
-        sum(CASE WHEN category = 'parameters + optimizer state' THEN d ELSE 0 END) OVER w AS c1,
+        sum(CASE WHEN category = 'model state' THEN d ELSE 0 END) OVER w AS c1,
         sum(CASE WHEN category = 'optimizer state' THEN d ELSE 0 END) OVER w AS c2,
         sum(CASE WHEN category = 'gradients' THEN d ELSE 0 END) OVER w AS c3,
         sum(CASE WHEN category = 'activations' THEN d ELSE 0 END) OVER w AS c4,
@@ -30,7 +30,7 @@ levels AS (
     WINDOW w AS (PARTITION BY snapshot_id, device ORDER BY seq ROWS UNBOUNDED PRECEDING)
 ),
 maxima AS (
-    UNPIVOT (SELECT snapshot_id, device, max(c1) AS "parameters + optimizer state",
+    UNPIVOT (SELECT snapshot_id, device, max(c1) AS "model state",
                  max(c2) AS "optimizer state", max(c3) AS gradients, max(c4) AS activations,
                  max(c5) AS temporaries, max(c6) AS other
              FROM levels GROUP BY snapshot_id, device)
