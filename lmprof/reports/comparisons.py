@@ -105,33 +105,42 @@ def warmup_effect(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def speedup(df: pd.DataFrame, column: str, base: Any) -> pd.DataFrame:
-    """Step time with ``column == base`` against each other value, and the ratio base / other."""
+    """Step time with ``column == base`` against each other value, and the ratio base / other;
+    where runs recorded it, their peak allocated memory too (same pairing, same medians)."""
     if df.empty or column not in df:
         return pd.DataFrame()
     keys = [k for k in CONFIG if k != column]
+    shown = [k for k in ("size", "context", "batch", "mode", "dtype", "compile", "attention",
+                         "nsys", "memory") if k != column]
+    peaks = df["peak_allocated_bytes"].notna().any() if "peak_allocated_bytes" in df else False
     rows, most = [], 0
     for _, g in df.groupby(keys, dropna=False, sort=False):
         # each value of the column once: the median of its OK runs, or its runs' failure status
-        sides = {v: (_cell(runs, "step_mean_s"), runs.iloc[0])
+        sides = {v: (_cell(runs, "step_mean_s"), runs)
                  for v, runs in g.groupby(column, dropna=False, sort=False)}
         if base not in sides:
             continue
         most = max([most, *(len(runs) for _, runs in g.groupby(column, dropna=False))])
-        ref_step, ref = sides[base]
-        for value, (step, other) in sides.items():
+        ref_step, ref_runs = sides[base]
+        ref = ref_runs.iloc[0]
+        for value, (step, runs) in sides.items():
             if value == base:
                 continue
             ok = isinstance(ref_step, float) and isinstance(step, float)
-            rows.append({
-                **{k: ref[k] for k in ("size", "context", "batch", "mode", "attention", "nsys",
-                                       "memory")},
-                **{k: ref[k] for k in ("dtype", "compile") if k != column},
+            row = {
+                **{k: ref[k] for k in shown},
                 "compared": _compared(column, value, base),
                 "base_step_s": ref_step if isinstance(ref_step, float) else None,
                 "other_step_s": step if isinstance(step, float) else None,
                 "speedup": ref_step / step if ok else None,
                 "status": "OK" if ok else f"{_status(ref_step)} / {_status(step)}",
-            })
+            }
+            if peaks:
+                base_peak = _cell(ref_runs, "peak_allocated_bytes")
+                peak = _cell(runs, "peak_allocated_bytes")
+                row["base_peak_bytes"] = base_peak if isinstance(base_peak, float) else None
+                row["other_peak_bytes"] = peak if isinstance(peak, float) else None
+            rows.append(row)
     table = pd.DataFrame(rows)
     table.attrs["runs_in_cell"] = most
     return table

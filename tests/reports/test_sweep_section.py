@@ -20,15 +20,16 @@ DIMS = {"tiny": (64, 256, 2, 4), "small": (768, 3072, 12, 12)}
 
 
 def run_record(size="small", ctx=128, mode="train", dtype="fp32", compile=False, warmup=5,
-               status="OK", step_s=0.1, first_s=None, peak=None, sqlite=False) -> dict:
+               status="OK", step_s=0.1, first_s=None, peak=None, sqlite=False,
+               attention="naive") -> dict:
     d, f, layers, heads = DIMS[size]
     rec = {
-        "run_id": f"{size}-ctx{ctx}-{mode}-{dtype}-{int(compile)}-w{warmup}",
+        "run_id": f"{size}-ctx{ctx}-{mode}-{dtype}-{int(compile)}-w{warmup}-{attention}",
         "created_utc": "2026-01-01T00:00:00Z", "status": status,
         "error": None if status == "OK" else f"{status}: injected",
         "config": {"size": size, "batch_size": 4, "context_length": ctx, "warmup": warmup,
                    "steps": 3, "mode": mode, "dtype": dtype, "compile": compile,
-                   "attention": "naive", "device": "cuda"},
+                   "attention": attention, "device": "cuda"},
         "model": {"d_model": d, "d_ff": f, "num_layers": layers, "num_heads": heads},
         "flops": {}, "environment": {"device": "cuda", "gpu_name": "NVIDIA H100 80GB HBM3"},
         "timings": {}, "phase_windows": [], "artifacts": {},
@@ -108,6 +109,33 @@ def test_speedups_pair_runs_equal_in_everything_else(grid):
     comp = comparisons.speedup(df, "compile", False)
     assert comp[comp["status"] == "OK"]["speedup"].round(6).eq(1.25).all()
     assert (comp["compared"] == "compiled vs eager").all()
+
+
+def test_attention_speedup_pairs_fused_with_naive_and_shows_peaks(tmp_path):
+    """sdpa and flash against naive at each context, with each side's peak memory; a naive run
+    that ran out of memory is shown as such beside the fused run that did not."""
+    recs = []
+    for ctx in (1024, 4096):
+        naive_ok = ctx == 1024
+        recs.append(run_record(ctx=ctx, attention="naive", step_s=0.3 if naive_ok else 0.0,
+                               status="OK" if naive_ok else "OOM", peak=8 * 2**30))
+        recs.append(run_record(ctx=ctx, attention="sdpa", step_s=0.2, peak=2 * 2**30))
+        recs.append(run_record(ctx=ctx, attention="flash", step_s=0.15, peak=2 * 2**30))
+    root = write_sweep(tmp_path / "sweep", recs)
+    df = comparisons.runs_frame(load_runs([str(root)]))
+    t = comparisons.speedup(df, "attention", "naive")
+    assert "attention" not in t.columns and len(t) == 4
+    ok = t[t["context"] == 1024].set_index("compared")
+    assert ok.loc["sdpa vs naive", "speedup"] == pytest.approx(1.5)
+    assert ok.loc["flash vs naive", "speedup"] == pytest.approx(2.0)
+    assert ok.loc["sdpa vs naive", "base_peak_bytes"] == 8 * 2**30
+    assert ok.loc["sdpa vs naive", "other_peak_bytes"] == 2 * 2**30
+    oom = t[t["context"] == 4096]
+    assert (oom["status"] == "OOM / OK").all() and oom["speedup"].isna().all()
+    assert oom["base_peak_bytes"].isna().all() and (oom["other_peak_bytes"] == 2 * 2**30).all()
+    text = section_text(root, tmp_path / "r")
+    part = text.split("### Attention implementations vs naive")[1].split("###")[0]
+    assert "| 8192 " in part and "| 2048 " in part and "OOM / OK" in part and "2.00" in part
 
 
 def test_section_writes_the_context_plot_and_memory_table(grid, tmp_path):

@@ -1,6 +1,6 @@
-"""Grid comparisons: step time over the grid, warm-up effect, bf16 and compile speedups, time vs
-context length (plot), peak memory and GEMM fraction by context length. Each part appears only
-when the runs hold the pairs it compares."""
+"""Grid comparisons: step time over the grid, warm-up effect, bf16, compile and attention speedups
+(with peak memory), time vs context length (plot), peak memory and GEMM fraction by context
+length. Each part appears only when the runs hold the pairs it compares."""
 
 from __future__ import annotations
 
@@ -81,9 +81,13 @@ def _speedup(df: pd.DataFrame, column: str, base, what: str) -> str | None:
         return None
     note = (f"{what}: mean step time of each pair of runs equal in everything else; speedup = "
             "base / other (above 1: faster)." + _repeats(t))
+    if "base_peak_bytes" in t:
+        note += " Peak: allocated CUDA memory over the measured steps, MiB."
     return note + "\n\n" + _md(t, {
         "base_step_s": ("Base step (ms)", 1e3, ".2f"), "other_step_s": ("Other step (ms)", 1e3, ".2f"),
-        "speedup": ("Speedup (×)", 1.0, ".2f")})
+        "speedup": ("Speedup (×)", 1.0, ".2f"),
+        "base_peak_bytes": ("Base peak (MiB)", 2**-20, ".0f"),
+        "other_peak_bytes": ("Other peak (MiB)", 2**-20, ".0f")})
 
 
 def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
@@ -167,6 +171,9 @@ def section(ctx: ReportContext) -> str | None:
         ("Warm-up effect", _warmup(df)),
         ("bf16/fp16 vs fp32", _speedup(df, "dtype", "fp32", "Mixed precision (autocast) vs fp32")),
         ("Compiled vs eager", _speedup(df, "compile", False, "torch.compile vs eager")),
+        ("Attention implementations vs naive", _speedup(
+            df, "attention", "naive", "Fused attention (sdpa: PyTorch's scaled_dot_product_"
+            "attention; flash: lmprof's Triton kernel) vs naive")),
         ("Time vs context length", _time_vs_context(ctx, df)),
         ("Peak memory by context length", _memory(df)),
         ("GEMM fraction by size and context length", _gemm(df)),
