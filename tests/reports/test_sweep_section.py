@@ -393,3 +393,21 @@ def test_benchmark_section_marks_profiled_runs(tmp_path):
     assert "include the profiler's overhead" in both
     alone = text([plain])
     assert "Profiled" not in alone and "profiler" not in alone
+
+
+def test_report_orders_runs_by_configuration_not_run_id(tmp_path):
+    """Per-run sections follow the benchmark table's order (narrow models first, then context,
+    ..., attention), whatever the run ids: a sweep's cell ids start with the size name."""
+    recs = [run_record(size="small", ctx=256), run_record(size="small", ctx=128),
+            run_record(size="tiny", ctx=128, attention="sdpa"),
+            run_record(size="tiny", ctx=128, attention="naive")]
+    for i, rec in enumerate(recs):
+        rec["run_id"] = f"{'abcd'[i]}-{rec['run_id']}"  # run-id order: as listed
+    root = write_sweep(tmp_path / "sweep", recs)
+    runs = load_runs([str(root)])
+    got = [(r["config"]["size"], r["config"]["context_length"], r["config"]["attention"])
+           for r in runs]
+    assert got == [("tiny", 128, "naive"), ("tiny", 128, "sdpa"), ("small", 128, "naive"),
+                   ("small", 256, "naive")]
+    table = comparisons.runs_frame(runs)
+    assert list(zip(table["size"], table["context"], table["attention"])) == got
