@@ -24,9 +24,13 @@ run.json (schema_version 1)::
                              when unknown)
     timings         dict     see below
     phase_windows   list     [{step, phase, start_ns, end_ns}] on CLOCK_REALTIME (epoch ns), the
-                             clock of nsys's session start and of memory snapshots' time_us
-    artifacts       dict     relative paths: nsys_rep, nsys_sqlite, memory_snapshot (when captured),
-                             log (a sweep cell's stdout+stderr), precision (capture precision)
+                             clock of nsys's session start and of memory snapshots' time_us; a
+                             phase that raised ends at the failure and has failed: true
+    artifacts       dict     relative paths: nsys_rep, nsys_sqlite, memory_snapshot (when captured;
+                             with --memory also for a run that ran out of memory, or failed while
+                             recording: the state at the failure), log (a sweep cell's
+                             stdout+stderr), precision (capture precision)
+    artifact_errors list     only when saving an artifact after a failure failed: one line each
     peak_memory     dict     CUDA only, status OK: {allocated_bytes, reserved_bytes}, the
                              torch.cuda.max_memory_* peaks over the measured steps (reset before)
     sweep           dict     sweep cells only: {cell, config_hash, grid_hash, wall_s, gpu} (see lmprof.sweepdir)

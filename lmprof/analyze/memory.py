@@ -7,7 +7,8 @@ clock (``memory_events.time_us`` is epoch µs; an nsys export's session start is
 ``TARGET_INFO_SESSION_START_TIME`` in epoch ns). Every table carries ``snapshot_id``.
 
 Loaded as is (one row per item of the snapshot):
-    memory_snapshots      one row per loaded snapshot: path, label, run config, phase_source
+    memory_snapshots      one row per loaded snapshot: path, label, run config, phase_source,
+                          status (run.json's: OK, or OOM / ERROR for a snapshot of a failure)
     memory_trace          trace entries: device, seq, time_us, action, addr, bytes, stream,
                           stack_id, user_metadata, device_free_bytes (oom entries)
     memory_frames         interned frames: frame_id, name, filename, line, is_user (a .py
@@ -77,7 +78,7 @@ _SCHEMAS: dict[str, dict[str, pa.DataType]] = {
                          "phase_source": _STR, "size": _STR, "batch_size": _BIG,
                          "context_length": _BIG, "d_model": _BIG, "num_layers": _BIG,
                          "mode": _STR, "dtype": _STR, "attention": _STR, "compile": _BOOL,
-                         "n_params": _BIG},
+                         "n_params": _BIG, "status": _STR},
 }
 _DERIVED = ("memory_events", "memory_allocations", "memory_peaks")
 _VIEWS = ("memory_by_phase", "memory_live_at_peak", "memory_categories")
@@ -203,7 +204,7 @@ def _snapshot_row(path: Path, run: dict | None, phase_source: str, layout: str,
         "num_layers": [m.get("num_layers") or c.get("num_layers")],
         "mode": [c.get("mode")], "dtype": [c.get("dtype")],
         "attention": [c.get("attention")], "compile": [c.get("compile")],
-        "n_params": [m.get("n_params")],
+        "n_params": [m.get("n_params")], "status": [(run or {}).get("status")],
     }
 
 
@@ -334,9 +335,26 @@ def _labelled(con, view: str, order: str = "") -> pd.DataFrame:
 def by_phase(con) -> pd.DataFrame:
     df = _labelled(con, "memory_by_phase")
     rank = {p: i for i, p in enumerate(PHASE_ORDER)}
-    return (df.assign(_r=df["phase"].map(lambda p: rank.get(p, len(rank))))
-              .sort_values(["snapshot", "device", "_r"], kind="stable")
-              .drop(columns="_r").reset_index(drop=True))
+    order = {label: i for i, label in enumerate(dict.fromkeys(df["snapshot"]))}  # load order
+    return (df.assign(_r=df["phase"].map(lambda p: rank.get(p, len(rank))),
+                      _s=df["snapshot"].map(order))
+              .sort_values(["_s", "device", "_r"], kind="stable")
+              .drop(columns=["_r", "_s"]).reset_index(drop=True))
+
+
+def oom_events(con) -> pd.DataFrame:
+    """The trace's out-of-memory entries: when (from the first entry), in which phase and step,
+    how much was asked for, how much the device had free, what was allocated and reserved."""
+    return con.execute("""
+        SELECT s.label AS snapshot, e.device, e.time_us - p.first_time_us AS at_us, e.phase,
+            e.step, e.bytes AS requested_bytes, t.device_free_bytes, e.allocated_bytes,
+            e.reserved_bytes
+        FROM memory_events e
+        JOIN memory_trace t USING (snapshot_id, device, seq)
+        JOIN memory_peaks p USING (snapshot_id, device)
+        JOIN memory_snapshots s USING (snapshot_id)
+        WHERE e.action = 'oom'
+        ORDER BY e.snapshot_id, e.device, e.seq""").df()
 
 
 def live_at_peak(con, top: int | None = None) -> pd.DataFrame:
@@ -509,10 +527,16 @@ def tables(con: duckdb.DuckDBPyConnection, top: int = 10) -> tuple[dict[str, pd.
             "that made them → temporaries."),
     }
     empty = snaps[~snaps["has_trace"]]
+    early_oom = empty[empty["status"] == "OOM"]
+    empty = empty[empty["status"] != "OOM"]
     if len(empty):
         notes["memory_peak"] += (" No trace entries in " + ", ".join(empty["label"]) + ": "
                                  "memory history was not recorded (or the trace is empty); the "
                                  "state at dump time is reported.")
+    if len(early_oom):
+        notes["memory_peak"] += (" " + ", ".join(early_oom["label"]) + " ran out of memory "
+                                 "before recording began (in warm-up): the state at the failure "
+                                 "is reported, without a trace.")
     out = {
         "memory_peak": pk,
         "memory_by_phase": by_phase(con),
@@ -520,6 +544,13 @@ def tables(con: duckdb.DuckDBPyConnection, top: int = 10) -> tuple[dict[str, pd.
         "memory_largest_allocations": largest(con, top),
         "memory_categories": categories(con),
     }
+    oom = oom_events(con)
+    if not oom.empty:
+        out["memory_oom"] = oom
+        notes["memory_oom"] = (
+            "Out-of-memory entries of the trace: the request that failed, what the device had "
+            "free then, and what PyTorch had allocated and reserved (the snapshot was dumped at "
+            "the failure, so the tables above show what filled the memory).")
     ms = model_state(con, out["memory_categories"])
     if not ms.empty:
         out["memory_model_state"] = ms

@@ -67,6 +67,7 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
             hooks.before_measured.append(rec.start)
             hooks.after_step.append(rec.after_step)
             hooks.after_measured.append(rec.artifacts)
+            hooks.on_failure.append(rec.on_failure)
         progress = not quiet and sys.stderr.isatty()
         record = runner.execute(prep, target, hooks, progress)
         rundir.write_run(target, record)

@@ -69,3 +69,21 @@ class MemoryRecorder:
         self.stop()
         extra = {"memory_snapshot": SNAPSHOT_FILE}
         return extra
+
+    def on_failure(self, exc: BaseException) -> dict[str, str]:
+        """A step failed. Out of memory, or while recording: dump the snapshot now, while the
+        failed step's tensors are still alive (its traceback holds them) — the allocator state
+        at the failure, with the trace (and its 'oom' entry) if recording had started; an OOM
+        in warm-up gives the state alone."""
+        from lmprof.capture import devices
+
+        if not (self.recording or devices.is_oom(exc)):
+            return {}
+        torch.cuda.memory._dump_snapshot(str(self.path))
+        if self.recording:
+            torch.cuda.memory._record_memory_history(enabled=None)
+            if self._set_meta is not None:
+                annotate.remove_listener(self)
+                self._set_meta("")
+            self.recording = False
+        return {"memory_snapshot": SNAPSHOT_FILE}

@@ -198,9 +198,16 @@ class StepRunner:
         devices.synchronize(device)
         wall0 = time.time_ns()
         t0 = time.perf_counter_ns()
-        with phase(name):
-            yield
-            devices.synchronize(device)
+        try:
+            with phase(name):
+                yield
+                devices.synchronize(device)
+        except BaseException:
+            # the phase's window up to the failure (an OOM there is placed in its phase)
+            if step is not None and self.on_window is not None:
+                self.on_window({"step": step, "phase": name, "start_ns": wall0,
+                                "end_ns": time.time_ns(), "failed": True})
+            raise
         t1 = time.perf_counter_ns()
         wall1 = time.time_ns()
         times[f"{name}_s"] = (t1 - t0) / 1e9
@@ -245,6 +252,9 @@ class Hooks:
     before_measured: list[Callable[[], None]] = field(default_factory=list)
     after_step: list[Callable[[int], None]] = field(default_factory=list)
     after_measured: list[Callable[[], dict[str, str]]] = field(default_factory=list)
+    # Called with the exception when a step fails (warm-up or measured), while its traceback
+    # still holds the step's tensors: what was alive when it failed. Returns artifacts.
+    on_failure: list[Callable[[BaseException], dict[str, str]]] = field(default_factory=list)
 
 
 def execute(prep: Prepared, run_dir: Path, hooks: Hooks, progress: bool) -> dict[str, Any]:
@@ -308,6 +318,13 @@ def execute(prep: Prepared, run_dir: Path, hooks: Hooks, progress: bool) -> dict
         record["status"] = "OOM" if devices.is_oom(exc) else "ERROR"
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         record["error"] = f"{type(exc).__name__}: {first_line}"
+        for hook in hooks.on_failure:
+            try:
+                record["artifacts"].update(hook(exc))
+            except Exception as hook_exc:  # noqa: BLE001 — the run's own failure is what counts
+                text = (str(hook_exc).strip().splitlines() or [type(hook_exc).__name__])[0]
+                record.setdefault("artifact_errors", []).append(
+                    f"{getattr(hook, '__qualname__', hook)}: {type(hook_exc).__name__}: {text}")
     finally:
         bar.close()
         del runner

@@ -56,3 +56,41 @@ def test_nsys_capture_writes_report_and_sqlite(tmp_path):
     record = _capture_small(tmp_path, "--nsys")
     for key in ("nsys_rep", "nsys_sqlite"):
         assert rundir.artifact_path(record, key).is_file()
+
+
+@pytest.mark.parametrize("warmup", [0, 1])
+def test_memory_snapshot_of_an_out_of_memory_run(tmp_path, warmup):
+    """--memory and a run that runs out of memory: the snapshot is dumped at the failure. In a
+    measured step (warm-up 0) its trace holds the 'oom' entry, which analyze memory shows with
+    its phase; in warm-up (before recording) the allocator state at the failure alone."""
+    import subprocess
+    import sys
+
+    from click.testing import CliRunner
+
+    from lmprof.capture.cli import capture
+
+    res = CliRunner().invoke(capture, [
+        # naive attention's scores at batch 64, context 4096: 48 GiB per tensor, so the card
+        # fills within the first layers (H100 or H200) and the failing request is one of them
+        "run", "--model", "small", "--context-length", "4096", "--batch-size", "64",
+        "--warmup", str(warmup), "--steps", "1", "--memory", "--out", str(tmp_path), "-q"])
+    assert res.exit_code == 1, res.output
+    record = rundir.load_run(tmp_path / "latest")
+    assert record["status"] == "OOM"
+    snap = rundir.artifact_path(record, "memory_snapshot")
+    assert snap.is_file() and snap.stat().st_size > 0
+    out = tmp_path / "tables"
+    proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", "memory", str(snap.parent),
+                           "--format", "csv", "--out", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    import csv
+
+    peak = next(csv.DictReader((out / "memory_peak.csv").open()))
+    assert int(peak["peak_allocated_bytes"]) > 10 * 2**30  # what filled the card
+    if warmup == 0:
+        oom = list(csv.DictReader((out / "memory_oom.csv").open()))
+        assert oom and oom[0]["phase"] in ("forward", "backward")
+        assert int(oom[0]["requested_bytes"]) > int(oom[0]["device_free_bytes"])
+    else:
+        assert not (out / "memory_oom.csv").exists()

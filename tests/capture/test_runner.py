@@ -116,3 +116,48 @@ def test_other_failures_are_status_error(tmp_path, monkeypatch):
 def test_bf16_autocast_on_cpu(tmp_path):
     _, record = run(tmp_path, dtype="bf16", warmup=0, steps=1)
     assert record["status"] == "OK"
+
+
+def test_failure_hooks_see_the_exception_and_a_failed_phase_keeps_its_window(tmp_path,
+                                                                                monkeypatch):
+    """An OOM in the first measured step: on_failure hooks get the exception (and may add
+    artifacts); a hook that itself fails is recorded, not raised; the step and forward windows
+    end at the failure, marked failed."""
+    monkeypatch.setenv(runner.FAULT_ENV, "oom")
+    seen = []
+
+    def snapshot(exc):
+        seen.append(exc)
+        return {"memory_snapshot": "memory.pickle"}
+
+    def broken(exc):
+        raise RuntimeError("cannot save\nsecond line")
+
+    spec = RunSpec(size="tiny", context_length=16, batch_size=2, warmup=0, steps=2, device="cpu")
+    prep = prepare(spec)
+    record = execute(prep, runner.new_run_dir(tmp_path, prep),
+                     Hooks(on_failure=[snapshot, broken]), progress=False)
+    assert record["status"] == "OOM" and len(seen) == 1
+    assert "injected" in str(seen[0])
+    assert record["artifacts"] == {"memory_snapshot": "memory.pickle"}
+    assert len(record["artifact_errors"]) == 1
+    assert record["artifact_errors"][0].endswith("broken: RuntimeError: cannot save")
+    windows = record["phase_windows"]
+    assert [(w["phase"], w.get("failed")) for w in windows] == [("forward", True),
+                                                               ("step", True)]
+    assert all(w["start_ns"] <= w["end_ns"] for w in windows)
+    (tmp_path / "r").mkdir()
+    rundir.write_run(tmp_path / "r", record)
+    assert rundir.load_run(tmp_path / "r")["status"] == "OOM"  # still a valid run.json
+
+
+def test_failure_in_warmup_calls_the_hooks_without_windows(tmp_path, monkeypatch):
+    monkeypatch.setenv(runner.FAULT_ENV, "error")
+    seen = []
+    spec = RunSpec(size="tiny", context_length=16, batch_size=2, warmup=1, steps=1, device="cpu")
+    prep = prepare(spec)
+    record = execute(prep, runner.new_run_dir(tmp_path, prep),
+                     Hooks(on_failure=[lambda exc: seen.append(exc) or {}]), progress=False)
+    assert record["status"] == "ERROR" and len(seen) == 1
+    assert record["phase_windows"] == [] and record["artifacts"] == {}
+    assert "artifact_errors" not in record

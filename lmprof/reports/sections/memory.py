@@ -33,6 +33,7 @@ def section(ctx: ReportContext) -> str | None:
     shorten = {"site": functools.partial(display_site, width=60), "snapshot": 40}
     parts = []
     for name, title in (("memory_peak", "Peak memory"),
+                        ("memory_oom", "Out of memory"),
                         ("memory_compare", "Peak memory by configuration"),
                         ("memory_peak_by_context", "Peak allocated memory by context length"),
                         ("memory_by_phase", "Peak and churn per phase"),
