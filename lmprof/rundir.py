@@ -291,6 +291,27 @@ def find_run_for(path: str | Path) -> dict[str, Any] | None:
     return None
 
 
+def _sortable(value: Any) -> tuple:
+    """(missing, number, text): values of different types stay comparable, missing ones last."""
+    if value is None:
+        return (1, 0.0, "")
+    if isinstance(value, bool | int | float):
+        return (0, float(value), "")
+    return (0, 0.0, str(value))
+
+
+def config_order(record: dict[str, Any]) -> tuple:
+    """Sort key: runs by configuration, as the benchmark table orders its rows (model width,
+    size, context, batch, mode, dtype, compile, attention, warm-up, profiling), settings a run
+    lacks last, then by run id and directory."""
+    c, m = record.get("config") or {}, record.get("model") or {}
+    values = (m.get("d_model"), c.get("size"), c.get("context_length"), c.get("batch_size"),
+              c.get("mode"), c.get("dtype"), c.get("compile"), c.get("attention"),
+              c.get("warmup"), c.get("nsys"), c.get("memory"))
+    return (*(_sortable(v) for v in values), str(record.get("run_id", "")),
+            str(record.get("run_dir", "")))
+
+
 def run_label(record: dict[str, Any], sep: str = " ") -> str:
     """A short label from a run's config: size, context, mode, dtype, compile, attention."""
     c = record.get("config", {})

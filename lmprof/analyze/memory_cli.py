@@ -49,6 +49,8 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
         if ref.path.resolve() not in seen:
             seen.add(ref.path.resolve())
             refs.append(ref)
+    # runs in the benchmark table's order of configurations; snapshots without a run after
+    refs.sort(key=lambda r: (r.run is None, rundir.config_order(r.run) if r.run else ()))
     labels = rundir.distinct_labels([memory.snapshot_label(r.path, r.run) for r in refs],
                                     [r.run for r in refs], [r.path for r in refs])
     con = connect(db)

@@ -51,37 +51,16 @@ def _sections() -> list[tuple[str, Section]]:
     ]
 
 
-def _sortable(value: Any) -> tuple:
-    """(missing, number, text): values of different types stay comparable, missing ones last."""
-    if value is None:
-        return (1, 0.0, "")
-    if isinstance(value, bool | int | float):
-        return (0, float(value), "")
-    return (0, 0.0, str(value))
-
-
-def _order(record: dict[str, Any]) -> tuple:
-    """Where a run goes in the report: by configuration as the benchmark table orders its rows
-    (model width, size, context, batch, mode, dtype, compile, attention, warm-up, profiling),
-    settings a run lacks last, then by run id."""
-    c, m = record.get("config") or {}, record.get("model") or {}
-    values = (m.get("d_model"), c.get("size"), c.get("context_length"), c.get("batch_size"),
-              c.get("mode"), c.get("dtype"), c.get("compile"), c.get("attention"),
-              c.get("warmup"), c.get("nsys"), c.get("memory"))
-    key = tuple(_sortable(v) for v in values)
-    return (*key, str(record.get("run_id", "")), record["run_dir"])
-
-
 def load_runs(paths: list[str]) -> list[dict[str, Any]]:
     """Read run directories (a sweep directory stands for its finished cells), in the benchmark
-    table's order of configurations (``_order``)."""
+    table's order of configurations (``rundir.config_order``)."""
     if not paths:
         raise UserError("give at least one run directory")
     runs: dict[str, dict] = {}
     for p in sweepdir.expand(paths):
         record = rundir.load_run(p)
         runs[record["run_dir"]] = record
-    return sorted(runs.values(), key=_order)
+    return sorted(runs.values(), key=rundir.config_order)
 
 
 def build(paths: list[str], out: str | Path) -> Path:

@@ -153,3 +153,17 @@ def test_state_from_before_recording_is_model_state_in_either_mode(runs):
         assert r["measured_bytes"] == state[r["snapshot"]]["at_dump_bytes"] + sum(
             c["at_dump_bytes"] for c in cats
             if c["snapshot"] == r["snapshot"] and c["category"] == "optimizer state")
+
+
+def test_memory_cli_lists_snapshots_in_configuration_order(runs):
+    """Given train first, forward second: the tables list them as the benchmark table would
+    (mode forward before train), every table alike."""
+    out = runs / "ordered"
+    res = _cli("memory", str(runs / "train"), str(runs / "forward"), "--format", "csv",
+               "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    for name in ("memory_peak", "memory_by_phase", "memory_categories"):
+        labels = [r["snapshot"] for r in csv.DictReader((out / f"{name}.csv").open())]
+        first_train = next(i for i, label in enumerate(labels) if "train" in label)
+        assert all("forward" in label for label in labels[:first_train]), name
+        assert all("train" in label for label in labels[first_train:]), name
