@@ -403,19 +403,22 @@ def model_state(con, cats: pd.DataFrame | None = None) -> pd.DataFrame:
             return int(c.loc[c["category"].isin(names), col].sum())
 
         expected_state = p + (2 * p if train else 0)
+        traced = bool(s.has_trace)  # without a trace the categories cannot be told apart
         rows.append({"snapshot": s.label, "quantity": "parameters" +
                      (" + AdamW state (2 moments)" if train else ""),
                      "expected_bytes": expected_state,
-                     "measured_bytes": measured(["model state",
-                                                 "optimizer state"], "at_dump_bytes"),
-                     "measured_as": ("allocated before recording or by the optimizer, "
+                     "measured_bytes": measured(["model state", "optimizer state"],
+                                                "at_dump_bytes") if traced else None,
+                     "measured_as": ("no trace: not measurable" if not traced else
+                                     "allocated before recording or by the optimizer, "
                                      "alive at dump" if train else
                                      "allocated before recording, alive at dump")})
         if train:
             rows.append({"snapshot": s.label, "quantity": "gradients", "expected_bytes": p,
-                         "measured_bytes": measured(["gradients"]),
+                         "measured_bytes": measured(["gradients"]) if traced else None,
                          "measured_as": "most bytes alive at once of allocations made in "
-                                        "backward that outlive it"})
+                                        "backward that outlive it" if traced else
+                                        "no trace: not measurable"})
         if not any(pd.isna(v) for v in (s.batch_size, s.context_length, s.d_model)):
             resid = int(s.batch_size) * int(s.context_length) * int(s.d_model) * \
                 bytes_per_element(s.dtype)

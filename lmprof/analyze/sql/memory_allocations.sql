@@ -25,7 +25,8 @@
 --                           'optimizer state' allocated in optimizer, outliving its phase;
 --                           'activations' allocated in forward, outliving its phase;
 --                           'temporaries' allocated and freed in the same phase of a step;
---                           'other' everything else (incl. before-recording blocks freed)
+--                           'other' everything else (incl. before-recording blocks freed,
+--                           and every block of a snapshot without trace entries)
 WITH ev AS (
     SELECT * FROM memory_events
     WHERE snapshot_id = $snapshot_id AND action IN ('alloc', 'free_completed')
@@ -66,7 +67,8 @@ SELECT $snapshot_id AS snapshot_id, l.device, l.addr, l.bytes, l.block_bytes, l.
     l.phase, l.step, l.free_phase, l.free_step, l.stack_id,
     CASE
         WHEN l.origin <> 'trace' THEN
-            CASE WHEN l.free_seq IS NULL THEN 'model state' ELSE 'other' END
+            -- without any trace entry nothing tells state from activations: 'other'
+            CASE WHEN l.free_seq IS NULL AND traced.n > 0 THEN 'model state' ELSE 'other' END
         WHEN l.free_seq IS NOT NULL AND l.free_phase = l.phase
              AND l.free_step IS NOT DISTINCT FROM l.step
              AND l.phase NOT IN ('unknown', 'other') THEN 'temporaries'
@@ -76,4 +78,5 @@ SELECT $snapshot_id AS snapshot_id, l.device, l.addr, l.bytes, l.block_bytes, l.
         ELSE 'other'
     END AS category
 FROM lifetimes l
+CROSS JOIN (SELECT count(*) AS n FROM ev) traced
 LEFT JOIN memory_stacks st ON st.snapshot_id = $snapshot_id AND st.stack_id = l.stack_id

@@ -55,6 +55,11 @@ def section(ctx: ReportContext) -> str | None:
                 parts += [f"**{title}.** {notes.get(name, '')}",
                           to_markdown(tables[name], shorten=_SHORTEN)]
         if len(traces) > 1:
+            # runs of one configuration get one label: told apart for the cross-run rows
+            for t, label in zip(traces, rundir.distinct_labels(
+                    [t.label for t in traces], [t.record for t in traces],
+                    [t.path for t in traces])):
+                t.label = label
             parts.append("### Across runs")
             for name, df in kernels.cross_run(traces).items():
                 parts += [f"**{name.replace('_', ' ').capitalize()}.**", to_markdown(df)]

@@ -27,10 +27,13 @@ def section(ctx: ReportContext) -> str | None:
     if not runs:
         return None
     con = connect()
-    for record, path in runs:
-        memory.load_memory(con, path, record)
+    labels = rundir.distinct_labels([memory.snapshot_label(p, r) for r, p in runs],
+                                    [r for r, _ in runs], [p for _, p in runs])
+    for (record, path), label in zip(runs, labels):
+        memory.load_memory(con, path, record, label=label)
     tables, notes = memory.tables(con, _TOP)
-    shorten = {"site": functools.partial(display_site, width=60), "snapshot": 40}
+    # snapshot labels stay whole: runs of one configuration differ only at their end (run id)
+    shorten = {"site": functools.partial(display_site, width=60)}
     parts = []
     for name, title in (("memory_peak", "Peak memory"),
                         ("memory_oom", "Out of memory"),

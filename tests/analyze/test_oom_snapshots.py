@@ -1,0 +1,79 @@
+"""Snapshots of runs that ran out of memory (tests/data/h200-oom, real H200 captures): the OOM
+entry is a table with its phase; a warm-up OOM (no trace) is said to be one, and nothing is
+claimed about categories the trace would have told."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lmprof.reports.report import build
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data" / "h200-oom"
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("oom")
+    proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", "memory", str(DATA / "warmup1"),
+                           str(DATA / "warmup0"), "--format", "csv", "--out", str(out)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def _rows(out: Path, name: str) -> list[dict[str, str]]:
+    return list(csv.DictReader((out / f"{name}.csv").open()))
+
+
+def test_the_oom_entry_is_a_row_with_its_phase(tables):
+    (oom,) = _rows(tables, "memory_oom")
+    assert "w0" in oom["snapshot"] and oom["phase"] == "forward" and oom["step"] == "0"
+    assert int(oom["requested_bytes"]) == 48 * 2**30  # the score tensor that did not fit
+    assert int(oom["requested_bytes"]) > int(oom["device_free_bytes"]) > 0
+    assert int(oom["allocated_bytes"]) <= int(oom["reserved_bytes"])
+
+
+def test_the_state_at_the_failure_is_what_filled_the_memory(tables):
+    peaks = {r["snapshot"]: r for r in _rows(tables, "memory_peak")}
+    (w0,) = [r for k, r in peaks.items() if "w0" in k]
+    (w1,) = [r for k, r in peaks.items() if "w1" in k]
+    # recorded from the measured step: the peak is above what was alive at the failure
+    assert int(w0["peak_allocated_bytes"]) > int(w0["dump_allocated_bytes"]) > 48 * 2**30
+    assert w1["peak_phase"] == "at dump (no trace)" and int(w1["dump_allocated_bytes"]) > 48 * 2**30
+
+
+def test_without_a_trace_categories_are_not_guessed(tables):
+    cats = [r for r in _rows(tables, "memory_categories") if "w1" in r["snapshot"]]
+    assert {r["category"] for r in cats} == {"other"}
+    state = [r for r in _rows(tables, "memory_model_state") if "w1" in r["snapshot"]]
+    assert state and all(r["measured_bytes"] == "" for r in state)
+    assert all(r["measured_as"] == "no trace: not measurable" for r in state
+               if not r["quantity"].startswith("residual"))
+    traced = [r for r in _rows(tables, "memory_categories") if "w0" in r["snapshot"]]
+    assert "model state" in {r["category"] for r in traced}
+
+
+def test_markdown_says_which_run_ran_out_before_recording():
+    proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", "memory", str(DATA)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "ran out of memory before recording began (in warm-up)" in proc.stdout
+    assert "## memory oom" in proc.stdout
+
+
+def test_report_has_the_out_of_memory_section(tmp_path):
+    runs = tmp_path / "runs"
+    shutil.copytree(DATA, runs)
+    text = build([str(runs / "warmup0"), str(runs / "warmup1")], tmp_path / "r").read_text()
+    assert "### Out of memory" in text
+    # two runs of one configuration: told apart by run id in the memory tables
+    memory = text.split("## Memory")[1]
+    for w in ("w0", "w1"):
+        assert f"| small ctx4096 train fp32 (small-ctx4096-b64-train-fp32-{w}-mem-" in memory
