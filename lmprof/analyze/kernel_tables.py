@@ -312,21 +312,22 @@ def _frame_of_records(records: list[dict[str, Any]]) -> Any:
     return Table(columns, types, [tuple(row) for row in zip(*cols)])
 
 
-def _sorted(table: Any, keys: list[str]) -> Any:
-    """``sort_values(keys, na_position="last", kind="stable")``."""
-    from lmprof.render import Table
+def without_empty_phases(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """GEMM-fraction rows without the phase columns no run has (inference in training runs)."""
+    empty = [k for k in (rows[0] if rows else {}) if k.endswith("_gemm_pct")
+             and all(r[k] != r[k] for r in rows)]  # NaN in every row
+    return [{k: v for k, v in r.items() if k not in empty} for r in rows]
 
-    idx = [table.columns.index(k) for k in keys]
 
-    def key(row):
-        return tuple((row[i] is None or (isinstance(row[i], float) and row[i] != row[i]),
-                      row[i] if row[i] is not None else 0) for i in idx)
+def by_size_and_context(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Cross-run rows by model size as in the CS336 table (tiny, small, ... 2.7B; other sizes
+    after them), then context length (unknown last), then run; stable."""
+    from lmprof.model.config import SIZES
 
-    try:
-        rows = sorted(table.rows, key=key)
-    except TypeError:
-        return None
-    return Table(table.columns, table.types, rows)
+    rank = {name: i for i, name in enumerate(SIZES)}
+    return sorted(rows, key=lambda r: (rank.get(r["size"], len(rank)),
+                                       r["context_length"] is None, r["context_length"] or 0,
+                                       str(r["run"])))
 
 
 def size_context(trace: Trace) -> dict[str, Any]:
@@ -370,13 +371,10 @@ def cross_run(traces: list[Trace]) -> dict[str, Any] | None:
                     continue
                 attn_rows.append({**size_context(tr), "phase": r["phase"],
                                   **{k: nan if r[k] is None else r[k] for k in ATTN_COLUMNS}})
-    order = ["size", "context_length", "run"]
     out = {}
-    for name, rows in (("gemm_fraction_by_run", gemm_rows),
+    for name, rows in (("gemm_fraction_by_run", without_empty_phases(gemm_rows)),
                        ("softmax_vs_matmul_by_run", attn_rows)):
-        table = _frame_of_records(rows)
-        if table is not None and not table.empty:
-            table = _sorted(table, order)
+        table = _frame_of_records(by_size_and_context(rows))
         if table is None:
             return None
         out[name] = table

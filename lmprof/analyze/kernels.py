@@ -110,10 +110,6 @@ def cross_run(traces: list[Trace]) -> dict[str, pd.DataFrame]:
             for _, row in a.iterrows():
                 attn_rows.append({**kt.size_context(tr), "phase": row["phase"],
                                   **{k: row[k] for k in kt.ATTN_COLUMNS}})
-    order = ["size", "context_length", "run"]
-    gemm = pd.DataFrame(gemm_rows)
-    attn = pd.DataFrame(attn_rows)
-    return {"gemm_fraction_by_run": gemm.sort_values(order, na_position="last", kind="stable")
-            if not gemm.empty else gemm,
-            "softmax_vs_matmul_by_run": attn.sort_values(order, na_position="last", kind="stable")
-            if not attn.empty else attn}
+    return {"gemm_fraction_by_run": pd.DataFrame(
+                kt.by_size_and_context(kt.without_empty_phases(gemm_rows))),
+            "softmax_vs_matmul_by_run": pd.DataFrame(kt.by_size_and_context(attn_rows))}

@@ -139,7 +139,8 @@ def test_several_reports_and_run_directories(tmp_path):
                          "--table", "gemm_fraction")
     assert code == 0, err
     cross = json.loads((tmp_path / "o" / "gemm_fraction_by_run.json").read_text())
-    assert [(r["size"], r["context_length"]) for r in cross] == [("medium", 256), ("small", 128)]
+    # by size as in the CS336 table (small before medium), not alphabetically
+    assert [(r["size"], r["context_length"]) for r in cross] == [("small", 128), ("medium", 256)]
     assert all(r["run"].startswith(r["size"]) for r in cross)
     attn = json.loads((tmp_path / "o" / "softmax_vs_matmul_by_run.json").read_text())
     assert {r["phase"] for r in attn} == {"forward", "inference"}

@@ -188,16 +188,24 @@ RECORDS = [
 
 
 @pytest.mark.parametrize("records", RECORDS, ids=range(len(RECORDS)))
-def test_records_render_as_a_sorted_dataframe(records):
+def test_records_render_as_their_dataframe(records):
     import pandas as pd
 
-    from lmprof.analyze.kernel_tables import _frame_of_records, _sorted
+    from lmprof.analyze.kernel_tables import _frame_of_records, by_size_and_context
 
-    table = _sorted(_frame_of_records(records), ["size", "context_length", "run"])
-    frame = pd.DataFrame(records).sort_values(["size", "context_length", "run"],
-                                              na_position="last", kind="stable")
+    ordered = by_size_and_context(records)
+    table = _frame_of_records(ordered)
+    frame = pd.DataFrame(ordered)
     for fmt in FORMATS:
         assert render(table, fmt) == render(frame, fmt), fmt
+
+
+def test_cross_run_rows_go_by_size_as_in_the_cs336_table():
+    from lmprof.analyze.kernel_tables import by_size_and_context
+
+    got = [r["run"] for r in by_size_and_context(RECORDS[0])]
+    # small (64, then 128), medium, then the run of unknown size
+    assert got == ["c", "b", "d", "a"]
 
 
 def test_mixes_pandas_would_unify_otherwise_are_left_to_pandas():

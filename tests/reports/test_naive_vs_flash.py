@@ -80,3 +80,19 @@ def test_report_grids_keep_the_two_runs_apart(runs, tmp_path):
     memory = sweep.split("### Peak memory by context length")[1].split("###")[0]
     assert sum(r.startswith("| small") for r in memory.splitlines()) == 2
     assert "run more than once" not in sweep
+
+
+def test_cross_run_gemm_table_has_only_the_phases_the_runs_have(runs, tmp_path):
+    """Two training runs: no 'inference' column of empty cells; both paths (the CLI's Tables
+    and the report's DataFrames) agree, and the report titles the table 'GEMM'."""
+    out = tmp_path / "o"
+    res = CliRunner().invoke(analyze, ["kernels", str(runs / "naive"), str(runs / "flash"),
+                                       "--table", "gemm_fraction", "--format", "csv", "--out",
+                                       str(out)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    header = (out / "gemm_fraction_by_run.csv").read_text().splitlines()[0].split(",")
+    assert "inference_gemm_pct" not in header
+    assert {"forward_gemm_pct", "backward_gemm_pct", "step_gemm_pct"} <= set(header)
+    text = build([str(runs)], tmp_path / "r").read_text()
+    cross = text.split("**GEMM fraction by run.**")[1].split("**")[0]
+    assert "Inference" not in cross and "Forward GEMM (%)" in cross

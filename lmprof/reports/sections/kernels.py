@@ -61,8 +61,10 @@ def section(ctx: ReportContext) -> str | None:
                     [t.path for t in traces])):
                 t.label = label
             parts.append("### Across runs")
+            titles = {"gemm_fraction_by_run": "GEMM fraction by run",
+                      "softmax_vs_matmul_by_run": "Softmax vs matmul by run"}
             for name, df in kernels.cross_run(traces).items():
-                parts += [f"**{name.replace('_', ' ').capitalize()}.**", to_markdown(df)]
+                parts += [f"**{titles.get(name, name)}.**", to_markdown(df)]
     finally:
         con.close()
         spill.cleanup()
