@@ -1,7 +1,8 @@
 """Memory plots (matplotlib, Agg, PNG) drawn from the DuckDB memory tables.
 
-- the allocated-memory timeline with phase bands, reserved memory and the peak marked — the
-  picture people screenshot from pytorch.org/memory_viz, made from data;
+- the allocated-memory timeline with phase bands, reserved memory, the peak and any
+  out-of-memory entry marked — the picture people screenshot from pytorch.org/memory_viz, made
+  from data;
 - allocated memory stacked by inferred category (model state, gradients,
   activations, temporaries, ...).
 """
@@ -83,6 +84,7 @@ def timeline_png(con: duckdb.DuckDBPyConnection, sid: int, device: int, path: Pa
         ax.plot([px], [peak_bytes / MIB], marker="v", color="#e15759", ms=9, zorder=5)
         ax.annotate(f"peak {peak_bytes / MIB:,.1f} MiB ({where})", (px, peak_bytes / MIB),
                     xytext=(8, 6), textcoords="offset points", color="#b0303a", fontsize=9)
+    _mark_ooms(ax, con, sid, device, has_time, scale)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("MiB")
     ax.set_ylim(0, max(max(res, default=0), peak_bytes / MIB) * 1.12 or 1)
@@ -92,6 +94,28 @@ def timeline_png(con: duckdb.DuckDBPyConnection, sid: int, device: int, path: Pa
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def _mark_ooms(ax, con: duckdb.DuckDBPyConnection, sid: int, device: int, has_time: bool,
+               scale: float) -> None:
+    """A cross and a line of text where the trace says the allocator ran out of memory."""
+    rows = con.execute("""
+        SELECT e.time_us - p.first_time_us, e.seq, e.bytes, t.device_free_bytes,
+            e.allocated_bytes, e.phase
+        FROM memory_events e JOIN memory_trace t USING (snapshot_id, device, seq)
+        JOIN memory_peaks p USING (snapshot_id, device)
+        WHERE e.snapshot_id = ? AND e.device = ? AND e.action = 'oom' ORDER BY e.seq""",
+                       [sid, device]).fetchall()
+    for at, seq, requested, free, allocated, phase in rows:
+        x = (at if has_time and at is not None else max(seq, 0)) * scale
+        y = (allocated or 0) / MIB
+        ax.plot([x], [y], marker="X", ls="none", color="#000000", ms=9, zorder=6,
+                label="out of memory" if seq == rows[0][1] else None)
+        text = f"out of memory in {phase}: asked {(requested or 0) / MIB:,.0f} MiB"
+        if free is not None:
+            text += f", {free / MIB:,.0f} MiB free"
+        ax.annotate(text, (x, y), xytext=(-8, -14), textcoords="offset points", ha="right",
+                    fontsize=9, color="#000000")
 
 
 def categories_png(con: duckdb.DuckDBPyConnection, sid: int, device: int, path: Path,

@@ -77,3 +77,29 @@ def test_report_has_the_out_of_memory_section(tmp_path):
     memory = text.split("## Memory")[1]
     for w in ("w0", "w1"):
         assert f"| small ctx4096 train fp32 (small-ctx4096-b64-train-fp32-{w}-mem-" in memory
+
+
+def test_timeline_marks_where_memory_ran_out(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    from lmprof.analyze import memory
+    from lmprof.analyze.db import connect
+    from lmprof.reports import memory_plots
+
+    texts = []
+    real = matplotlib.axes.Axes.annotate
+
+    def annotate(self, text, xy, *a, **k):
+        texts.append((text, xy))
+        return real(self, text, xy, *a, **k)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "annotate", annotate)
+    con = connect()
+    memory.load_memory(con, DATA / "warmup0" / "memory.pickle.xz", None)
+    png = memory_plots.timeline_png(con, 0, 0, tmp_path / "t.png", "oom")
+    assert png is not None and png.read_bytes()[:4] == b"\x89PNG"
+    (oom,) = [(t, xy) for t, xy in texts if t.startswith("out of memory")]
+    assert oom[0] == "out of memory in forward: asked 49,152 MiB, 37,055 MiB free"
+    allocated = con.execute("SELECT allocated_bytes FROM memory_events WHERE action = 'oom'"
+                            ).fetchall()[0][0]
+    assert oom[1][1] == pytest.approx(allocated / 2**20)
