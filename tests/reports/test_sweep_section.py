@@ -411,3 +411,31 @@ def test_report_orders_runs_by_configuration_not_run_id(tmp_path):
                    ("small", 256, "naive")]
     table = comparisons.runs_frame(runs)
     assert list(zip(table["size"], table["context"], table["attention"])) == got
+
+
+def test_context_plot_marks_where_a_configuration_failed(tmp_path, monkeypatch):
+    """A configuration that ran at two contexts but ran out of memory at one: its OK point is
+    drawn and the failed context marked with its status, in the band kept free above the data."""
+    import matplotlib.pyplot as plt
+
+    recs = [run_record(ctx=128, step_s=0.01), run_record(ctx=256, status="OOM"),
+            run_record(ctx=128, dtype="bf16", step_s=0.005),
+            run_record(ctx=256, dtype="bf16", step_s=0.01)]
+    drawn, notes = [], []
+    real_plot, real_annotate = plt.Axes.plot, plt.Axes.annotate
+
+    def plot(self, x, y, *a, **k):
+        drawn.append((list(x), k.get("marker"), k.get("label")))
+        return real_plot(self, x, y, *a, **k)
+
+    def annotate(self, text, xy, *a, **k):
+        notes.append((text, xy))
+        return real_annotate(self, text, xy, *a, **k)
+
+    monkeypatch.setattr(plt.Axes, "plot", plot)
+    monkeypatch.setattr(plt.Axes, "annotate", annotate)
+    text = section_text(write_sweep(tmp_path / "s", recs), tmp_path / "r")
+    assert ([128], "o", "small fp32") in drawn and ([128, 256], "o", "small bf16") in drawn
+    assert ([256], "x", None) in drawn
+    assert notes == [("OOM", (256, 0.95))]
+    assert "marked × at the top with its status" in text

@@ -91,17 +91,21 @@ def _speedup(df: pd.DataFrame, column: str, base, what: str) -> str | None:
 
 
 def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
-    ok = df[(df["status"] == "OK") & df["step_mean_s"].notna()]
+    ok = (df["status"] == "OK") & df["step_mean_s"].notna()
     line_keys = ["size", "batch", "dtype", "compile", "attention", "warmup", "device", "nsys",
                  "memory"]
-    # one line per configuration with at least two context lengths; the same configuration run
-    # twice (two sweeps, or two runs given together) is plotted by its median per context
-    lines: dict[str, list[tuple[tuple, pd.DataFrame]]] = {}
-    for mode, g in ok.groupby("mode", sort=False):
+    # one line per configuration run at two context lengths or more: its OK points (the median
+    # per context where it ran more than once) and, marked apart, the contexts where it failed
+    lines: dict[str, list[tuple[tuple, pd.DataFrame, dict]]] = {}
+    for mode, g in df.groupby("mode", sort=False):
         for key, lg in g.groupby(line_keys, dropna=False, sort=False):
-            lg = lg.groupby("context", as_index=False)["step_mean_s"].median()
-            if len(lg) >= 2:
-                lines.setdefault(mode, []).append((key, lg))
+            good = lg[ok.loc[lg.index]]
+            if lg["context"].nunique() < 2 or good.empty:
+                continue
+            points = good.groupby("context", as_index=False)["step_mean_s"].median()
+            failed = {c: " / ".join(dict.fromkeys(str(v) for v in cg["status"]))
+                      for c, cg in lg.groupby("context") if c not in set(points["context"])}
+            lines.setdefault(mode, []).append((key, points, failed))
     if not lines:
         return None
     import matplotlib
@@ -110,18 +114,28 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    log_y = False
+    log_y = any_failed = False
     fig, axes = plt.subplots(1, len(lines), figsize=(6 * len(lines), 4.5), squeeze=False)
     for ax, (mode, mode_lines) in zip(axes[0], lines.items()):
-        plotted = pd.concat([lg for _, lg in mode_lines])
-        for key, lg in mode_lines:
+        plotted = pd.concat([lg for _, lg, _ in mode_lines])
+        marks: dict = {}  # failure marks per context so far: stacked downwards from the top
+        for key, lg, failed in mode_lines:
             size, _, dtype, compiled, attention, _, _, nsys, memory = key
             label = f"{size} {dtype}" + (" compiled" if compiled else "") + (
                 f" {attention}" if attention != "naive" else "") + (
                 f" ({profiled(nsys, memory)})" if nsys or memory else "")
-            ax.plot(lg["context"], lg["step_mean_s"] * 1e3, marker="o", label=label)
+            (line,) = ax.plot(lg["context"], lg["step_mean_s"] * 1e3, marker="o", label=label)
+            for c, status in failed.items():  # in a band above the data, in the line's colour
+                any_failed = True
+                y = 0.95 - 0.065 * marks.get(c, 0)
+                marks[c] = marks.get(c, 0) + 1
+                ax.plot([c], [y], transform=ax.get_xaxis_transform(), marker="x", ms=8,
+                        mew=2, ls="none", color=line.get_color())
+                ax.annotate(status, (c, y), xycoords=ax.get_xaxis_transform(),
+                            xytext=(6, -3), textcoords="offset points", fontsize=8,
+                            color=line.get_color())
         ax.set_xscale("log", base=2)
-        contexts = sorted(plotted["context"].unique())
+        contexts = sorted({*plotted["context"], *(c for _, _, f in mode_lines for c in f)})
         ax.set_xticks(contexts, [str(c) for c in contexts])
         ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         if plotted["step_mean_s"].max() > 4 * plotted["step_mean_s"].min():  # log where it helps
@@ -129,6 +143,13 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
             log_y = True
             ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
             ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        if marks:  # room above the highest point for the failure marks
+            low, high = ax.get_ylim()
+            band = 0.065 * max(marks.values()) + 0.08
+            if ax.get_yscale() == "log":
+                ax.set_ylim(low, high * (high / low) ** (band / (1 - band)))
+            else:
+                ax.set_ylim(low, high + (high - low) * band / (1 - band))
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel("step time (ms, mean)")
         ax.set_title(mode)
@@ -139,9 +160,11 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     scales = "log scales" if log_y else "log context axis"
+    failures = ("contexts where a configuration failed are marked × at the top with its status "
+                "(OOM, ERROR, TIMEOUT)" if any_failed else "failed cells are left out")
     return (f"![step time vs context length]({link})\n\nMean step time against context length "
             f"({scales}); one line per size, dtype, compile, attention and profiling setting; "
-            "failed cells are left out, repeated configurations are shown by their median.")
+            f"{failures}; repeated configurations are shown by their median.")
 
 
 def _memory(df: pd.DataFrame) -> str | None:
