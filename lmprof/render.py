@@ -205,7 +205,8 @@ def _table_markdown(table: Table, shorten: Shorten | None, floatfmt: str,
             if _missing(v):
                 out.append(None)
                 continue
-            out.append(v * scale if scale is not None else v)
+            out.append(_YES_NO[v] if isinstance(v, bool) and not raw else
+                       v * scale if scale is not None else v)
         rows.append(out)
     for i, col in enumerate(table.columns):
         if shorten and col in shorten:
@@ -252,7 +253,7 @@ def for_display(df: pd.DataFrame, shorten: Shorten | None = None) -> pd.DataFram
     for col in df.columns:
         _, unit, scale = _split_unit(col)
         values = df[col]
-        if unit and scale != 1.0:
+        if unit and scale != 1.0 and not pd.api.types.is_bool_dtype(values):  # yes/no stays
             if pd.api.types.is_numeric_dtype(values):
                 values = values * scale
             elif _numbers_or_missing(values):  # integers with gaps, kept as objects with None
@@ -260,8 +261,18 @@ def for_display(df: pd.DataFrame, shorten: Shorten | None = None) -> pd.DataFram
         if shorten and col in shorten:
             values = pd.Series(_shortened(values, shorten[col]), index=values.index,
                                dtype=object)
+        if pd.api.types.is_bool_dtype(values) or (values.dtype == object and any(
+                _is_bool(v) for v in values)):
+            values = values.map(lambda v: _YES_NO[bool(v)] if _is_bool(v) else v)
         out[display_name(col)] = values
     return out
+
+
+_YES_NO = {True: "yes", False: "no"}  # markdown shows settings as words; csv/json keep booleans
+
+
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, bool) or type(v).__name__ == "bool_"  # numpy's too
 
 
 def _numbers_or_missing(values: pd.Series) -> bool:

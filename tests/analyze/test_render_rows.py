@@ -280,3 +280,16 @@ def test_markdown_precision_follows_each_column():
                     ["1077", "512.2", "", "1.000", "0.0", "b"]]
     raw = render(rows, "md", raw=True)
     assert [ln.split("|")[5].strip() for ln in raw.splitlines()[2:]] == ["36.661", "0.038"]
+
+
+def test_markdown_shows_settings_as_yes_no_and_data_formats_keep_booleans():
+    con = duckdb.connect()
+    sql = "SELECT * FROM (VALUES (true, 1), (false, 2), (NULL, 3)) t(compile, n)"
+    rows = Table.fetch(con.execute(sql))
+    for data in (rows, con.execute(sql).df()):
+        md = render(data, "md")
+        assert [ln.split("|")[1].strip() for ln in md.splitlines()[2:]] == ["yes", "no", ""]
+        assert render(data, "csv").splitlines()[1:] == ["True,1", "False,2", ",3"]
+        assert '"compile": true' in render(data, "json")
+    raw = render(rows, "md", raw=True)  # a user's own query: as DuckDB gave it
+    assert "True" in raw and "yes" not in raw
