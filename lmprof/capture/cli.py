@@ -177,8 +177,19 @@ def _run_under_nsys(nsys: str, target: Path, spec, nsys_args: str | None, quiet:
 def _print_summary(target: Path, record: dict) -> None:
     click.echo(f"run: {target}")
     click.echo(f"status: {record['status']}" + (f" ({record['error']})" if record["error"] else ""))
+    for key, what in (("memory_snapshot", "memory snapshot"), ("nsys_rep", "nsys report"),
+                      ("nsys_sqlite", "nsys SQLite export")):
+        name = (record.get("artifacts") or {}).get(key)
+        if name:
+            at_failure = (" (taken at the failure)" if record["status"] != "OK"
+                          and key == "memory_snapshot" else "")
+            click.echo(f"{what}: {target / name}{at_failure}")
+    for problem in record.get("artifact_errors") or []:
+        click.echo(f"not saved: {problem}")
     summary = record.get("timings", {}).get("summary")
     if not summary:
+        if record["status"] != "OK" and (record.get("artifacts") or {}).get("memory_snapshot"):
+            click.echo(f"what filled the memory: analyze memory {target}")
         return
     from lmprof.render import to_markdown
     from lmprof.reports.tables import phase_summary_table

@@ -203,3 +203,22 @@ def test_nsys_run_writes_into_the_given_run_dir(monkeypatch, tmp_path):
     assert result.exit_code == 0, result.output
     assert seen == [run_dir] and run_dir.is_dir()
     assert not out.exists()
+
+
+def test_summary_names_the_artifacts_and_what_to_run_after_an_oom(tmp_path, capsys):
+    from lmprof.capture.cli import _print_summary
+
+    record = {"status": "OOM", "error": "OutOfMemoryError: CUDA out of memory.",
+              "artifacts": {"memory_snapshot": "memory.pickle"}, "timings": {},
+              "artifact_errors": ["MemoryRecorder.on_failure: RuntimeError: disk full"]}
+    _print_summary(tmp_path, record)
+    out = capsys.readouterr().out
+    assert f"memory snapshot: {tmp_path / 'memory.pickle'} (taken at the failure)" in out
+    assert f"what filled the memory: analyze memory {tmp_path}" in out
+    assert "not saved: MemoryRecorder.on_failure: RuntimeError: disk full" in out
+    ok = {"status": "OK", "error": None, "timings": {},
+          "artifacts": {"nsys_rep": "report.nsys-rep", "nsys_sqlite": "report.sqlite"}}
+    _print_summary(tmp_path, ok)
+    out = capsys.readouterr().out
+    assert f"nsys report: {tmp_path / 'report.nsys-rep'}\n" in out
+    assert "failure" not in out and "what filled" not in out
