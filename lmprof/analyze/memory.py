@@ -548,29 +548,24 @@ def tables(con: duckdb.DuckDBPyConnection, top: int = 10) -> tuple[dict[str, pd.
         "memory_largest_allocations": largest(con, top),
         "memory_categories": categories(con),
     }
-    oom = oom_events(con)
-    if not oom.empty:
-        out["memory_oom"] = oom
-        notes["memory_oom"] = (
-            "Out-of-memory entries of the trace: the request that failed, what the device had "
-            "free then, and what PyTorch had allocated and reserved (the snapshot was dumped at "
-            "the failure, so the tables above show what filled the memory).")
-    ms = model_state(con, out["memory_categories"])
-    if not ms.empty:
-        out["memory_model_state"] = ms
-        notes["memory_model_state"] = (
-            "Expected from the run config (fp32 parameters: 4 B each; gradients the same; "
-            "AdamW keeps 2 moments) against what the snapshot shows.")
+    def add_if_any(name: str, df: pd.DataFrame, note: str) -> None:
+        if not df.empty:
+            out[name], notes[name] = df, note
+
+    add_if_any("memory_oom", oom_events(con), (
+        "Out-of-memory entries of the trace: the request that failed, what the device had "
+        "free then, and what PyTorch had allocated and reserved (the snapshot was dumped at "
+        "the failure, so the tables above show what filled the memory)."))
+    add_if_any("memory_model_state", model_state(con, out["memory_categories"]), (
+        "Expected from the run config (fp32 parameters: 4 B each; gradients the same; "
+        "AdamW keeps 2 moments) against what the snapshot shows."))
     if many_s:
         cmp = compare(con)
         out["memory_compare"] = cmp
-        pbc = peak_by_context(cmp)
-        if not pbc.empty:
-            out["memory_peak_by_context"] = pbc
-            notes["memory_peak_by_context"] = (
-                "Peak allocated memory, one column per mode and dtype; a row per size and "
-                "context length (and batch size, attention or compile where the snapshots differ "
-                "in them); snapshots of one configuration give their largest peak.")
+        add_if_any("memory_peak_by_context", peak_by_context(cmp), (
+            "Peak allocated memory, one column per mode and dtype; a row per size and "
+            "context length (and batch size, attention or compile where the snapshots differ "
+            "in them); snapshots of one configuration give their largest peak."))
     return {k: _tidy(v, many_s, many_d) for k, v in out.items()}, notes
 
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import lzma
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -86,14 +84,9 @@ def test_display_site_keeps_file_line_and_function(site, width, expected):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
+def runs(runs_with_exports) -> Path:
     """The compiled train and forward runs, exports decompressed."""
-    root = tmp_path_factory.mktemp("compiled")
-    for name in ("train", "forward"):
-        shutil.copytree(DATA / name, root / name, ignore=shutil.ignore_patterns("*.sqlite.xz"))
-        (root / name / "report.sqlite").write_bytes(
-            lzma.decompress((DATA / name / "report.sqlite.xz").read_bytes()))
-    return root
+    return runs_with_exports(DATA, ("train", "forward"))
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import csv
 import io
-import lzma
-import shutil
 from pathlib import Path
 
 import pytest
@@ -19,15 +17,9 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "h200-naive-vs-flash"
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
-    """Both run directories with their exports decompressed (stored as .xz to keep the
-    repository small; the snapshot stays compressed, as analyze reads that)."""
-    root = tmp_path_factory.mktemp("runs")
-    for name in ("naive", "flash"):
-        shutil.copytree(DATA / name, root / name, ignore=shutil.ignore_patterns("*.sqlite.xz"))
-        (root / name / "report.sqlite").write_bytes(
-            lzma.decompress((DATA / name / "report.sqlite.xz").read_bytes()))
-    return root
+def runs(runs_with_exports) -> Path:
+    """Both run directories with their exports decompressed."""
+    return runs_with_exports(DATA, ("naive", "flash"))
 
 
 def _csv_tables(output: str) -> dict[str, list[dict[str, str]]]:
