@@ -30,6 +30,7 @@ class MemoryRecorder:
         self._tags: list[str] = []
         self._set_meta = getattr(torch.cuda.memory, "_set_memory_metadata", None)
         self.recording = False
+        self.dumped = False  # a snapshot of the recorded steps is written
 
     # annotation listener: tag allocations with the innermost phase
     def enter(self, name: str) -> None:
@@ -54,11 +55,13 @@ class MemoryRecorder:
         if self.recording and index + 1 >= self.steps:
             self.stop()
 
-    def stop(self) -> None:
+    def stop(self, synchronize: bool = True) -> None:
         if not self.recording:
             return
-        torch.cuda.synchronize()
+        if synchronize:
+            torch.cuda.synchronize()
         torch.cuda.memory._dump_snapshot(str(self.path))
+        self.dumped = True
         torch.cuda.memory._record_memory_history(enabled=None)
         if self._set_meta is not None:
             annotate.remove_listener(self)
@@ -74,16 +77,18 @@ class MemoryRecorder:
         """A step failed. Out of memory, or while recording: dump the snapshot now, while the
         failed step's tensors are still alive (its traceback holds them) — the allocator state
         at the failure, with the trace (and its 'oom' entry) if recording had started; an OOM
-        in warm-up gives the state alone."""
+        in warm-up gives the state alone. A snapshot of steps recorded before (--memory-steps)
+        is kept as it is."""
         from lmprof.capture import devices
 
-        if not (self.recording or devices.is_oom(exc)):
-            return {}
-        torch.cuda.memory._dump_snapshot(str(self.path))
         if self.recording:
-            torch.cuda.memory._record_memory_history(enabled=None)
-            if self._set_meta is not None:
-                annotate.remove_listener(self)
-                self._set_meta("")
-            self.recording = False
+            # no synchronize: after a CUDA error it would raise; the allocator's state is the
+            # host's and needs none
+            self.stop(synchronize=False)
+        elif self.dumped:  # recording ended (--memory-steps) before the failure: keep its trace
+            pass
+        elif devices.is_oom(exc):
+            torch.cuda.memory._dump_snapshot(str(self.path))
+        else:
+            return {}
         return {"memory_snapshot": SNAPSHOT_FILE}

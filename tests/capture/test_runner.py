@@ -161,3 +161,40 @@ def test_failure_in_warmup_calls_the_hooks_without_windows(tmp_path, monkeypatch
     assert record["status"] == "ERROR" and len(seen) == 1
     assert record["phase_windows"] == [] and record["artifacts"] == {}
     assert "artifact_errors" not in record
+
+
+def test_memory_recorder_on_failure_keeps_the_right_snapshot(tmp_path, monkeypatch):
+    """The recorder's failure path without a GPU (torch.cuda's memory calls faked): recording
+    -> dumped then stopped, without a synchronize; an OOM before recording -> the state dumped;
+    after --memory-steps ended the recording -> that snapshot kept, not overwritten; any other
+    failure before recording -> nothing."""
+    import torch
+
+    from lmprof.capture.memory import MemoryRecorder
+
+    calls = []
+    monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", lambda p: calls.append("dump"))
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history",
+                        lambda enabled=None, **k: calls.append(f"history {enabled}"))
+    monkeypatch.setattr(torch.cuda.memory, "_set_memory_metadata", lambda s: None,
+                        raising=False)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("sync"))
+    oom, other = torch.OutOfMemoryError("CUDA out of memory."), RuntimeError("bad")
+
+    rec = MemoryRecorder(tmp_path, 100, "python", steps=2)
+    rec.start()
+    assert rec.on_failure(other) == {"memory_snapshot": "memory.pickle"}
+    assert calls == ["history all", "dump", "history None"] and not rec.recording
+
+    calls.clear()
+    rec = MemoryRecorder(tmp_path, 100, "python", steps=2)
+    assert rec.on_failure(other) == {} and calls == []
+    assert rec.on_failure(oom) == {"memory_snapshot": "memory.pickle"} and calls == ["dump"]
+
+    calls.clear()
+    rec = MemoryRecorder(tmp_path, 100, "python", steps=1)
+    rec.start()
+    rec.after_step(0)  # --memory-steps 1: the recorded step's snapshot is written
+    assert calls == ["history all", "sync", "dump", "history None"]
+    calls.clear()
+    assert rec.on_failure(oom) == {"memory_snapshot": "memory.pickle"} and calls == []
