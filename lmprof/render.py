@@ -205,7 +205,7 @@ def _table_markdown(table: Table, shorten: Shorten | None, floatfmt: str,
             if _missing(v):
                 out.append(None)
                 continue
-            out.append(_YES_NO[v] if isinstance(v, bool) and not raw else
+            out.append(yes_no(v) if isinstance(v, bool) and not raw else
                        v * scale if scale is not None else v)
         rows.append(out)
     for i, col in enumerate(table.columns):
@@ -263,16 +263,18 @@ def for_display(df: pd.DataFrame, shorten: Shorten | None = None) -> pd.DataFram
                                dtype=object)
         if pd.api.types.is_bool_dtype(values) or (values.dtype == object and any(
                 _is_bool(v) for v in values)):
-            values = values.map(lambda v: _YES_NO[bool(v)] if _is_bool(v) else v)
+            values = values.map(yes_no)
         out[display_name(col)] = values
     return out
 
 
-_YES_NO = {True: "yes", False: "no"}  # markdown shows settings as words; csv/json keep booleans
-
-
 def _is_bool(v: Any) -> bool:
     return isinstance(v, bool) or type(v).__name__ == "bool_"  # numpy's too
+
+
+def yes_no(v: Any) -> Any:
+    """A boolean as markdown shows it ("yes"/"no"; csv and json keep booleans); else ``v``."""
+    return ("yes" if v else "no") if _is_bool(v) else v
 
 
 def _numbers_or_missing(values: pd.Series) -> bool:

@@ -146,19 +146,14 @@ def _remember(con, created: set[tuple[str, str, str]]) -> None:
 
 def _prepare_all(con, resolved, options, defer=False):
     from lmprof.analyze.sqlfile import insert_rows
-    from lmprof.analyze.trace import prepare
+    from lmprof.analyze.trace import prepare, tell_apart
 
     traces = []
     for i, (path, record) in enumerate(resolved, 1):
         schema = "main" if len(resolved) == 1 else f"r{i}"
         traces.append(prepare(con, path, options, schema=schema, record=record,
                               defer_phase_instances=defer and len(resolved) == 1))
-    from lmprof import rundir
-
-    for t, label in zip(traces, rundir.distinct_labels([t.label for t in traces],
-                                                       [t.record for t in traces],
-                                                       [t.path for t in traces])):
-        t.label = label
+    tell_apart(traces)
     if len(traces) > 1:
         con.execute("USE main")
         con.execute("CREATE OR REPLACE TABLE main.reports (schema_name VARCHAR, source VARCHAR, "

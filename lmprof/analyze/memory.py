@@ -342,19 +342,21 @@ def by_phase(con) -> pd.DataFrame:
               .drop(columns=["_r", "_s"]).reset_index(drop=True))
 
 
-def oom_events(con) -> pd.DataFrame:
-    """The trace's out-of-memory entries: when (from the first entry), in which phase and step,
-    how much was asked for, how much the device had free, what was allocated and reserved."""
+def oom_events(con, sid: int | None = None, device: int | None = None) -> pd.DataFrame:
+    """The trace's out-of-memory entries (of one snapshot and device, if given): its position
+    (seq), when (from the first entry), in which phase and step, how much was asked for, how
+    much the device had free, what was allocated and reserved."""
     return con.execute("""
-        SELECT s.label AS snapshot, e.device, e.time_us - p.first_time_us AS at_us, e.phase,
-            e.step, e.bytes AS requested_bytes, t.device_free_bytes, e.allocated_bytes,
-            e.reserved_bytes
+        SELECT s.label AS snapshot, e.device, e.seq, e.time_us - p.first_time_us AS at_us,
+            e.phase, e.step, e.bytes AS requested_bytes, t.device_free_bytes,
+            e.allocated_bytes, e.reserved_bytes
         FROM memory_events e
         JOIN memory_trace t USING (snapshot_id, device, seq)
         JOIN memory_peaks p USING (snapshot_id, device)
         JOIN memory_snapshots s USING (snapshot_id)
-        WHERE e.action = 'oom'
-        ORDER BY e.snapshot_id, e.device, e.seq""").df()
+        WHERE e.action = 'oom' AND ($sid IS NULL OR e.snapshot_id = $sid)
+            AND ($device IS NULL OR e.device = $device)
+        ORDER BY e.snapshot_id, e.device, e.seq""", {"sid": sid, "device": device}).df()
 
 
 def live_at_peak(con, top: int | None = None) -> pd.DataFrame:
@@ -552,7 +554,7 @@ def tables(con: duckdb.DuckDBPyConnection, top: int = 10) -> tuple[dict[str, pd.
         if not df.empty:
             out[name], notes[name] = df, note
 
-    add_if_any("memory_oom", oom_events(con), (
+    add_if_any("memory_oom", oom_events(con).drop(columns="seq"), (
         "Out-of-memory entries of the trace: the request that failed, what the device had "
         "free then, and what PyTorch had allocated and reserved (the snapshot was dumped at "
         "the failure, so the tables above show what filled the memory)."))

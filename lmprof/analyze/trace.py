@@ -243,3 +243,12 @@ def prepare(con: duckdb.DuckDBPyConnection, path: Path, options: Options, schema
     label = rundir.run_label(record) if record else path.parent.name or path.name
     return Trace(con=con, schema=schema, path=path, options=options, record=record,
                  export=export, label=label, deferred=deferred)
+
+
+def tell_apart(traces: list[Trace]) -> None:
+    """Give traces of one configuration (one label) labels that differ: by run id, else folder,
+    else position (``rundir.distinct_labels``), for tables with a row per run."""
+    for t, label in zip(traces, rundir.distinct_labels([t.label for t in traces],
+                                                       [t.record for t in traces],
+                                                       [t.path for t in traces])):
+        t.label = label

@@ -85,10 +85,8 @@ class MemoryRecorder:
             # no synchronize: after a CUDA error it would raise; the allocator's state is the
             # host's and needs none
             self.stop(synchronize=False)
-        elif self.dumped:  # recording ended (--memory-steps) before the failure: keep its trace
-            pass
-        elif devices.is_oom(exc):
+        elif not self.dumped:  # a recording that ended (--memory-steps) keeps its trace
+            if not devices.is_oom(exc):
+                return {}
             torch.cuda.memory._dump_snapshot(str(self.path))
-        else:
-            return {}
         return {"memory_snapshot": SNAPSHOT_FILE}

@@ -33,7 +33,7 @@ def _first_steps(record: dict[str, Any]) -> tuple[float | None, float | None]:
 def runs_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     """benchmark_table's row per run, plus first-step times, peak memory and the nsys export."""
     rows = []
-    for r in records:
+    for r in sorted(records, key=rundir.config_order):  # the benchmark table's order
         row = benchmark_table([r])
         if row.empty:
             continue
@@ -47,13 +47,10 @@ def runs_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
         ))
     if not rows:
         return pd.DataFrame()
-    df = pd.concat(rows, ignore_index=True)
-    return df.sort_values(["d_model", "size", "context", "batch", "mode", "dtype", "compile",
-                           "attention", "warmup"], kind="stable", na_position="last",
-                          ignore_index=True)
+    return pd.concat(rows, ignore_index=True)
 
 
-def _cell(g: pd.DataFrame, col: str) -> Any:
+def cell(g: pd.DataFrame, col: str) -> Any:
     """One grid cell from the runs of one configuration (a sweep cell, or the same configuration
     run again: two sweeps or runs given together): the median of ``col`` over its OK runs that
     recorded it; else the status of its failed runs (OOM, ERROR, TIMEOUT); else None."""
@@ -65,12 +62,12 @@ def _cell(g: pd.DataFrame, col: str) -> Any:
 
 
 def _grid(df: pd.DataFrame, keys: list[str], col: str) -> pd.DataFrame:
-    """``col`` per configuration (``keys``) × context length, one cell per pair (``_cell``);
+    """``col`` per configuration (``keys``) × context length, one cell per pair (``cell``);
     columns ``ctx <n>`` in increasing context, rows in the order of ``df``; ``runs_in_cell``
     (a frame attribute) holds the largest number of runs behind one cell."""
     cells, most = {}, 0
     for key, g in df.groupby([*keys, "context"], dropna=False, sort=False):
-        cells.setdefault(key[:-1], {})[key[-1]] = _cell(g, col)
+        cells.setdefault(key[:-1], {})[key[-1]] = cell(g, col)
         most = max(most, len(g))
     contexts = sorted({c for row in cells.values() for c in row},
                       key=lambda c: (pd.isna(c), 0 if pd.isna(c) else c))  # unknown last
@@ -116,7 +113,7 @@ def speedup(df: pd.DataFrame, column: str, base: Any) -> pd.DataFrame:
     rows, most = [], 0
     for _, g in df.groupby(keys, dropna=False, sort=False):
         # each value of the column once: the median of its OK runs, or its runs' failure status
-        sides = {v: (_cell(runs, "step_mean_s"), runs)
+        sides = {v: (cell(runs, "step_mean_s"), runs)
                  for v, runs in g.groupby(column, dropna=False, sort=False)}
         if base not in sides:
             continue
@@ -136,8 +133,8 @@ def speedup(df: pd.DataFrame, column: str, base: Any) -> pd.DataFrame:
                 "status": "OK" if ok else f"{_status(ref_step)} / {_status(step)}",
             }
             if peaks:
-                base_peak = _cell(ref_runs, "peak_allocated_bytes")
-                peak = _cell(runs, "peak_allocated_bytes")
+                base_peak = cell(ref_runs, "peak_allocated_bytes")
+                peak = cell(runs, "peak_allocated_bytes")
                 row["base_peak_bytes"] = base_peak if isinstance(base_peak, float) else None
                 row["other_peak_bytes"] = peak if isinstance(peak, float) else None
             rows.append(row)

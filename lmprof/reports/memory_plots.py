@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -99,19 +100,15 @@ def timeline_png(con: duckdb.DuckDBPyConnection, sid: int, device: int, path: Pa
 def _mark_ooms(ax, con: duckdb.DuckDBPyConnection, sid: int, device: int, has_time: bool,
                scale: float) -> None:
     """A cross and a line of text where the trace says the allocator ran out of memory."""
-    rows = con.execute("""
-        SELECT e.time_us - p.first_time_us, e.seq, e.bytes, t.device_free_bytes,
-            e.allocated_bytes, e.phase
-        FROM memory_events e JOIN memory_trace t USING (snapshot_id, device, seq)
-        JOIN memory_peaks p USING (snapshot_id, device)
-        WHERE e.snapshot_id = ? AND e.device = ? AND e.action = 'oom' ORDER BY e.seq""",
-                       [sid, device]).fetchall()
-    for at, seq, requested, free, allocated, phase in rows:
-        x = (at if has_time and at is not None else max(seq, 0)) * scale
-        y = (allocated or 0) / MIB
+    ooms = memory.oom_events(con, sid, device)
+    for i, r in enumerate(ooms.itertuples()):
+        x = (r.at_us if has_time and not pd.isna(r.at_us) else max(r.seq, 0)) * scale
+        y = (0 if pd.isna(r.allocated_bytes) else r.allocated_bytes) / MIB
         ax.plot([x], [y], marker="X", ls="none", color="#000000", ms=9, zorder=6,
-                label="out of memory" if seq == rows[0][1] else None)
-        text = f"out of memory in {phase}: asked {(requested or 0) / MIB:,.0f} MiB"
+                label="out of memory" if i == 0 else None)
+        requested = 0 if pd.isna(r.requested_bytes) else r.requested_bytes
+        phase, free = r.phase, None if pd.isna(r.device_free_bytes) else r.device_free_bytes
+        text = f"out of memory in {phase}: asked {requested / MIB:,.0f} MiB"
         if free is not None:
             text += f", {free / MIB:,.0f} MiB free"
         ax.annotate(text, (x, y), xytext=(-8, -14), textcoords="offset points", ha="right",

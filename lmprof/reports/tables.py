@@ -6,6 +6,7 @@ from typing import Any
 
 import pandas as pd
 
+from lmprof import rundir
 from lmprof.model.flops import peak_tflops
 
 PHASE_ORDER = ("forward", "inference", "backward", "optimizer", "step")
@@ -37,7 +38,7 @@ def profiled(nsys: bool, memory: bool) -> str:
 def benchmark_table(records: list[dict[str, Any]]) -> pd.DataFrame:
     """The end-to-end benchmark table of a CS336 write-up, one row per run, OOM rows kept."""
     rows = []
-    for r in records:
+    for r in sorted(records, key=rundir.config_order):  # by configuration (rundir.config_order)
         if r.get("kind", "run") != "run":  # precision / attention records: no model steps
             continue
         c, m, env = r.get("config", {}), r.get("model", {}), r.get("environment", {})
@@ -72,9 +73,4 @@ def benchmark_table(records: list[dict[str, Any]]) -> pd.DataFrame:
             "achieved_tflops": tflops,
             "mfu_pct": 100 * tflops / peak if (tflops and peak) else None,
         })
-    df = pd.DataFrame(rows)
-    if df.empty:
-        return df
-    order = ["d_model", "size", "context", "batch", "mode", "dtype", "compile", "attention",
-             "warmup", "nsys", "memory"]
-    return df.sort_values(order, kind="stable", na_position="last").reset_index(drop=True)
+    return pd.DataFrame(rows)

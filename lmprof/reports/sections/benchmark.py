@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from lmprof.render import yes_no
 from lmprof.reports.report import ReportContext
 from lmprof.reports.tables import benchmark_table, profiled
 
@@ -24,7 +25,7 @@ def section(ctx: ReportContext) -> str | None:
         "Size": df["size"], "d_model": df["d_model"], "d_ff": df["d_ff"], "Layers": df["layers"],
         "Heads": df["heads"], "Batch": df["batch"], "Context": df["context"], "Mode": df["mode"],
         "Warm-up": df["warmup"], "Dtype": df["dtype"],
-        "Compile": df["compile"].map({True: "yes", False: "no"}), "Attention": df["attention"],
+        "Compile": df["compile"].map(yes_no), "Attention": df["attention"],
         "Device": df["device"], "Profiled": [profiled(n, m) or "no" for n, m in
                                                zip(df["nsys"], df["memory"])],
         "Status": df["status"],

@@ -31,7 +31,7 @@ _INTRO = (
 
 def section(ctx: ReportContext) -> str | None:
     from lmprof.analyze import db, kernels
-    from lmprof.analyze.trace import Options, configure, prepare
+    from lmprof.analyze.trace import Options, configure, prepare, tell_apart
 
     with_nsys = [(r, rundir.artifact_path(r, "nsys_sqlite")) for r in ctx.runs]
     with_nsys = [(r, p) for r, p in with_nsys if p is not None and p.is_file()]
@@ -55,11 +55,7 @@ def section(ctx: ReportContext) -> str | None:
                 parts += [f"**{title}.** {notes.get(name, '')}",
                           to_markdown(tables[name], shorten=_SHORTEN)]
         if len(traces) > 1:
-            # runs of one configuration get one label: told apart for the cross-run rows
-            for t, label in zip(traces, rundir.distinct_labels(
-                    [t.label for t in traces], [t.record for t in traces],
-                    [t.path for t in traces])):
-                t.label = label
+            tell_apart(traces)  # runs of one configuration: told apart in the cross-run rows
             parts.append("### Across runs")
             titles = {"gemm_fraction_by_run": "GEMM fraction by run",
                       "softmax_vs_matmul_by_run": "Softmax vs matmul by run"}

@@ -6,15 +6,10 @@ from __future__ import annotations
 
 import pandas as pd
 
+from lmprof.render import display_name, yes_no
 from lmprof.reports import comparisons as cmp
 from lmprof.reports.report import ReportContext
 from lmprof.reports.tables import profiled
-
-DISPLAY = {"size": "Size", "batch": "Batch", "mode": "Mode", "dtype": "Dtype",
-           "compile": "Compile", "attention": "Attention", "warmup": "Warm-up",
-           "device": "Device", "status": "Status", "context": "Context", "compared": "Compared",
-           "phase": "Phase", "nsys": "nsys", "memory": "Memory history"}
-
 
 def _cell(v, scale: float, fmt: str) -> str:
     if isinstance(v, str):
@@ -34,9 +29,9 @@ def _md(df: pd.DataFrame, scaled: dict[str, tuple[str, float, str]]) -> str:
             name, scale, fmt = scaled[col]
             out[name] = [_cell(v, scale, fmt) for v in df[col]]
         elif df[col].dtype == bool:
-            out[DISPLAY.get(col, col)] = df[col].map({True: "yes", False: "no"})
+            out[display_name(col)] = df[col].map(yes_no)
         else:
-            out[DISPLAY.get(col, col)] = df[col]
+            out[display_name(col)] = df[col]
     return out.to_markdown(index=False, disable_numparse=True)
 
 
@@ -91,7 +86,6 @@ def _speedup(df: pd.DataFrame, column: str, base, what: str) -> str | None:
 
 
 def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
-    ok = (df["status"] == "OK") & df["step_mean_s"].notna()
     line_keys = ["size", "batch", "dtype", "compile", "attention", "warmup", "device", "nsys",
                  "memory"]
     # one line per configuration run at two context lengths or more: its OK points (the median
@@ -99,12 +93,12 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
     lines: dict[str, list[tuple[tuple, pd.DataFrame, dict]]] = {}
     for mode, g in df.groupby("mode", sort=False):
         for key, lg in g.groupby(line_keys, dropna=False, sort=False):
-            good = lg[ok.loc[lg.index]]
-            if lg["context"].nunique() < 2 or good.empty:
+            cells = {c: cmp.cell(cg, "step_mean_s") for c, cg in lg.groupby("context")}
+            times = {c: v for c, v in cells.items() if isinstance(v, float)}
+            if len(cells) < 2 or not times:
                 continue
-            points = good.groupby("context", as_index=False)["step_mean_s"].median()
-            failed = {c: " / ".join(dict.fromkeys(str(v) for v in cg["status"]))
-                      for c, cg in lg.groupby("context") if c not in set(points["context"])}
+            points = pd.DataFrame({"context": list(times), "step_mean_s": list(times.values())})
+            failed = {c: v for c, v in cells.items() if isinstance(v, str)}
             lines.setdefault(mode, []).append((key, points, failed))
     if not lines:
         return None
