@@ -59,7 +59,7 @@ _DISPLAY = {"d_model": "d_model", "d_ff": "d_ff", "d_head": "d_head", "mfu_pct":
 
 
 _ACRONYMS = {"cpu": "CPU", "gpu": "GPU", "gemm": "GEMM", "nvtx": "NVTX", "flops": "FLOPs",
-             "mfu": "MFU", "tflops": "TFLOP/s", "id": "ID"}
+             "mfu": "MFU", "tflops": "TFLOP/s", "id": "ID", "pids": "PIDs"}
 
 
 def display_name(col: str) -> str:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import duckdb
 
 from lmprof.analyze import db, sqlfile
-from lmprof.analyze.trace import Trace
+from lmprof.analyze.trace import CALL_SUFFIX, Trace
 from lmprof.model.config import ModelConfig
 from lmprof.model.flops import attention_flops
 
@@ -62,14 +62,31 @@ def gpu_idle(trace: Trace) -> Result:
     return trace.execute("gpu_idle")
 
 
+def communication(trace: Trace) -> Result:
+    """Communication kernels per phase and device: time, overlap with compute, exposed time."""
+    return trace.execute("communication", has_comm=has_communication(trace))
+
+
+def has_communication(trace: Trace) -> bool:
+    """Whether any kernel of the trace is of class communication (NCCL and the like)."""
+    return bool(trace.use().execute(
+        "SELECT count(*) > 0 FROM kernel_names WHERE kernel_class = 'communication'"
+    ).fetchall()[0][0])
+
+
+def _call_suffix(trace: Trace) -> str | None:
+    """The pattern the per-range tables cut from range names (None: full names)."""
+    return None if trace.options.full_range_names else CALL_SUFFIX
+
+
 def range_summary(trace: Trace) -> Result:
     """Per NVTX range name: instances, wall time, attributed GPU ops and kernel time."""
-    return trace.execute("range_summary")
+    return trace.execute("range_summary", call_suffix=_call_suffix(trace))
 
 
 def range_kernels(trace: Trace) -> Result:
     """Per NVTX range name and kernel, like nsys's nvtx_kern_sum."""
-    return trace.execute("range_kernels")
+    return trace.execute("range_kernels", call_suffix=_call_suffix(trace))
 
 
 def attention_shapes(record: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -115,30 +132,43 @@ def softmax_vs_matmul(trace: Trace) -> Result:
     return trace.execute("attention", **params)
 
 
-# name -> (function, needs NVTX ranges, note for markdown). Order is the order of output.
-TABLES: dict[str, tuple[Callable[..., Result], bool, str]] = {
-    "phase_timing": (phase_timing, True,
+# name -> (function, what the trace must hold for the table to have rows — NVTX "ranges",
+# "communication" kernels, or None —, note for markdown). Order is the order of output.
+TABLES: dict[str, tuple[Callable[..., Result], str | None, str]] = {
+    "phase_timing": (phase_timing, "ranges",
                      "Means per NVTX range instance. GPU span: first to last GPU op attributed to "
                      "the instance; busy: union of op intervals / span. Runner: run.json timing."),
-    "top_kernels": (top_kernels, False,
+    "top_kernels": (top_kernels, None,
                     "Per phase; phase 'all' is every kernel of the report (= nsys "
                     "cuda_gpu_kern_sum)."),
-    "top_non_gemm_kernels": (lambda t, top=10: top_kernels(t, top, exclude_class="gemm"), False,
+    "top_non_gemm_kernels": (lambda t, top=10: top_kernels(t, top, exclude_class="gemm"), None,
                              "As above, GEMM kernels left out."),
-    "gemm_fraction": (gemm_fraction, False,
+    "gemm_fraction": (gemm_fraction, None,
                       "Share of kernel time in GEMM kernels; 'step' is everything inside step "
                       "ranges, 'all' the whole report."),
-    "softmax_vs_matmul": (softmax_vs_matmul, True,
+    "softmax_vs_matmul": (softmax_vs_matmul, "ranges",
                           "Kernels launched under the softmax range vs the attention-score and "
                           "final matmul ranges. FLOPs and bytes (minimal traffic) from run.json."),
-    "class_breakdown": (class_breakdown, False, "Kernel time by class per phase."),
-    "gpu_idle": (gpu_idle, True, "Idle time between GPU ops inside each phase instance's span."),
-    "ranges": (range_summary, True, "Every NVTX range name with the GPU work attributed to it."),
-    "range_kernels": (range_kernels, True, "Kernels per NVTX range name (like nvtx_kern_sum)."),
+    "class_breakdown": (class_breakdown, None, "Kernel time by class per phase."),
+    "gpu_idle": (gpu_idle, "ranges",
+                 "Idle time between GPU ops inside each phase instance's span."),
+    "communication": (communication, "communication",
+                      "Communication kernels (NCCL) per phase and device: overlapped = time a "
+                      "compute kernel ran beside them on the device, exposed = the rest; GEMM "
+                      "of compute = the GEMM fraction without them."),
+    "ranges": (range_summary, "ranges",
+               "Every NVTX range name with the GPU work attributed to it."),
+    "range_kernels": (range_kernels, "ranges", "Kernels per NVTX range name (like nvtx_kern_sum)."),
 }
 # (a)-(f) of the kernel analysis; the nsys-style per-range tables are asked for by name.
 DEFAULT_TABLES = tuple(t for t in TABLES if t not in ("ranges", "range_kernels"))
 NO_RANGES_NOTE = "No NVTX ranges in this report: nothing to attribute by range."
+# Why a table is empty when the trace lacks what it needs (TABLES' second field).
+_MISSING_NOTES = {
+    "ranges": NO_RANGES_NOTE,
+    "communication": "No communication kernels (NCCL) in this report: one GPU, or no collective "
+                     "ran in the captured steps.",
+}
 
 
 # Tables that read phase_instances, which prepare may have deferred (Trace.ready builds it): the
@@ -184,14 +214,16 @@ def results(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | No
         from lmprof.render import Table
 
         fetch = Table.fetch
-    has_ranges = trace.count("nvtx_ranges") > 0
+    holds = {"ranges": trace.count("nvtx_ranges") > 0}
+    if "communication" in names:
+        holds["communication"] = has_communication(trace)
     out: dict[str, Any] = {}
 
     def compute(t: Trace, name: str) -> None:
         if name in _READS_PHASE_INSTANCES:
             t.ready()
-        fn, needs_ranges, _ = TABLES[name]
-        if needs_ranges and not has_ranges:
+        fn, needs, _ = TABLES[name]
+        if needs is not None and not holds[needs]:
             out[name] = None
         else:
             out[name] = fetch(fn(t, top=top) if name.startswith("top_") else fn(t))
@@ -217,7 +249,8 @@ def results(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | No
                        "table")
         finally:
             trace.con.execute(f"SET threads = {threads}")
-    notes = {name: NO_RANGES_NOTE if out[name] is None else TABLES[name][2] for name in names}
+    notes = {name: _MISSING_NOTES[TABLES[name][1]] if out[name] is None else TABLES[name][2]
+             for name in names}
     why = _no_attention_ranges(trace)
     if why and out.get("softmax_vs_matmul") is not None and out["softmax_vs_matmul"].empty:
         notes["softmax_vs_matmul"] += " " + why

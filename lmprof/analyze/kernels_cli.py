@@ -20,7 +20,8 @@ from lmprof.errors import UserError
 # command nor 'analyze sql' imports pandas (nor numpy): every table is one DuckDB result fetched
 # as rows and rendered by lmprof.render.Table (kernel_tables.several_reports for several REPORTs).
 TABLE_NAMES = ("phase_timing", "top_kernels", "top_non_gemm_kernels", "gemm_fraction",
-               "softmax_vs_matmul", "class_breakdown", "gpu_idle", "ranges", "range_kernels")
+               "softmax_vs_matmul", "class_breakdown", "gpu_idle", "communication", "ranges",
+               "range_kernels")
 
 _REPORTS_HELP = ("REPORT: an nsys SQLite export, a .nsys-rep (exported with nsys when available, "
                  "cached beside it), a run directory (its run.json names the export), or a sweep "
@@ -51,7 +52,7 @@ db_option = click.option(
 
 
 def _options(attribution: str, phase_ranges: tuple[str, ...], softmax_ranges: tuple[str, ...],
-             matmul_ranges: tuple[str, ...]):
+             matmul_ranges: tuple[str, ...], full_range_names: bool = False):
     from lmprof.analyze.trace import Options
 
     defaults = dict(Options().phase_ranges)
@@ -68,7 +69,8 @@ def _options(attribution: str, phase_ranges: tuple[str, ...], softmax_ranges: tu
         kwargs["softmax_ranges"] = tuple(softmax_ranges)
     if matmul_ranges:
         kwargs["matmul_ranges"] = tuple(matmul_ranges)
-    return Options(attribution=attribution, phase_ranges=tuple(pairs), **kwargs)
+    return Options(attribution=attribution, phase_ranges=tuple(pairs),
+                   full_range_names=full_range_names, **kwargs)
 
 
 @contextlib.contextmanager
@@ -176,18 +178,23 @@ def _prepare_all(con, resolved, options, defer=False):
               type=click.Choice(TABLE_NAMES),
               help="Only these tables (repeatable); default: all but the per-range tables ranges and "
                    "range_kernels (nsys nvtx_gpu_proj_sum / nvtx_kern_sum look-alikes).")
+@click.option("--full-range-names", is_flag=True,
+              help="In the ranges and range_kernels tables, one row per distinct range text, as "
+                   "nsys prints them; by default the per-call suffixes of PyTorch's emit_nvtx "
+                   "(', seq = N, op_id = N, sizes = [...]') are cut, one row per op.")
 @db_option
 @nsys_option
 @format_option
 @out_option
 def kernels_cmd(reports, attribution, phase_ranges, softmax_ranges, matmul_ranges, top,
-                table_names, db, nsys_path, fmt, out) -> None:
+                table_names, full_range_names, db, nsys_path, fmt, out) -> None:
     """Kernel tables of one or more nsys REPORTs: phase timing, top kernels, GEMM fraction,
     softmax vs matmul, class breakdown, GPU idle gaps; cross-run tables for several reports."""
     from lmprof.analyze import kernel_names
     from lmprof.render import Table, emit
 
-    options = _options(attribution, phase_ranges, softmax_ranges, matmul_ranges)
+    options = _options(attribution, phase_ranges, softmax_ranges, matmul_ranges,
+                       full_range_names)
     with open_traces(reports, options, db, nsys_path, defer=True) as (_, traces):
         from lmprof.analyze import kernel_tables
 

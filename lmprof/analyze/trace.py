@@ -29,6 +29,11 @@ ATTRIBUTIONS = ("process", "thread")
 PHASES = phases.PHASES  # forward, backward, optimizer, inference
 STEP = phases.STEP
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+# What torch.autograd.profiler.emit_nvtx appends to an op's range name, call by call (torch's
+# profiler getNvtxStr): ", seq = N" (autograd sequence number), ", op_id = N", and with
+# record_shapes ", sizes = [...]" and ", input_op_ids = [...]". One range name per call makes a
+# per-name table one row per call; without the suffixes, one row per op (aten::linear).
+CALL_SUFFIX = r", (seq|op_id) = -?[0-9]+.*$|, (sizes|input_op_ids) = \[.*$"
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,9 @@ class Options:
     phase_ranges: tuple[tuple[str, str], ...] = tuple((p, p) for p in (STEP, *PHASES))
     softmax_ranges: tuple[str, ...] = (phases.ATTN_SOFTMAX,)
     matmul_ranges: tuple[str, ...] = (phases.ATTN_SCORES, phases.ATTN_FINAL)
+    # The per-range tables group ranges by name less the per-call suffixes of PyTorch's
+    # emit_nvtx (CALL_SUFFIX); True keeps every distinct text apart, as nsys's reports do.
+    full_range_names: bool = False
 
     def __post_init__(self) -> None:
         if self.attribution not in ATTRIBUTIONS:

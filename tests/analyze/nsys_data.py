@@ -23,6 +23,21 @@ def stats(name: str) -> pd.DataFrame:
     return pd.read_csv(STATS / f"{name}.csv", keep_default_na=False, na_values=[])
 
 
+def run(*args: str) -> tuple[int, str, str]:
+    """Run ``analyze`` in-process through its real entry point (errors: one line, exit 2)."""
+    from click.testing import CliRunner
+
+    from lmprof.analyze.cli import main
+
+    with CliRunner().isolation() as (out, err, _):
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+        return code, out.getvalue().decode(), err.getvalue().decode()
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 

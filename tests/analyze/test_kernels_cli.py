@@ -12,23 +12,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from click.testing import CliRunner
 
-from lmprof.analyze.cli import main
-from nsys_data import REPORT, edit, sha256, source_count, stats, write_run_json, writable_copy
+from nsys_data import (REPORT, edit, run, sha256, source_count, stats, write_run_json,
+                       writable_copy)
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def run(*args: str) -> tuple[int, str, str]:
-    """Run ``analyze`` in-process through its real entry point (errors: one line, exit 2)."""
-    with CliRunner().isolation() as (out, err, _):
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = exc.code
-        return code, out.getvalue().decode(), err.getvalue().decode()
 
 
 def run_proc(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

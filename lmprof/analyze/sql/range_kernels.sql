@@ -10,6 +10,9 @@
 --   total_ns       BIGINT   summed duration (ns)
 --   avg_ns, med_ns, min_ns, max_ns, std_ns   per launch (ns); std is the sample deviation
 --   name           VARCHAR  demangled kernel name
+--
+-- $call_suffix: a pattern cut from the end of range names before grouping (emit_nvtx's
+-- ', seq = N, op_id = N', see trace.CALL_SUFFIX), or NULL to keep every name as nsys does.
 
 -- Grouped by integer keys (a range key per (range, style, pid, tid) from nvtx_ranges' 31k-row
 -- scale, a name key per kernel name), the texts joined to the few result rows afterwards. The
@@ -17,10 +20,12 @@
 -- statistics per (range, kernel), and the distinct range instances per (range, kernel), a
 -- grouping of its own because count(DISTINCT) inside the first measured 20-30% slower.
 
-WITH range_keys AS (
-    SELECT range_id, domain || ':' || name AS range, style, pid, tid,
-           dense_rank() OVER (ORDER BY domain || ':' || name, style, pid, tid) AS rkey
+WITH labelled AS (
+    SELECT range_id, domain || ':' || coalesce(regexp_replace(name, $call_suffix, ''), name)
+               AS range, style, pid, tid
     FROM nvtx_ranges
+), range_keys AS (
+    SELECT *, dense_rank() OVER (ORDER BY range, style, pid, tid) AS rkey FROM labelled
 ), name_keys AS (
     SELECT name_id, name, dense_rank() OVER (ORDER BY name) AS nkey FROM kernel_names
 ), w AS MATERIALIZED (

@@ -10,6 +10,9 @@
 --   gpu_ops        BIGINT   kernels + memcpy + memset attributed to its instances
 --   kernels        BIGINT   kernels attributed to its instances
 --   kernel_ns      BIGINT   their summed duration (ns)
+--
+-- $call_suffix: a pattern cut from the end of range names before grouping (emit_nvtx's
+-- ', seq = N, op_id = N', see trace.CALL_SUFFIX), or NULL to keep every name as nsys does.
 
 WITH per_range AS (  -- per range instance first (integer key), then per name
     SELECT range_id, count(*) AS gpu_ops, count(*) FILTER (WHERE kind = 'kernel') AS kernels,
@@ -17,13 +20,15 @@ WITH per_range AS (  -- per range instance first (integer key), then per name
     FROM _op_ranges_wide
     GROUP BY range_id
 ), ops AS (
-    SELECT r.domain || ':' || r.name AS range, r.style, CAST(sum(p.gpu_ops) AS BIGINT) AS gpu_ops,
+    SELECT r.domain || ':' || coalesce(regexp_replace(r.name, $call_suffix, ''), r.name) AS range,
+           r.style, CAST(sum(p.gpu_ops) AS BIGINT) AS gpu_ops,
            CAST(sum(p.kernels) AS BIGINT) AS kernels,
            CAST(coalesce(sum(p.kernel_ns), 0) AS BIGINT) AS kernel_ns
     FROM per_range p JOIN nvtx_ranges r USING (range_id)
     GROUP BY ALL
 ), ranges AS (
-    SELECT domain || ':' || name AS range, style, count(*) AS instances,
+    SELECT domain || ':' || coalesce(regexp_replace(name, $call_suffix, ''), name) AS range, style,
+           count(*) AS instances,
            CAST(sum(dur_ns) AS BIGINT) AS cpu_total_ns, avg(dur_ns) AS cpu_mean_ns, avg(level) AS avg_level
     FROM nvtx_ranges GROUP BY ALL
 )

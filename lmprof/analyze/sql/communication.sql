@@ -1,0 +1,90 @@
+-- Communication kernels (class 'communication': NCCL's collectives and the like) per phase and
+-- device, and how much of their time compute kernels ran beside them on the same device. In
+-- data-parallel training each rank has its own device, so the rows of one phase compare the
+-- ranks: a rank whose all-reduce is long and exposed waits for the others.
+--
+--   phase             VARCHAR  forward | backward | optimizer | inference | step | all
+--   device_id         INTEGER  the GPU
+--   pids              VARCHAR  processes that launched communication kernels on it
+--   comm_kernels      BIGINT   communication kernels of the phase on the device
+--   comm_ns           BIGINT   their summed duration (ns), waiting for other ranks included
+--   overlapped_ns     BIGINT   the part of comm_ns during which a compute kernel (any other
+--                              class) ran on the same device (ns)
+--   exposed_ns        BIGINT   comm_ns - overlapped_ns: communication with no compute beside it
+--   overlap_pct       DOUBLE   overlapped_ns / comm_ns (%)
+--   compute_ns        BIGINT   summed duration of the phase's other kernels on the device (ns)
+--   gemm_of_compute_pct DOUBLE   GEMM share of compute_ns (%): the GEMM fraction without the
+--                              communication kernels, whose time is mostly waiting
+--
+-- Rows for the devices that ran communication kernels, one per phase with kernels there. The
+-- compute intervals are merged per device (a sort over the kernels inside the span of that
+-- device's communication), so a communication kernel's overlap is its intersection with the
+-- merged intervals: two compute kernels on two streams at once count once.
+--
+-- $has_comm: whether kernel_names holds a communication kernel; false skips every scan (the
+-- result is then empty at no cost: most traces are of one GPU).
+
+WITH k AS (
+    SELECT g.op_id, g.device_id, g.start_ns, g.end_ns, g.phase, g.step_range_id IS NOT NULL
+               AS in_step, n.kernel_class, g.launch_global_tid
+    FROM gpu_ops g JOIN kernel_names n USING (name_id)
+    WHERE $has_comm AND g.kind = 'kernel'
+), comm AS (
+    SELECT * FROM k WHERE kernel_class = 'communication'
+), bounds AS (
+    SELECT device_id, min(start_ns) AS lo, max(end_ns) AS hi,
+           string_agg(DISTINCT CAST((launch_global_tid >> 24) & 16777215 AS VARCHAR), ', '
+                      ORDER BY CAST((launch_global_tid >> 24) & 16777215 AS VARCHAR)) AS pids
+    FROM comm GROUP BY device_id
+), compute AS (
+    SELECT k.device_id, k.start_ns, k.end_ns
+    FROM k JOIN bounds b ON b.device_id = k.device_id
+    WHERE k.kernel_class <> 'communication' AND k.end_ns > b.lo AND k.start_ns < b.hi
+), marked AS (
+    SELECT *, coalesce(start_ns > max(end_ns) OVER (
+                  PARTITION BY device_id ORDER BY start_ns, end_ns
+                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), true) AS opens
+    FROM compute
+), islands AS (
+    SELECT device_id, min(start_ns) AS s, max(end_ns) AS e
+    FROM (SELECT *, sum(CAST(opens AS INTEGER)) OVER (
+                        PARTITION BY device_id ORDER BY start_ns, end_ns ROWS UNBOUNDED PRECEDING)
+                        AS island
+          FROM marked)
+    GROUP BY device_id, island
+), overlap AS (
+    SELECT c.op_id, sum(least(c.end_ns, i.e) - greatest(c.start_ns, i.s)) AS overlapped_ns
+    FROM comm c JOIN islands i
+      ON i.device_id = c.device_id AND i.s < c.end_ns AND i.e > c.start_ns
+    GROUP BY c.op_id
+), per_kernel AS (
+    -- every kernel of those devices, with its overlap when it is a communication kernel
+    SELECT k.device_id, CAST(k.phase AS VARCHAR) AS phase, k.in_step,
+           k.kernel_class = 'communication' AS is_comm, k.kernel_class = 'gemm' AS is_gemm,
+           k.end_ns - k.start_ns AS dur_ns, coalesce(o.overlapped_ns, 0) AS overlapped_ns
+    FROM k JOIN bounds b ON b.device_id = k.device_id
+    LEFT JOIN overlap o ON o.op_id = k.op_id
+), tagged AS (
+    SELECT phase, * EXCLUDE (phase, in_step) FROM per_kernel WHERE phase IS NOT NULL
+    UNION ALL
+    SELECT 'step', * EXCLUDE (phase, in_step) FROM per_kernel WHERE in_step
+    UNION ALL
+    SELECT 'all', * EXCLUDE (phase, in_step) FROM per_kernel
+), grouped AS (
+    SELECT phase, device_id,
+           count(*) FILTER (WHERE is_comm) AS comm_kernels,
+           CAST(coalesce(sum(dur_ns) FILTER (WHERE is_comm), 0) AS BIGINT) AS comm_ns,
+           CAST(coalesce(sum(overlapped_ns) FILTER (WHERE is_comm), 0) AS BIGINT)
+               AS overlapped_ns,
+           CAST(coalesce(sum(dur_ns) FILTER (WHERE NOT is_comm), 0) AS BIGINT) AS compute_ns,
+           CAST(coalesce(sum(dur_ns) FILTER (WHERE is_gemm), 0) AS BIGINT) AS gemm_ns
+    FROM tagged
+    GROUP BY phase, device_id
+)
+SELECT g.phase, CAST(g.device_id AS INTEGER) AS device_id, b.pids, g.comm_kernels, g.comm_ns,
+       g.overlapped_ns, g.comm_ns - g.overlapped_ns AS exposed_ns,
+       100.0 * g.overlapped_ns / nullif(g.comm_ns, 0) AS overlap_pct, g.compute_ns,
+       100.0 * g.gemm_ns / nullif(g.compute_ns, 0) AS gemm_of_compute_pct
+FROM grouped g JOIN bounds b USING (device_id)
+ORDER BY list_position(['inference', 'forward', 'backward', 'optimizer', 'step', 'all'], g.phase),
+         g.device_id;

@@ -1,0 +1,220 @@
+"""Traces of code other than lmprof's (tests/data/h200x2-user-traces, made by
+bench/device/user_train.py on two H200s): its own range names, DistributedDataParallel over two
+processes and GPUs (NCCL all-reduces overlapping the backward), and PyTorch's emit_nvtx (a range
+per aten op and autograd node, five levels deep). Checked against nsys's own reports of the same
+exports (nsys-stats/, nsys 2025.3.1) and against interval arithmetic done here in Python."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import pytest
+
+from lmprof.analyze import kernels, trace
+from nsys_data import run
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "h200x2-user-traces"
+USER_PHASES = (("iter", "step"), ("fwd", "forward"), ("bwd", "backward"), ("opt", "optimizer"))
+PHASE_ARGS = ["--phase-range", "step=iter", "--phase-range", "forward=fwd",
+              "--phase-range", "backward=bwd", "--phase-range", "optimizer=opt"]
+
+
+@pytest.fixture(scope="module")
+def exports(runs_with_exports) -> Path:
+    return runs_with_exports(DATA, ("ddp", "emit"))
+
+
+def _stats(name: str, report: str) -> pd.DataFrame:
+    folder = DATA / name / "nsys-stats"
+    path = folder / f"{report}.csv"
+    if not path.exists():
+        path = folder / f"{report}.csv.xz"
+    return pd.read_csv(path, keep_default_na=False, na_values=[])
+
+
+def _trace(exports: Path, name: str, **options) -> trace.Trace:
+    return trace.prepare(duckdb.connect(), exports / name / "report.sqlite",
+                         trace.Options(phase_ranges=USER_PHASES, **options))
+
+
+@pytest.mark.parametrize("name", ["ddp", "emit"])
+def test_thread_rule_reproduces_nsys_on_other_code(exports, name):
+    """nvtx_kern_sum row for row (two processes; 6,193 rows of emit_nvtx ranges) and
+    nvtx_gpu_proj_sum's GPU-op counts, with every range text kept apart as nsys keeps it."""
+    tr = _trace(exports, name, attribution="thread", full_range_names=True)
+    theirs = _stats(name, "nvtx_kern_sum")
+    mine = kernels.range_kernels(tr).rename(columns={
+        "range": "NVTX Range", "style": "Style", "pid": "PID", "tid": "TID",
+        "name": "Kernel Name"})
+    key = ["NVTX Range", "Style", "PID", "TID", "Kernel Name"]
+    merged = theirs.merge(mine, on=key, how="outer", indicator=True)
+    assert (merged["_merge"] == "both").all(), merged[merged["_merge"] != "both"][key].head()
+    assert len(merged) == len(theirs) > 150
+    for a, b in (("Kern Inst", "instances"), ("Total Time (ns)", "total_ns"),
+                 ("NVTX Inst", "range_instances"), ("Min (ns)", "min_ns"),
+                 ("Max (ns)", "max_ns")):
+        assert (merged[a] == merged[b]).all(), a
+    proj = _stats(name, "nvtx_gpu_proj_sum").set_index("Range")
+    summary = kernels.range_summary(tr).set_index("range")
+    assert set(proj.index) <= set(summary.index)
+    for rng, row in proj.iterrows():
+        assert summary.loc[rng, "gpu_ops"] == row["Total GPU Ops"], rng
+        assert summary.loc[rng, "instances"] == row["Range Instances"], rng
+
+
+@pytest.mark.parametrize("name", ["ddp", "emit"])
+def test_kernel_totals_equal_nsys_summary(exports, name):
+    tr = _trace(exports, name)
+    top = kernels.top_kernels(tr, top=None)
+    mine = top[top["phase"] == "all"].set_index("name")
+    theirs = _stats(name, "cuda_gpu_kern_sum").set_index("Name")
+    assert set(mine.index) == set(theirs.index)
+    assert (mine.loc[theirs.index, "total_ns"] == theirs["Total Time (ns)"]).all()
+    assert (mine.loc[theirs.index, "instances"] == theirs["Instances"]).all()
+
+
+def test_emit_nvtx_ranges_grouped_by_op(exports):
+    """By default the per-call suffixes of emit_nvtx (', seq = N, op_id = N') are cut: one row
+    per op, whose counts and times are nsys's rows of that op summed."""
+    tr = _trace(exports, "emit", attribution="thread")
+    theirs = _stats("emit", "nvtx_kern_sum")
+    theirs["op"] = theirs["NVTX Range"].str.split(", ").str[0]
+    assert theirs["op"].nunique() < theirs["NVTX Range"].nunique() / 10  # 6,193 -> a few hundred
+    key = ["op", "Style", "PID", "TID", "Kernel Name"]
+    summed = theirs.groupby(key).agg(inst=("Kern Inst", "sum"), total=("Total Time (ns)", "sum"),
+                                     nvtx=("NVTX Inst", "sum"), lo=("Min (ns)", "min"),
+                                     hi=("Max (ns)", "max")).reset_index()
+    mine = kernels.range_kernels(tr).rename(columns={
+        "range": "op", "style": "Style", "pid": "PID", "tid": "TID", "name": "Kernel Name"})
+    merged = summed.merge(mine, on=key, how="outer", indicator=True)
+    assert (merged["_merge"] == "both").all(), merged[merged["_merge"] != "both"][key].head()
+    for a, b in (("inst", "instances"), ("total", "total_ns"), ("nvtx", "range_instances"),
+                 ("lo", "min_ns"), ("hi", "max_ns")):
+        assert (merged[a] == merged[b]).all(), a
+    ranges = kernels.range_summary(tr).set_index("range")
+    assert ":aten::linear" in ranges.index and ":aten::linear, seq = 0" not in ranges.index
+    wall = _stats("emit", "nvtx_sum")
+    wall["op"] = wall["Range"].str.split(", ").str[0]
+    by_op = wall.groupby("op").agg(n=("Instances", "sum"), t=("Total Time (ns)", "sum"))
+    for op, row in by_op.iterrows():
+        assert ranges.loc[op, "instances"] == row["n"], op
+        assert ranges.loc[op, "cpu_total_ns"] == row["t"], op
+
+
+@pytest.mark.parametrize("suffix", [", seq = 12, op_id = 40", ", op_id = 7",
+                                    ", seq = -1, op_id = 3, sizes = [[8, 512], []]",
+                                    ", sizes = [[2, 3]], input_op_ids = [(5, 0)]"])
+def test_call_suffix_is_cut_whole(suffix):
+    con = duckdb.connect()
+    cut = con.execute("SELECT regexp_replace(?, ?, '')",
+                      ["aten::addmm" + suffix, trace.CALL_SUFFIX]).fetchall()[0][0]
+    assert cut == "aten::addmm"
+    kept = con.execute("SELECT regexp_replace(?, ?, '')",
+                       ["forward, layer 3", trace.CALL_SUFFIX]).fetchall()[0][0]
+    assert kept == "forward, layer 3"
+
+
+def test_process_rule_stays_inside_each_process(exports):
+    """Two ranks, each with its own ranges: a GPU op is attributed to ranges of the process that
+    launched it only; each rank's backward gets its own kernels (nsys's thread rule: 8 ops)."""
+    tr = _trace(exports, "ddp")
+    crossed = tr.df(
+        "SELECT count(*) AS n FROM op_ranges o JOIN gpu_ops g USING (op_id) "
+        "JOIN nvtx_ranges r ON r.range_id = o.range_id "
+        "WHERE r.pid <> CAST((g.launch_global_tid >> 24) & 16777215 AS INTEGER)")
+    assert crossed["n"].iloc[0] == 0
+    per_rank = tr.df("SELECT pid, count(*) AS n FROM kernels WHERE phase = 'backward' "
+                     "GROUP BY pid ORDER BY pid")
+    assert len(per_rank) == 2 and (per_rank["n"] > 1000).all()
+    timing = kernels.phase_timing(tr).set_index("phase")
+    assert timing.loc["step", "instances"] == 8  # 4 measured steps on each of two ranks
+
+
+def _merged(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def test_communication_overlap_by_interval_arithmetic(exports):
+    """Every row of the communication table, recomputed here from the kernels view: per device,
+    the compute kernels' intervals merged, each NCCL kernel's intersection with them summed."""
+    tr = _trace(exports, "ddp")
+    k = tr.df("SELECT device_id, pid, kernel_class, phase, step_range_id IS NOT NULL AS in_step, "
+              "start_ns, end_ns FROM kernels")
+    table = kernels.communication(tr)
+    assert set(table["device_id"]) == {0, 1}
+    expected = []
+    for device, dk in k.groupby("device_id"):
+        islands = _merged(list(zip(dk.loc[dk.kernel_class != "communication", "start_ns"],
+                                   dk.loc[dk.kernel_class != "communication", "end_ns"])))
+        dk = dk.assign(ov=[
+            sum(max(0, min(e, ie) - max(s, is_)) for is_, ie in islands)
+            if cls == "communication" else 0
+            for s, e, cls in zip(dk.start_ns, dk.end_ns, dk.kernel_class)])
+        groups = [(p, dk[dk.phase == p]) for p in dk.phase.dropna().unique()]
+        groups += [("step", dk[dk.in_step]), ("all", dk)]
+        for phase, g in groups:
+            comm = g[g.kernel_class == "communication"]
+            compute = g[g.kernel_class != "communication"]
+            gemm = compute[compute.kernel_class == "gemm"]
+            expected.append({
+                "phase": phase, "device_id": device, "comm_kernels": len(comm),
+                "comm_ns": int((comm.end_ns - comm.start_ns).sum()),
+                "overlapped_ns": int(comm.ov.sum()),
+                "compute_ns": int((compute.end_ns - compute.start_ns).sum()),
+                "gemm_ns": int((gemm.end_ns - gemm.start_ns).sum())})
+    expected = pd.DataFrame(expected).set_index(["phase", "device_id"]).sort_index()
+    mine = table.set_index(["phase", "device_id"]).sort_index()
+    assert list(mine.index) == list(expected.index)
+    for col in ("comm_kernels", "comm_ns", "overlapped_ns", "compute_ns"):
+        assert (mine[col] == expected[col]).all(), col
+    assert (mine["exposed_ns"] == mine["comm_ns"] - mine["overlapped_ns"]).all()
+    assert mine["gemm_of_compute_pct"].tolist() == pytest.approx(
+        (100.0 * expected["gemm_ns"] / expected["compute_ns"]).tolist())
+    # the all-reduces overlap the backward only in part, on each rank
+    bwd = mine.loc["backward"]
+    assert (bwd["comm_kernels"] == 16).all() and (bwd["overlapped_ns"] > 0).all()
+    assert (bwd["exposed_ns"] > 0).all()
+    nccl = _stats("ddp", "cuda_gpu_kern_sum")
+    nccl = nccl[nccl["Name"].str.startswith("ncclDevKernel")]
+    assert mine.loc["all", "comm_ns"].sum() == nccl["Total Time (ns)"].sum()
+
+
+def test_cli_on_a_ddp_trace(exports):
+    export = exports / "ddp" / "report.sqlite"
+    before = hashlib.sha256(export.read_bytes()).hexdigest()
+    code, out, err = run("kernels", str(export), *PHASE_ARGS)
+    assert code == 0, err
+    assert "## communication" in out and "ncclDevKernel_AllReduce" in out
+    section = out.split("## communication")[1]
+    assert "Exposed (ms)" in section and "GEMM of compute (%)" in section
+    assert hashlib.sha256(export.read_bytes()).hexdigest() == before
+
+
+def test_cli_says_why_communication_is_empty(exports):
+    code, out, err = run("kernels", str(exports / "emit" / "report.sqlite"), *PHASE_ARGS,
+                         "--table", "communication")
+    assert code == 0, err
+    assert "No communication kernels (NCCL) in this report" in out
+
+
+def test_cli_full_range_names(exports):
+    export = str(exports / "emit" / "report.sqlite")
+    grouped = run("kernels", export, "--table", "ranges", "--format", "csv")
+    full = run("kernels", export, "--table", "ranges", "--format", "csv", "--full-range-names")
+    assert grouped[0] == full[0] == 0
+    grouped_rows = pd.read_csv(io.StringIO(grouped[1]))
+    full_rows = pd.read_csv(io.StringIO(full[1]))
+    assert len(full_rows) == _stats("emit", "nvtx_sum")["Range"].nunique()
+    assert len(grouped_rows) < len(full_rows) / 10
+    assert not grouped_rows["range"].str.contains(", op_id = ").any()
+    assert full_rows["range"].str.contains(", op_id = ").sum() > 10000
