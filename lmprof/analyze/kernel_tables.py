@@ -254,7 +254,26 @@ def results(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | No
     why = _no_attention_ranges(trace)
     if why and out.get("softmax_vs_matmul") is not None and out["softmax_vs_matmul"].empty:
         notes["softmax_vs_matmul"] += " " + why
+    phase_tables = [n for n in ("phase_timing", "gpu_idle") if out.get(n) is not None]
+    if phase_tables and all(out[n].empty for n in phase_tables):
+        hint = _no_phase_ranges(trace)
+        for n in phase_tables:
+            notes[n] += " " + hint
     return {name: out[name] for name in names}, notes
+
+
+def _no_phase_ranges(trace: Trace) -> str:
+    """What to do when no range of a trace with ranges marks a phase (a trace of other code):
+    the names looked for, and the most frequent outer ranges to name with --phase-range."""
+    looked_for = ", ".join(dict.fromkeys(name for name, _ in trace.options.phase_ranges))
+    rows = trace.use().execute(
+        "SELECT name, count(*) AS n FROM nvtx_ranges WHERE domain = '' AND level <= 1 "
+        "AND NOT regexp_matches(name, ?) GROUP BY name ORDER BY n DESC, min(start_ns) LIMIT 6",
+        [CALL_SUFFIX]).fetchall()
+    found = ", ".join(f"{name!r} ({n})" for name, n in rows)
+    return (f"No NVTX range marks a phase: none is named {looked_for} (each optionally with a "
+            f"_N suffix). " + (f"Outer ranges of this report: {found}; " if found else "") +
+            "name the phases with --phase-range PHASE=NAME (e.g. --phase-range forward=fwd).")
 
 
 def _no_attention_ranges(trace: Trace) -> str | None:

@@ -206,14 +206,16 @@ def attribute(con: duckdb.DuckDBPyConnection, thread_rule: bool) -> None:
         con.execute(f"DROP TABLE {table}")
 
 
-def prepare(con: duckdb.DuckDBPyConnection, path: Path, options: Options, schema: str = "main",
-            record: dict[str, Any] | None = None, defer_phase_instances: bool = False) -> Trace:
+def prepare(con: duckdb.DuckDBPyConnection, path: Path | str, options: Options,
+            schema: str = "main", record: dict[str, Any] | None = None,
+            defer_phase_instances: bool = False) -> Trace:
     """Load ``path`` (an nsys SQLite export) into ``schema`` and attribute its GPU work.
 
     With ``defer_phase_instances`` the ``phase_instances`` table is built by the first
     ``Trace.ready()`` instead (``kernel_tables.results`` builds it on one cursor while other
     tables are computed on others); a caller that defers must call ``ready()`` before the
     database is used otherwise."""
+    path = Path(path)
     if not _SCHEMA_NAME.match(schema):
         raise ValueError(f"bad schema name {schema!r}")
     con.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")

@@ -37,7 +37,8 @@ def _stats(name: str, report: str) -> pd.DataFrame:
 
 
 def _trace(exports: Path, name: str, **options) -> trace.Trace:
-    return trace.prepare(duckdb.connect(), exports / name / "report.sqlite",
+    # the path as a string, as a user of the Python API might give it
+    return trace.prepare(duckdb.connect(), str(exports / name / "report.sqlite"),
                          trace.Options(phase_ranges=USER_PHASES, **options))
 
 
@@ -218,3 +219,18 @@ def test_cli_full_range_names(exports):
     assert len(grouped_rows) < len(full_rows) / 10
     assert not grouped_rows["range"].str.contains(", op_id = ").any()
     assert full_rows["range"].str.contains(", op_id = ").sum() > 10000
+
+
+def test_phase_tables_say_which_ranges_to_name(exports):
+    """Ranges of other code mark no phase by lmprof's names: the phase tables say so and list
+    the report's outer ranges to pass to --phase-range; once named, the tables fill."""
+    code, out, err = run("kernels", str(exports / "ddp" / "report.sqlite"),
+                         "--table", "phase_timing", "--table", "gpu_idle")
+    assert code == 0, err
+    for section in out.split("## ")[1:]:
+        assert "No NVTX range marks a phase" in section and "_no data_" in section
+        assert "'iter' (8), 'fwd' (8), 'bwd' (8), 'opt' (8)" in section
+        assert "--phase-range PHASE=NAME" in section
+    code, out, _ = run("kernels", str(exports / "ddp" / "report.sqlite"), *PHASE_ARGS,
+                       "--table", "phase_timing")
+    assert code == 0 and "No NVTX range marks a phase" not in out and "| backward" in out
