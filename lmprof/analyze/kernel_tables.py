@@ -433,6 +433,16 @@ def cross_run(traces: list[Trace]) -> dict[str, Any] | None:
     return out
 
 
+def keep_notes(notes: dict[str, str], new: dict[str, str], tables: dict[str, Any]) -> None:
+    """The notes of several reports' stacked tables: one report's note about why its table is
+    empty (no ranges, no communication kernels) gives way to the note of a report whose table
+    has rows, which is what the stacked table shows."""
+    for name, note in new.items():
+        table = tables.get(name)
+        if name not in notes or (table is not None and not table.empty):
+            notes[name] = note
+
+
 def several_reports(traces: list[Trace], names: tuple[str, ...], top: int | None
                     ) -> tuple[dict[str, Any], dict[str, str]] | None:
     """Every named table of each trace with a ``run`` column first, stacked, then the cross-run
@@ -444,7 +454,7 @@ def several_reports(traces: list[Trace], names: tuple[str, ...], top: int | None
     notes: dict[str, str] = {}
     for tr in traces:
         t, n = results(tr, names, top)
-        notes.update(n)
+        keep_notes(notes, n, t)
         for name, table in t.items():
             if table is None or table.empty:
                 continue

@@ -90,7 +90,7 @@ def several_reports(traces: list[Trace], names: tuple[str, ...] = DEFAULT_TABLES
     notes = {}
     for tr in traces:
         t, n = tables(tr, names, top)
-        notes.update(n)
+        kt.keep_notes(notes, n, t)
         for name, df in t.items():
             if not df.empty:
                 per_run[name].append(df.assign(run=tr.label)[["run", *df.columns]])

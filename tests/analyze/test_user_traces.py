@@ -234,3 +234,23 @@ def test_phase_tables_say_which_ranges_to_name(exports):
     code, out, _ = run("kernels", str(exports / "ddp" / "report.sqlite"), *PHASE_ARGS,
                        "--table", "phase_timing")
     assert code == 0 and "No NVTX range marks a phase" not in out and "| backward" in out
+
+
+def test_several_reports_keep_the_note_of_the_one_with_rows(exports):
+    """A report with NCCL kernels beside one without: the stacked communication table has the
+    first one's rows, and its note describes them rather than saying there are none."""
+    code, out, err = run("kernels", str(exports / "ddp" / "report.sqlite"),
+                         str(exports / "emit" / "report.sqlite"), *PHASE_ARGS,
+                         "--table", "communication")
+    assert code == 0, err
+    section = out.split("## communication")[1].split("## ")[0]
+    assert "ncclDevKernel" not in section and "| ddp" in section
+    assert "No communication kernels" not in section and "Exposed (ms)" in section
+    code, out, err = run("kernels", str(exports / "emit" / "report.sqlite"),
+                         str(exports / "ddp" / "report.sqlite"), *PHASE_ARGS,
+                         "--table", "communication")
+    assert code == 0 and "No communication kernels" not in out.split("## communication")[1]
+    tables, notes = kernels.several_reports([_trace(exports, "emit"), _trace(exports, "ddp")],
+                                            ("communication",))
+    assert not tables["communication"].empty  # the Python API (DataFrames) alike
+    assert "No communication kernels" not in notes["communication"]
