@@ -59,7 +59,8 @@ _DISPLAY = {"d_model": "d_model", "d_ff": "d_ff", "d_head": "d_head", "mfu_pct":
 
 
 _ACRONYMS = {"cpu": "CPU", "gpu": "GPU", "gemm": "GEMM", "nvtx": "NVTX", "flops": "FLOPs",
-             "mfu": "MFU", "tflops": "TFLOP/s", "id": "ID", "pids": "PIDs"}
+             "mfu": "MFU", "tflops": "TFLOP/s", "id": "ID", "pid": "PID", "pids": "PIDs",
+             "tid": "TID"}
 
 
 def display_name(col: str) -> str:

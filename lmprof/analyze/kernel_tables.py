@@ -40,6 +40,17 @@ def phase_timing(trace: Trace) -> Result:
     return trace.execute("phase_timing")
 
 
+def process_timing(trace: Trace) -> Result:
+    """Phase timing per process, with each process's lag in starting a phase (several ranks)."""
+    return trace.execute("process_timing")
+
+
+def has_several_processes(trace: Trace) -> bool:
+    """Whether ranges of more than one process mark phases (data-parallel ranks)."""
+    return bool(trace.use().execute(
+        "SELECT count(DISTINCT pid) > 1 FROM nvtx_ranges WHERE phase IS NOT NULL").fetchall()[0][0])
+
+
 def top_kernels(trace: Trace, top: int | None = 10, exclude_class: str | None = None) -> Result:
     """(b, c) Top kernels per phase (phase 'all' = the whole export), optionally without a class."""
     sqlfile.run(trace.use(), "kernel_groups")
@@ -138,6 +149,9 @@ TABLES: dict[str, tuple[Callable[..., Result], str | None, str]] = {
     "phase_timing": (phase_timing, "ranges",
                      "Means per NVTX range instance. GPU span: first to last GPU op attributed to "
                      "the instance; busy: union of op intervals / span. Runner: run.json timing."),
+    "process_timing": (process_timing, "processes",
+                       "Phase timing per process (data-parallel ranks); start lag: how much later "
+                       "than the earliest process it starts the k-th instance of the phase."),
     "top_kernels": (top_kernels, None,
                     "Per phase; phase 'all' is every kernel of the report (= nsys "
                     "cuda_gpu_kern_sum)."),
@@ -168,12 +182,14 @@ _MISSING_NOTES = {
     "ranges": NO_RANGES_NOTE,
     "communication": "No communication kernels (NCCL) in this report: one GPU, or no collective "
                      "ran in the captured steps.",
+    "processes": "Phase ranges of one process at most in this report: per-process timing is "
+                 "for several (data-parallel ranks); one process's is the phase timing.",
 }
 
 
 # Tables that read phase_instances, which prepare may have deferred (Trace.ready builds it): the
 # lane holding them builds it while the other lanes compute theirs.
-_READS_PHASE_INSTANCES = ("phase_timing", "gpu_idle")
+_READS_PHASE_INSTANCES = ("phase_timing", "process_timing", "gpu_idle")
 # Tables computed one after another on one connection (a lane); lanes run at once, each on its
 # own cursor. The three kernel-group tables share _kernel_groups (built by the first that needs
 # it; two connections creating it at once would conflict); the two that read phase_instances
@@ -217,6 +233,8 @@ def results(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | No
     holds = {"ranges": trace.count("nvtx_ranges") > 0}
     if "communication" in names:
         holds["communication"] = has_communication(trace)
+    if "process_timing" in names:
+        holds["processes"] = has_several_processes(trace)
     out: dict[str, Any] = {}
 
     def compute(t: Trace, name: str) -> None:

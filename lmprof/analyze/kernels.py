@@ -22,6 +22,11 @@ def phase_timing(trace: Trace) -> pd.DataFrame:
     return kt.phase_timing(trace).df()
 
 
+def process_timing(trace: Trace) -> pd.DataFrame:
+    """Phase timing per process, with each process's lag in starting a phase (several ranks)."""
+    return kt.process_timing(trace).df()
+
+
 def top_kernels(trace: Trace, top: int | None = 10, exclude_class: str | None = None
                 ) -> pd.DataFrame:
     """(b, c) Top kernels per phase (phase 'all' = the whole export), optionally without a class."""

@@ -19,9 +19,9 @@ from lmprof.errors import UserError
 # importing it (it imports DuckDB's sqlite loading and the model's FLOP counts). Neither this
 # command nor 'analyze sql' imports pandas (nor numpy): every table is one DuckDB result fetched
 # as rows and rendered by lmprof.render.Table (kernel_tables.several_reports for several REPORTs).
-TABLE_NAMES = ("phase_timing", "top_kernels", "top_non_gemm_kernels", "gemm_fraction",
-               "softmax_vs_matmul", "class_breakdown", "gpu_idle", "communication", "ranges",
-               "range_kernels")
+TABLE_NAMES = ("phase_timing", "process_timing", "top_kernels", "top_non_gemm_kernels",
+               "gemm_fraction", "softmax_vs_matmul", "class_breakdown", "gpu_idle",
+               "communication", "ranges", "range_kernels")
 
 _REPORTS_HELP = ("REPORT: an nsys SQLite export, a .nsys-rep (exported with nsys when available, "
                  "cached beside it), a run directory (its run.json names the export), or a sweep "

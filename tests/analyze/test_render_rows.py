@@ -21,9 +21,10 @@ FIXTURES = {"no_run_json": DATA / "h200-small-fp32" / "report.sqlite",
             # two processes on two GPUs (DDP), the user's own range names
             "ddp": DATA / "h200x2-user-traces" / "ddp" / "report.sqlite.xz"}
 USER_PHASES = (("iter", "step"), ("fwd", "forward"), ("bwd", "backward"), ("opt", "optimizer"))
-# tables a fixture has nothing for: one GPU, no communication kernels; no attention ranges
-EMPTY = {"no_run_json": {"communication"}, "run_json": {"communication"},
-         "ddp": {"softmax_vs_matmul"}}
+# tables a fixture has nothing for: one process on one GPU, no communication kernels and no
+# per-process timing; no attention ranges. The first two are skipped (None) with a note.
+ONE_GPU = {"communication", "process_timing"}
+EMPTY = {"no_run_json": ONE_GPU, "run_json": ONE_GPU, "ddp": {"softmax_vs_matmul"}}
 SHORTEN = {"name": 70}
 
 
@@ -56,7 +57,7 @@ def test_every_kernel_table_renders_as_its_dataframe(prepared):
     assert notes == frame_notes
     for name in names:
         table = rows[name]
-        if name == "communication" and name in EMPTY[fixture]:
+        if name in ONE_GPU and name in EMPTY[fixture]:
             assert table is None and frames[name].empty  # said in its note, not computed
             continue
         assert isinstance(table, Table), name
@@ -184,7 +185,7 @@ def test_several_reports_render_as_their_dataframes(tmp_path):
     assert list(rows) == list(frames)
     for name in frames:
         assert isinstance(rows[name], Table), name
-        assert rows[name].empty == (name == "communication"), name  # one GPU each
+        assert rows[name].empty == (name in ONE_GPU), name  # one process on one GPU each
         for fmt in FORMATS:
             assert render(rows[name], fmt, SHORTEN) == render(frames[name], fmt, SHORTEN), \
                 (name, fmt)

@@ -254,3 +254,32 @@ def test_several_reports_keep_the_note_of_the_one_with_rows(exports):
                                             ("communication",))
     assert not tables["communication"].empty  # the Python API (DataFrames) alike
     assert "No communication kernels" not in notes["communication"]
+
+
+def test_process_timing_from_the_raw_export(exports):
+    """Per rank: instances and mean wall time of each phase range, and how much later than the
+    other rank it starts the k-th one — recomputed from the export's NVTX_EVENTS with sqlite3."""
+    import sqlite3
+
+    tr = _trace(exports, "ddp")
+    mine = kernels.process_timing(tr).set_index(["phase", "pid"])
+    con = sqlite3.connect(exports / "ddp" / "report.sqlite")
+    raw = pd.read_sql("SELECT coalesce(e.text, s.value) AS name, e.start, e.\"end\", "
+                      "(e.globalTid >> 24) & 16777215 AS pid FROM NVTX_EVENTS e "
+                      "LEFT JOIN StringIds s ON s.id = e.textId WHERE e.\"end\" IS NOT NULL", con)
+    con.close()
+    for name, phase in USER_PHASES:
+        r = raw[raw["name"] == name].sort_values("start")
+        r = r.assign(k=r.groupby("pid").cumcount())
+        r = r.assign(lag=r["start"] - r.groupby("k")["start"].transform("min"))
+        for pid, g in r.groupby("pid"):
+            row = mine.loc[(phase, pid)]
+            assert row["instances"] == len(g) == 4
+            assert row["cpu_mean_ns"] == pytest.approx((g["end"] - g["start"]).mean())
+            assert row["start_lag_mean_ns"] == pytest.approx(g["lag"].mean())
+            assert row["start_lag_max_ns"] == g["lag"].max()
+            assert row["devices"] == str(pid - min(r["pid"]))  # rank 0 on GPU 0, rank 1 on 1
+    assert (mine.loc["backward", "start_lag_mean_ns"] > 0).sum() == 1  # one rank leads
+    code, out, err = run("kernels", str(exports / "emit" / "report.sqlite"), *PHASE_ARGS,
+                         "--table", "process_timing")
+    assert code == 0 and "Phase ranges of one process at most" in out, err
