@@ -48,7 +48,8 @@ def process_timing(trace: Trace) -> Result:
 def has_several_processes(trace: Trace) -> bool:
     """Whether ranges of more than one process mark phases (data-parallel ranks)."""
     return bool(trace.use().execute(
-        "SELECT count(DISTINCT pid) > 1 FROM nvtx_ranges WHERE phase IS NOT NULL").fetchall()[0][0])
+        "SELECT count(DISTINCT pid) > 1 FROM nvtx_ranges WHERE phase IS NOT NULL"
+    ).fetchall()[0][0])
 
 
 def top_kernels(trace: Trace, top: int | None = 10, exclude_class: str | None = None) -> Result:
@@ -144,7 +145,8 @@ def softmax_vs_matmul(trace: Trace) -> Result:
 
 
 # name -> (function, what the trace must hold for the table to have rows — NVTX "ranges",
-# "communication" kernels, or None —, note for markdown). Order is the order of output.
+# "communication" kernels, phase ranges of several "processes", or None —, note for markdown).
+# Order is the order of output.
 TABLES: dict[str, tuple[Callable[..., Result], str | None, str]] = {
     "phase_timing": (phase_timing, "ranges",
                      "Means per NVTX range instance. GPU span: first to last GPU op attributed to "
@@ -192,7 +194,7 @@ _MISSING_NOTES = {
 _READS_PHASE_INSTANCES = ("phase_timing", "process_timing", "gpu_idle")
 # Tables computed one after another on one connection (a lane); lanes run at once, each on its
 # own cursor. The three kernel-group tables share _kernel_groups (built by the first that needs
-# it; two connections creating it at once would conflict); the two that read phase_instances
+# it; two connections creating it at once would conflict); the three that read phase_instances
 # share its deferred build; every other table is a lane of its own.
 _LANES = (("top_kernels", "top_non_gemm_kernels", "class_breakdown"), _READS_PHASE_INSTANCES)
 
