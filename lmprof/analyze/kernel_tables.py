@@ -178,6 +178,9 @@ TABLES: dict[str, tuple[Callable[..., Result], str | None, str]] = {
 }
 # (a)-(f) of the kernel analysis; the nsys-style per-range tables are asked for by name.
 DEFAULT_TABLES = tuple(t for t in TABLES if t not in ("ranges", "range_kernels"))
+# Default tables about traces of several processes / GPUs: `analyze kernels` leaves them out of
+# its output when they are empty (a one-GPU run, the usual case), unless asked for by name.
+MULTI_RANK_TABLES = ("process_timing", "communication")
 NO_RANGES_NOTE = "No NVTX ranges in this report: nothing to attribute by range."
 # Why a table is empty when the trace lacks what it needs (TABLES' second field).
 _MISSING_NOTES = {

@@ -206,6 +206,9 @@ def kernels_cmd(reports, attribution, phase_ranges, softmax_ranges, matmul_range
             tables = {name: Table([], [], []) if t is None else t for name, t in tables.items()}
         else:
             tables, notes = _several_reports(traces, names, top)
+        if not table_names:  # tables for traces of several ranks: left out where they are empty
+            tables = {name: t for name, t in tables.items()
+                      if not (name in kernel_tables.MULTI_RANK_TABLES and t.empty)}
         click.echo(emit(tables, fmt, out, shorten={"name": kernel_names.display_name},
                         notes=notes))
 

@@ -283,3 +283,21 @@ def test_process_timing_from_the_raw_export(exports):
     code, out, err = run("kernels", str(exports / "emit" / "report.sqlite"), *PHASE_ARGS,
                          "--table", "process_timing")
     assert code == 0 and "Phase ranges of one process at most" in out, err
+
+
+def test_rank_tables_left_out_of_a_one_gpu_default_output(exports, tmp_path):
+    """The default output of a one-process, one-GPU trace has no empty process-timing and
+    communication sections (nor files); a DDP trace has both; asked for by name, an empty one
+    is printed with its note."""
+    emit_export, ddp_export = (str(exports / n / "report.sqlite") for n in ("emit", "ddp"))
+    code, out, err = run("kernels", emit_export, *PHASE_ARGS, "--format", "csv",
+                         "--out", str(tmp_path / "one"))
+    assert code == 0, err
+    written = {p.stem for p in (tmp_path / "one").iterdir()}
+    assert "phase_timing" in written and not written & {"process_timing", "communication"}
+    code, out, err = run("kernels", ddp_export, *PHASE_ARGS)
+    assert code == 0 and "## process timing" in out and "## communication" in out, err
+    code, out, err = run("kernels", emit_export, *PHASE_ARGS)
+    assert code == 0 and "## process timing" not in out and "## communication" not in out
+    code, out, err = run("kernels", emit_export, ddp_export, *PHASE_ARGS)
+    assert code == 0 and "## process timing" in out and "## communication" in out
