@@ -278,10 +278,17 @@ def results(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | No
     if why and out.get("softmax_vs_matmul") is not None and out["softmax_vs_matmul"].empty:
         notes["softmax_vs_matmul"] += " " + why
     phase_tables = [n for n in ("phase_timing", "gpu_idle") if out.get(n) is not None]
+    skip = trace.options.skip_steps
     if phase_tables and all(out[n].empty for n in phase_tables):
-        hint = _no_phase_ranges(trace)
+        hint = (f"--skip-steps {skip} left no phase: no process has more than {skip} steps."
+                if skip else _no_phase_ranges(trace))
         for n in phase_tables:
             notes[n] += " " + hint
+    elif skip:
+        for n in (*phase_tables, "process_timing"):
+            if out.get(n) is not None:
+                notes[n] += (f" Each process's first {skip} step(s) left out (--skip-steps): "
+                             "their GPU work is phase '(none)'.")
     return {name: out[name] for name in names}, notes
 
 

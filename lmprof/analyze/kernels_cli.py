@@ -37,6 +37,11 @@ phase_option = click.option(
     "--phase-range", "phase_ranges", multiple=True, metavar="PHASE=NAME",
     help="Range NAME (optionally with a _N suffix) marks PHASE (step, forward, backward, "
          "optimizer, inference); replaces the default name of that phase. Repeatable.")
+skip_option = click.option(
+    "--skip-steps", type=click.IntRange(min=0), default=0, show_default=True,
+    help="Leave each process's first N step ranges, and the phase ranges before their end, out "
+         "of the phases (warm-up in a trace of a whole program); their GPU work counts as no "
+         "phase, '(none)'.")
 softmax_option = click.option(
     "--softmax-range", "softmax_ranges", multiple=True, metavar="NAME",
     help=f"Range(s) whose kernels are the attention softmax [default: {phases.ATTN_SOFTMAX!r}].")
@@ -52,7 +57,8 @@ db_option = click.option(
 
 
 def _options(attribution: str, phase_ranges: tuple[str, ...], softmax_ranges: tuple[str, ...],
-             matmul_ranges: tuple[str, ...], full_range_names: bool = False):
+             matmul_ranges: tuple[str, ...], full_range_names: bool = False,
+             skip_steps: int = 0):
     from lmprof.analyze.trace import Options
 
     defaults = dict(Options().phase_ranges)
@@ -70,7 +76,7 @@ def _options(attribution: str, phase_ranges: tuple[str, ...], softmax_ranges: tu
     if matmul_ranges:
         kwargs["matmul_ranges"] = tuple(matmul_ranges)
     return Options(attribution=attribution, phase_ranges=tuple(pairs),
-                   full_range_names=full_range_names, **kwargs)
+                   full_range_names=full_range_names, skip_steps=skip_steps, **kwargs)
 
 
 @contextlib.contextmanager
@@ -170,6 +176,7 @@ def _prepare_all(con, resolved, options, defer=False):
 @click.argument("reports", nargs=-1, required=True)
 @attribution_option
 @phase_option
+@skip_option
 @softmax_option
 @matmul_option
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
@@ -186,15 +193,15 @@ def _prepare_all(con, resolved, options, defer=False):
 @nsys_option
 @format_option
 @out_option
-def kernels_cmd(reports, attribution, phase_ranges, softmax_ranges, matmul_ranges, top,
-                table_names, full_range_names, db, nsys_path, fmt, out) -> None:
+def kernels_cmd(reports, attribution, phase_ranges, skip_steps, softmax_ranges, matmul_ranges,
+                top, table_names, full_range_names, db, nsys_path, fmt, out) -> None:
     """Kernel tables of one or more nsys REPORTs: phase timing, top kernels, GEMM fraction,
     softmax vs matmul, class breakdown, GPU idle gaps; cross-run tables for several reports."""
     from lmprof.analyze import kernel_names
     from lmprof.render import Table, emit
 
     options = _options(attribution, phase_ranges, softmax_ranges, matmul_ranges,
-                       full_range_names)
+                       full_range_names, skip_steps)
     with open_traces(reports, options, db, nsys_path, defer=True) as (_, traces):
         from lmprof.analyze import kernel_tables
 
@@ -300,10 +307,12 @@ SCHEMA_SQL = ("SELECT table_schema AS schema, table_name AS name, table_type AS 
               help="List the tables and views with their columns, then exit.")
 @attribution_option
 @phase_option
+@skip_option
 @nsys_option
 @format_option
 @out_option
-def sql_cmd(file, query, show_schema, attribution, phase_ranges, nsys_path, fmt, out) -> None:
+def sql_cmd(file, query, show_schema, attribution, phase_ranges, skip_steps, nsys_path, fmt,
+            out) -> None:
     """Run your own SQL QUERY over the tables and views of an nsys export (or --db file)."""
     from lmprof.render import Table, emit
 
@@ -320,7 +329,8 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, nsys_path, fmt,
             stack.callback(con.close)
         else:
             con, _ = stack.enter_context(open_traces(
-                (file,), _options(attribution, phase_ranges, (), ()), None, nsys_path))
+                (file,), _options(attribution, phase_ranges, (), (), skip_steps=skip_steps),
+                None, nsys_path))
         _confine(con)
         try:
             if not show_schema:

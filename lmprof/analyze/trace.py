@@ -48,6 +48,8 @@ class Options:
     # The per-range tables group ranges by name less the per-call suffixes of PyTorch's
     # emit_nvtx (CALL_SUFFIX); True keeps every distinct text apart, as nsys's reports do.
     full_range_names: bool = False
+    # The first N step instances of each process mark no phase (sql/skip_steps.sql).
+    skip_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.attribution not in ATTRIBUTIONS:
@@ -60,6 +62,8 @@ class Options:
             if phase not in (STEP, *PHASES):
                 raise UserError(f"unknown phase {phase!r}; choose one of "
                                 f"{', '.join((STEP, *PHASES))}")
+        if not isinstance(self.skip_steps, int) or self.skip_steps < 0:
+            raise UserError(f"skip_steps must be a whole number >= 0, not {self.skip_steps!r}")
 
 
 class Deferred:
@@ -164,6 +168,15 @@ def _phase_table(con: duckdb.DuckDBPyConnection, options: Options) -> None:
                         list(options.phase_ranges))
 
 
+def skip_steps(con: duckdb.DuckDBPyConnection, n: int) -> None:
+    """Unmark the phases of each process's first ``n`` steps (``sql/skip_steps.sql``)."""
+    steps = con.execute("SELECT count(*) FROM nvtx_ranges WHERE phase = 'step'").fetchall()[0][0]
+    if not steps:
+        raise UserError("--skip-steps needs ranges that mark the step phase; none is named "
+                        "'step' here (name yours with --phase-range step=NAME)")
+    sqlfile.run(con, "skip_steps", skip=int(n))
+
+
 def _key_shift(thread_rule: bool) -> int:
     """The attribution key is global_tid >> this: the thread (0) or the process (24)."""
     return 0 if thread_rule else 24
@@ -228,6 +241,8 @@ def prepare(con: duckdb.DuckDBPyConnection, path: Path | str, options: Options,
         with db.cursor(con, schema) as cur:
             _phase_table(cur, options)
             sqlfile.run(cur, "ranges")
+            if options.skip_steps:
+                skip_steps(cur, options.skip_steps)
             timeline(cur, thread_rule)
 
     export = nsys.load(con, path, beside=ranges_and_timeline)

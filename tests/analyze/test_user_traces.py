@@ -1,7 +1,8 @@
 """Traces of code other than lmprof's (tests/data/h200x2-user-traces, made by
 bench/device/user_train.py on two H200s): its own range names, DistributedDataParallel over two
-processes and GPUs (NCCL all-reduces overlapping the backward), and PyTorch's emit_nvtx (a range
-per aten op and autograd node, five levels deep). Checked against nsys's own reports of the same
+processes and GPUs (NCCL all-reduces overlapping the backward), PyTorch's emit_nvtx (a range
+per aten op and autograd node, five levels deep), and a whole program profiled without a capture
+range (its warm-up step included). Checked against nsys's own reports of the same
 exports (nsys-stats/, nsys 2025.3.1) and against interval arithmetic done here in Python."""
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ PHASE_ARGS = ["--phase-range", "step=iter", "--phase-range", "forward=fwd",
 
 @pytest.fixture(scope="module")
 def exports(runs_with_exports) -> Path:
-    return runs_with_exports(DATA, ("ddp", "emit"))
+    return runs_with_exports(DATA, ("ddp", "emit", "plain"))
 
 
 def _stats(name: str, report: str) -> pd.DataFrame:
@@ -301,3 +302,65 @@ def test_rank_tables_left_out_of_a_one_gpu_default_output(exports, tmp_path):
     assert code == 0 and "## process timing" not in out and "## communication" not in out
     code, out, err = run("kernels", emit_export, ddp_export, *PHASE_ARGS)
     assert code == 0 and "## process timing" in out and "## communication" in out
+
+
+def _raw_ranges(path: Path) -> pd.DataFrame:
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    try:
+        return pd.read_sql("SELECT coalesce(e.text, s.value) AS name, e.start, e.\"end\", "
+                           "(e.globalTid >> 24) & 16777215 AS pid FROM NVTX_EVENTS e "
+                           "LEFT JOIN StringIds s ON s.id = e.textId "
+                           "WHERE e.\"end\" IS NOT NULL", con)
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("name,skip", [("plain", 1), ("plain", 2), ("ddp", 1)])
+def test_skip_steps(exports, name, skip):
+    """--skip-steps N: each process's first N steps and the phases inside them mark no phase;
+    the phase timing is that of the remaining steps (wall times from the raw export), a phase's
+    kernels are those it had without skipping less the skipped steps' ones, and the whole-report
+    totals do not move."""
+    every = _trace(exports, name)
+    skipped = _trace(exports, name, skip_steps=skip)
+    raw = _raw_ranges(exports / name / "report.sqlite")
+    timing = kernels.phase_timing(skipped).set_index("phase")
+    for range_name, phase in USER_PHASES:
+        r = raw[raw["name"] == range_name].sort_values("start")
+        kept = r[r.groupby("pid").cumcount() >= skip]
+        assert timing.loc[phase, "instances"] == len(kept)
+        wall = (kept["end"] - kept["start"]).mean()
+        assert timing.loc[phase, "cpu_mean_ns"] == pytest.approx(wall)
+    first = every.df("SELECT range_id FROM (SELECT range_id, row_number() OVER (PARTITION BY pid "
+                     "ORDER BY start_ns) AS k FROM nvtx_ranges WHERE phase = 'step') "
+                     f"WHERE k <= {skip}")["range_id"].tolist()
+    before = every.df("SELECT phase, step_range_id, count(*) AS n FROM kernels GROUP BY ALL")
+    expected = before[~before["step_range_id"].isin(first)].groupby("phase")["n"].sum()
+    after = skipped.df("SELECT phase, count(*) AS n FROM kernels WHERE phase IS NOT NULL "
+                       "GROUP BY phase").set_index("phase")["n"]
+    assert after.sort_index().to_dict() == expected.sort_index().to_dict()
+    gemm_all = [kernels.gemm_fraction(t).set_index("phase").loc["all"] for t in (every, skipped)]
+    assert gemm_all[0].equals(gemm_all[1])
+    if name == "plain":  # the skipped first step held the warm-up: cuBLAS set-up, AdamW's state
+        assert timing.loc["step", "cpu_mean_ns"] < 0.2 * kernels.phase_timing(every).set_index(
+            "phase").loc["step", "cpu_mean_ns"]
+
+
+def test_skip_steps_cli(exports):
+    plain = str(exports / "plain" / "report.sqlite")
+    code, out, err = run("kernels", plain, *PHASE_ARGS, "--skip-steps", "1",
+                         "--table", "phase_timing")
+    assert code == 0 and "first 1 step(s) left out (--skip-steps)" in out, err
+    code, out, err = run("kernels", plain, *PHASE_ARGS, "--skip-steps", "3",
+                         "--table", "phase_timing")
+    assert code == 0 and "--skip-steps 3 left no phase" in out and "_no data_" in out
+    code, out, err = run("kernels", plain, "--skip-steps", "1")  # no range named step
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "--phase-range step=NAME" in err
+    code, _, err = run("kernels", plain, "--skip-steps", "-1")
+    assert code == 2 and "Traceback" not in err
+    code, out, err = run("sql", plain, *PHASE_ARGS, "--skip-steps", "1", "--format", "csv",
+                         "SELECT count(*) AS n FROM phase_instances WHERE phase = 'step'")
+    assert code == 0 and out.split() == ["n", "2"], err  # of 3 steps
