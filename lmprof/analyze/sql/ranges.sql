@@ -12,7 +12,8 @@
 --   level         INTEGER  push/pop nesting depth on its thread, 0 = outermost; NULL for start/end
 --   parent_id     BIGINT   range_id of the enclosing push/pop range on the same thread, or NULL
 --   phase         VARCHAR  the phase this range marks (its name, less a _<digits> suffix, is
---                          in _phase_names), or NULL
+--                          in _phase_names), or NULL (also where --skip-steps unmarked it:
+--                          skip_steps.sql)
 --
 -- Nesting comes from a running count of opens and closes per thread (push/pop ranges on one
 -- thread form a stack), and the parent from an ASOF join on (thread, level - 1): no self-join.
