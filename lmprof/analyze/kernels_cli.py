@@ -184,7 +184,9 @@ def _prepare_all(con, resolved, options, defer=False):
 @click.option("--table", "table_names", multiple=True,
               type=click.Choice(TABLE_NAMES),
               help="Only these tables (repeatable); default: all but the per-range tables ranges and "
-                   "range_kernels (nsys nvtx_gpu_proj_sum / nvtx_kern_sum look-alikes).")
+                   "range_kernels (nsys nvtx_gpu_proj_sum / nvtx_kern_sum look-alikes), and "
+                   "process_timing and communication only where a trace has several processes "
+                   "/ NCCL kernels.")
 @click.option("--full-range-names", is_flag=True,
               help="In the ranges and range_kernels tables, one row per distinct range text, as "
                    "nsys prints them; by default the per-call suffixes of PyTorch's emit_nvtx "
@@ -196,7 +198,8 @@ def _prepare_all(con, resolved, options, defer=False):
 def kernels_cmd(reports, attribution, phase_ranges, skip_steps, softmax_ranges, matmul_ranges,
                 top, table_names, full_range_names, db, nsys_path, fmt, out) -> None:
     """Kernel tables of one or more nsys REPORTs: phase timing, top kernels, GEMM fraction,
-    softmax vs matmul, class breakdown, GPU idle gaps; cross-run tables for several reports."""
+    softmax vs matmul, class breakdown, GPU idle gaps; per-process timing and communication for
+    data-parallel traces; cross-run tables for several reports."""
     from lmprof.analyze import kernel_names
     from lmprof.render import Table, emit
 
