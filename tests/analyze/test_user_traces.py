@@ -43,7 +43,7 @@ def _trace(exports: Path, name: str, **options) -> trace.Trace:
                          trace.Options(phase_ranges=USER_PHASES, **options))
 
 
-@pytest.mark.parametrize("name", ["ddp", "emit"])
+@pytest.mark.parametrize("name", ["ddp", "emit", "plain"])
 def test_thread_rule_reproduces_nsys_on_other_code(exports, name):
     """nvtx_kern_sum row for row (two processes; 6,193 rows of emit_nvtx ranges) and
     nvtx_gpu_proj_sum's GPU-op counts, with every range text kept apart as nsys keeps it."""
@@ -55,7 +55,7 @@ def test_thread_rule_reproduces_nsys_on_other_code(exports, name):
     key = ["NVTX Range", "Style", "PID", "TID", "Kernel Name"]
     merged = theirs.merge(mine, on=key, how="outer", indicator=True)
     assert (merged["_merge"] == "both").all(), merged[merged["_merge"] != "both"][key].head()
-    assert len(merged) == len(theirs) > 150
+    assert len(merged) == len(theirs) > 50
     for a, b in (("Kern Inst", "instances"), ("Total Time (ns)", "total_ns"),
                  ("NVTX Inst", "range_instances"), ("Min (ns)", "min_ns"),
                  ("Max (ns)", "max_ns")):
@@ -68,7 +68,7 @@ def test_thread_rule_reproduces_nsys_on_other_code(exports, name):
         assert summary.loc[rng, "instances"] == row["Range Instances"], rng
 
 
-@pytest.mark.parametrize("name", ["ddp", "emit"])
+@pytest.mark.parametrize("name", ["ddp", "emit", "plain"])
 def test_kernel_totals_equal_nsys_summary(exports, name):
     tr = _trace(exports, name)
     top = kernels.top_kernels(tr, top=None)
@@ -260,15 +260,9 @@ def test_several_reports_keep_the_note_of_the_one_with_rows(exports):
 def test_process_timing_from_the_raw_export(exports):
     """Per rank: instances and mean wall time of each phase range, and how much later than the
     other rank it starts the k-th one — recomputed from the export's NVTX_EVENTS with sqlite3."""
-    import sqlite3
-
     tr = _trace(exports, "ddp")
     mine = kernels.process_timing(tr).set_index(["phase", "pid"])
-    con = sqlite3.connect(exports / "ddp" / "report.sqlite")
-    raw = pd.read_sql("SELECT coalesce(e.text, s.value) AS name, e.start, e.\"end\", "
-                      "(e.globalTid >> 24) & 16777215 AS pid FROM NVTX_EVENTS e "
-                      "LEFT JOIN StringIds s ON s.id = e.textId WHERE e.\"end\" IS NOT NULL", con)
-    con.close()
+    raw = _raw_ranges(exports / "ddp" / "report.sqlite")
     for name, phase in USER_PHASES:
         r = raw[raw["name"] == name].sort_values("start")
         r = r.assign(k=r.groupby("pid").cumcount())
