@@ -358,3 +358,56 @@ def test_skip_steps_cli(exports):
     code, out, err = run("sql", plain, *PHASE_ARGS, "--skip-steps", "1", "--format", "csv",
                          "SELECT count(*) AS n FROM phase_instances WHERE phase = 'step'")
     assert code == 0 and out.split() == ["n", "2"], err  # of 3 steps
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_communication_overlap_random_intervals(seed):
+    """communication.sql on random kernels of two devices and three streams each: compute
+    kernels that overlap, nest, touch and repeat, communication before, inside and after them;
+    every row equal to brute-force interval arithmetic."""
+    import random
+
+    from lmprof.analyze import sqlfile
+
+    rnd = random.Random(seed)
+    rows, op = [], 0
+    for device in (0, 1):
+        for _ in range(rnd.randint(20, 60)):
+            start = rnd.randint(0, 1000)
+            end = start + rnd.choice([0, 1, rnd.randint(1, 50), rnd.randint(50, 300)])
+            is_comm = rnd.random() < 0.25
+            phase = rnd.choice(["forward", "backward", "optimizer", None])
+            cls = "communication" if is_comm else rnd.choice(["gemm", "elementwise"])
+            rows.append((op, device, start, end, phase, rnd.random() < 0.7, cls, 100 + device))
+            op += 1
+    con = duckdb.connect()
+    con.execute("CREATE TABLE kernel_names (name_id BIGINT, kernel_class VARCHAR)")
+    con.execute("INSERT INTO kernel_names VALUES (0, 'communication'), (1, 'gemm'), "
+                "(2, 'elementwise')")
+    ids = {"communication": 0, "gemm": 1, "elementwise": 2}
+    con.execute("CREATE TABLE gpu_ops (op_id BIGINT, device_id INTEGER, start_ns BIGINT, "
+                "end_ns BIGINT, phase VARCHAR, step_range_id BIGINT, name_id BIGINT, "
+                "kind VARCHAR, launch_global_tid BIGINT)")
+    con.executemany("INSERT INTO gpu_ops VALUES (?, ?, ?, ?, ?, ?, ?, 'kernel', ?)",
+                    [(o, d, s, e, ph, 1 if st else None, ids[c], pid << 24)
+                     for o, d, s, e, ph, st, c, pid in rows])
+    mine = sqlfile.execute(con, "communication", has_comm=True).df()
+    mine = mine.set_index(["phase", "device_id"])
+    for device in (0, 1):
+        dev = [r for r in rows if r[1] == device]
+        islands = _merged([(s, e) for _, _, s, e, _, _, c, _ in dev if c != "communication"])
+        overlap = {o: sum(max(0, min(e, ie) - max(s, is_)) for is_, ie in islands)
+                   for o, _, s, e, _, _, c, _ in dev if c == "communication"}
+        groups = {p: [r for r in dev if r[4] == p] for p in {r[4] for r in dev} if p}
+        groups["step"] = [r for r in dev if r[5]]
+        groups["all"] = dev
+        for phase, g in groups.items():
+            comm = [r for r in g if r[6] == "communication"]
+            if not g or (phase, device) not in mine.index:
+                assert not g, (phase, device)
+                continue
+            row = mine.loc[(phase, device)]
+            assert row["comm_kernels"] == len(comm)
+            assert row["comm_ns"] == sum(r[3] - r[2] for r in comm)
+            assert row["overlapped_ns"] == sum(overlap[r[0]] for r in comm), (seed, phase, device)
+            assert row["compute_ns"] == sum(r[3] - r[2] for r in g if r[6] != "communication")

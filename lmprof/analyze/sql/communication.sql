@@ -19,7 +19,8 @@
 -- Rows for the devices that ran communication kernels, one per phase with kernels there. The
 -- compute intervals are merged per device (a sort over the kernels inside the span of that
 -- device's communication), so a communication kernel's overlap is its intersection with the
--- merged intervals: two compute kernels on two streams at once count once.
+-- merged intervals: two compute kernels on two streams at once count once. The intersection is
+-- read off the running compute time of the merged intervals at the kernel's two ends.
 --
 -- $has_comm: whether kernel_names holds a communication kernel; false skips every scan (the
 -- result is then empty at no cost: most traces are of one GPU).
@@ -41,22 +42,41 @@ WITH k AS (
     FROM k JOIN bounds b ON b.device_id = k.device_id
     WHERE k.kernel_class <> 'communication' AND k.end_ns > b.lo AND k.start_ns < b.hi
 ), marked AS (
-    SELECT *, coalesce(start_ns > max(end_ns) OVER (
-                  PARTITION BY device_id ORDER BY start_ns, end_ns
-                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), true) AS opens
+    -- each compute kernel with the furthest end of the kernels before it (by start)
+    SELECT device_id, start_ns, end_ns,
+           max(end_ns) OVER (PARTITION BY device_id ORDER BY start_ns, end_ns
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS covered_until
     FROM compute
-), islands AS (
-    SELECT device_id, min(start_ns) AS s, max(end_ns) AS e
-    FROM (SELECT *, sum(CAST(opens AS INTEGER)) OVER (
-                        PARTITION BY device_id ORDER BY start_ns, end_ns ROWS UNBOUNDED PRECEDING)
-                        AS island
-          FROM marked)
-    GROUP BY device_id, island
+), openers AS (
+    -- the kernels that start after everything before them ended: each opens an island of the
+    -- merged intervals, which the next opener's covered_until closes
+    SELECT device_id, start_ns AS s, covered_until FROM marked
+    WHERE covered_until IS NULL OR start_ns > covered_until
+), covered AS (
+    -- per island [s, e): e from the next opener (the last island: the device's last end), and
+    -- the compute time of the islands before it, before_ns = (s - first s) - the gaps so far.
+    -- The compute time up to any instant t is then that of the last island starting at or
+    -- before t plus the part of it before t (an ASOF join per end point), and a communication
+    -- kernel's overlap is that at its end less that at its start. (A join of kernels with the
+    -- islands they overlap, on an equality of device and two inequalities, compares each
+    -- kernel with every island of its device: x100 DDP trace 2 s against 0.45 s this way; as
+    -- an inequality join with the device folded into the times, 6-10 s.)
+    SELECT o.device_id, o.s, coalesce(lead(o.covered_until) OVER w, l.last_end) AS e,
+           o.s - first_value(o.s) OVER w - sum(coalesce(o.s - o.covered_until, 0)) OVER w
+               AS before_ns
+    FROM openers o
+    JOIN (SELECT device_id, max(end_ns) AS last_end FROM compute GROUP BY device_id) l
+      USING (device_id)
+    WINDOW w AS (PARTITION BY o.device_id ORDER BY o.s)
+), at_end AS (
+    SELECT c.op_id, coalesce(i.before_ns + least(c.end_ns - i.s, i.e - i.s), 0) AS covered_ns
+    FROM comm c ASOF LEFT JOIN covered i ON i.device_id = c.device_id AND i.s <= c.end_ns
+), at_start AS (
+    SELECT c.op_id, coalesce(i.before_ns + least(c.start_ns - i.s, i.e - i.s), 0) AS covered_ns
+    FROM comm c ASOF LEFT JOIN covered i ON i.device_id = c.device_id AND i.s <= c.start_ns
 ), overlap AS (
-    SELECT c.op_id, sum(least(c.end_ns, i.e) - greatest(c.start_ns, i.s)) AS overlapped_ns
-    FROM comm c JOIN islands i
-      ON i.device_id = c.device_id AND i.s < c.end_ns AND i.e > c.start_ns
-    GROUP BY c.op_id
+    SELECT op_id, e.covered_ns - s.covered_ns AS overlapped_ns
+    FROM at_end e JOIN at_start s USING (op_id)
 ), per_kernel AS (
     -- every kernel of those devices, with its overlap when it is a communication kernel
     SELECT k.device_id, CAST(k.phase AS VARCHAR) AS phase, k.in_step,
