@@ -4,7 +4,7 @@ It exists to make nsys traces of code other than lmprof's for `analyze kernels` 
 own range names (`iter` > `fwd`, `bwd`, `opt`), optionally DistributedDataParallel over several
 GPUs (launched by torchrun, NCCL all-reduces overlapping the backward on their own stream) and
 optionally PyTorch's `emit_nvtx` (one NVTX range per aten op and autograd node, nested inside
-the user's ranges). Measured steps sit between cudaProfilerStart/Stop, as `--capture-range
+the user's ranges), optionally the whole step captured in a CUDA graph and replayed. Measured steps sit between cudaProfilerStart/Stop, as `--capture-range
 cudaProfilerApi` expects.
 
     nsys profile -t cuda,nvtx --capture-range=cudaProfilerApi -o ddp \
@@ -48,6 +48,9 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--ddp", action="store_true")
     p.add_argument("--emit-nvtx", action="store_true")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="capture the whole step (forward, backward, AdamW) in one CUDA graph "
+                        "and replay it inside the 'iter' range")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--batch", type=int, default=8)
@@ -64,11 +67,35 @@ def main() -> None:
     model = TinyGPT(vocab=8192, d=512, layers=6, heads=8, ctx=args.ctx).cuda()
     if args.ddp:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[local])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=args.cuda_graph)
     x = torch.randint(0, 8192, (args.batch, args.ctx), device="cuda")
     y = torch.randint(0, 8192, (args.batch, args.ctx), device="cuda")
 
+    if args.cuda_graph:  # PyTorch's whole-network capture: warm up on a side stream, capture
+        def train_step() -> None:
+            with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+                loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            loss.backward()
+            opt.step()
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                opt.zero_grad(set_to_none=True)
+                train_step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            train_step()
+
     def step() -> None:
+        if args.cuda_graph:
+            torch.cuda.nvtx.range_push("iter")
+            graph.replay()
+            torch.cuda.nvtx.range_pop()
+            return
         torch.cuda.nvtx.range_push("iter")
         torch.cuda.nvtx.range_push("fwd")
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -96,7 +123,8 @@ def main() -> None:
     if args.ddp:
         torch.distributed.destroy_process_group()
     if rank == 0:
-        print(f"done: {args.steps} steps, ddp={args.ddp}, emit_nvtx={args.emit_nvtx}")
+        print(f"done: {args.steps} steps, ddp={args.ddp}, emit_nvtx={args.emit_nvtx}, "
+              f"cuda_graph={args.cuda_graph}")
 
 
 if __name__ == "__main__":

@@ -277,6 +277,10 @@ def results(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | No
     why = _no_attention_ranges(trace)
     if why and out.get("softmax_vs_matmul") is not None and out["softmax_vs_matmul"].empty:
         notes["softmax_vs_matmul"] += " " + why
+    graphs = _graphs_note(trace)
+    if graphs:
+        for name in names:
+            notes[name] = graphs + " " + notes[name]
     phase_tables = [n for n in ("phase_timing", "gpu_idle") if out.get(n) is not None]
     skip = trace.options.skip_steps
     if phase_tables and all(out[n].empty for n in phase_tables):
@@ -290,6 +294,18 @@ def results(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | No
                 notes[n] += (f" Each process's first {skip} step(s) left out (--skip-steps): "
                              "their GPU work is phase '(none)'.")
     return {name: out[name] for name in names}, notes
+
+
+def _graphs_note(trace: Trace) -> str | None:
+    """What a trace with CUDA graphs traced as whole graphs lacks, or None."""
+    n, ns = trace.use().execute(
+        "SELECT count(*), coalesce(sum(end_ns - start_ns), 0) FROM _graph_execs").fetchall()[0]
+    if not n:
+        return None
+    return (f"**{n} CUDA graph launch(es) ran {ns / 1e6:.3f} ms of GPU work that this report "
+            "traced as whole graphs (nsys --cuda-graph-trace=graph, its default): the kernels "
+            "inside are not in it, and the tables leave that time out. Profile with "
+            "--cuda-graph-trace=node (capture run --nsys does).**")
 
 
 def _no_phase_ranges(trace: Trace) -> str:

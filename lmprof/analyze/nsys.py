@@ -20,7 +20,8 @@ Differences between nsys versions are absorbed here and nowhere else:
 - the event-type ids of NVTX ranges are read from ``ENUM_NSYS_EVENT_TYPE`` when present.
 
 Loaded tables (prefixed ``_``; the documented views are built by ``lmprof.analyze.trace``):
-``_strings``, ``_kernels``, ``_runtime``, ``_nvtx_events``, ``_memcpy``, ``_memset``, ``gpus``,
+``_strings``, ``_kernels``, ``_runtime``, ``_nvtx_events``, ``_memcpy``, ``_memset``,
+``_graph_execs`` (whole-graph executions, when nsys traced CUDA graphs as graphs), ``gpus``,
 ``session``.
 """
 
@@ -122,6 +123,13 @@ TABLES: dict[str, tuple[str, list[Column], str]] = {
         _c("text", "text", STR), _c("text_id", "textId"), _c("global_tid", "globalTid"),
         _c("domain_id", "domainId"), _c("range_id", "rangeId"),
     ], "WHERE eventType IN ({nvtx_types})"),
+    # CUDA graph launches traced as whole graphs (nsys --cuda-graph-trace=graph, its default):
+    # the graph's kernels are then absent from the kernel table; the analysis says so
+    "_graph_execs": ("CUPTI_ACTIVITY_KIND_GRAPH_TRACE", [
+        _c("start_ns", "start"), _c("end_ns", "end"), _c("device_id", "deviceId", I32),
+        _c("correlation_id", "correlationId"), _c("global_pid", "globalPid"),
+        _c("graph_id", "graphId"),
+    ], ""),
     "_memcpy_kinds": ("ENUM_CUDA_MEMCPY_OPER", [_c("id", "id", I32), _c("label", "label", STR)],
                       ""),
     "gpus": ("TARGET_INFO_GPU", [

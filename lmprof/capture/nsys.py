@@ -26,6 +26,9 @@ def profile_command(nsys: str, run_dir: Path, child_argv: list[str], extra: str 
         "--cpuctxsw=none",
         "--capture-range=cudaProfilerApi",
         "--capture-range-end=stop",
+        # kernels launched inside CUDA graphs traced one by one (the default traces a graph as
+        # one block of time, and its kernels never reach the kernel table)
+        "--cuda-graph-trace=node",
         "--export=none",
     ]
     if extra:

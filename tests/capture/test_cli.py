@@ -222,3 +222,14 @@ def test_summary_names_the_artifacts_and_what_to_run_after_an_oom(tmp_path, caps
     out = capsys.readouterr().out
     assert f"nsys report: {tmp_path / 'report.nsys-rep'}\n" in out
     assert "failure" not in out and "what filled" not in out
+
+
+def test_nsys_traces_kernels_inside_cuda_graphs(tmp_path):
+    """capture run --nsys asks nsys for the kernels inside CUDA graphs one by one: by default
+    nsys traces a graph launch as one block of time and its kernels never reach the export's
+    kernel table (tests/data/h200x2-user-traces/graph: no kernel table at all)."""
+    from lmprof.capture.nsys import profile_command
+
+    cmd = profile_command("nsys", tmp_path, ["python", "-m", "lmprof.capture"], "--trace=cuda")
+    assert "--cuda-graph-trace=node" in cmd
+    assert cmd.index("--cuda-graph-trace=node") < cmd.index("--trace=cuda")  # user flags win
