@@ -304,7 +304,8 @@ def _graphs_note(trace: Trace) -> str | None:
         return None
     return (f"**{n} CUDA graph launch(es) ran {ns / 1e6:.3f} ms of GPU work that this report "
             "traced as whole graphs (nsys --cuda-graph-trace=graph, its default): the kernels "
-            "inside are not in it, and the tables leave that time out. Profile with "
+            "inside are not in it, so the kernel tables leave that time out (the phase spans, "
+            "busy time and gaps count each graph as one GPU op). Profile with "
             "--cuda-graph-trace=node (capture run --nsys does).**")
 
 

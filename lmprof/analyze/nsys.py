@@ -124,11 +124,12 @@ TABLES: dict[str, tuple[str, list[Column], str]] = {
         _c("domain_id", "domainId"), _c("range_id", "rangeId"),
     ], "WHERE eventType IN ({nvtx_types})"),
     # CUDA graph launches traced as whole graphs (nsys --cuda-graph-trace=graph, its default):
-    # the graph's kernels are then absent from the kernel table; the analysis says so
+    # GPU ops of kind 'graph'; the graph's kernels are absent from the kernel table (the
+    # analysis says so)
     "_graph_execs": ("CUPTI_ACTIVITY_KIND_GRAPH_TRACE", [
         _c("start_ns", "start"), _c("end_ns", "end"), _c("device_id", "deviceId", I32),
-        _c("correlation_id", "correlationId"), _c("global_pid", "globalPid"),
-        _c("graph_id", "graphId"),
+        _c("stream_id", "streamId", I32), _c("correlation_id", "correlationId"),
+        _c("global_pid", "globalPid"), _EXPORT_ROW, _c("graph_id", "graphId"),
     ], ""),
     "_memcpy_kinds": ("ENUM_CUDA_MEMCPY_OPER", [_c("id", "id", I32), _c("label", "label", STR)],
                       ""),

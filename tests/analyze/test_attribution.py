@@ -172,7 +172,8 @@ def test_attribution_matches_containment_on_random_nesting(seed, max_bucket_rows
             a = rng.randint(0, 60)
             events.append((60, a, a + rng.randint(0, 20), tid, rng.choice(names)))
     # each op: (kind, launch time or None = launch not traced, launching thread)
-    launches = [(rng.choice(["kernel", "memcpy", "memset"]), rng.choice([None, *range(70), 199, 200, 250]),
+    launches = [(rng.choice(["kernel", "memcpy", "memset", "graph"]),
+                 rng.choice([None, *range(70), 199, 200, 250]),
                  rng.choice([*tids, (9 << 24) + 4])) for _ in range(200)]
 
     con = duckdb.connect()
@@ -192,22 +193,23 @@ def test_attribution_matches_containment_on_random_nesting(seed, max_bucket_rows
     assert all(r["level"] is None and r["parent_id"] is None
                for r in ranges if r["style"] == "StartEnd")
     # GPU ops and their launching calls, as nsys.load leaves them: op ids number kernels, then
-    # memcpy, then memset, each by export row (1..n here); a call matches by (process,
-    # correlation id)
+    # memcpy, then memset, then graphs traced whole, each by export row (1..n here); a call
+    # matches by (process, correlation id)
     con.execute("CREATE TABLE _kernels (start_ns BIGINT, end_ns BIGINT, device_stream BIGINT, "
                 "correlation_id BIGINT, global_pid BIGINT, name_id BIGINT, export_row BIGINT)")
-    for table in ("_memcpy", "_memset"):
+    for table in ("_memcpy", "_memset", "_graph_execs"):
         con.execute(f"CREATE TABLE {table} (start_ns BIGINT, end_ns BIGINT, device_id INTEGER, "
                     "stream_id INTEGER, correlation_id BIGINT, global_pid BIGINT, "
                     "export_row BIGINT)")
     con.execute("CREATE TABLE _runtime (start_ns BIGINT, global_tid BIGINT, "
                 "correlation_id BIGINT, name_id BIGINT)")
-    ops, by_kind = [], {"kernel": [], "memcpy": [], "memset": []}
+    ops, by_kind = [], {"kernel": [], "memcpy": [], "memset": [], "graph": []}
     for corr, (kind, t, tid) in enumerate(launches):
         by_kind[kind].append((corr, (tid >> 24) << 24))
         if t is not None:
             con.execute("INSERT INTO _runtime VALUES (?, ?, ?, 0)", [t, tid, corr])
-    for kind, table in (("kernel", "_kernels"), ("memcpy", "_memcpy"), ("memset", "_memset")):
+    for kind, table in (("kernel", "_kernels"), ("memcpy", "_memcpy"), ("memset", "_memset"),
+                        ("graph", "_graph_execs")):
         for row, (corr, pid) in enumerate(by_kind[kind], 1):
             ops.append((len(ops), launches[corr][1], launches[corr][2]))
             values = "0, 1, 0, ?, ?, 1, ?" if kind == "kernel" else "0, 1, 0, 0, ?, ?, ?"

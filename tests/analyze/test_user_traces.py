@@ -448,5 +448,12 @@ def test_graphs_traced_whole_are_said_to_be_missing(exports):
     for section in sections:
         assert f"{n} CUDA graph launch(es) ran {ns / 1e6:.3f} ms of GPU work" in section
         assert "--cuda-graph-trace=node" in section
-    timing = kernels.phase_timing(_trace(exports, "graph")).set_index("phase")
+    # each graph launch is one GPU op of its step: the span is the graph's, busy all of it
+    tr = _trace(exports, "graph")
+    timing = kernels.phase_timing(tr).set_index("phase")
     assert timing.loc["step", "kernels_per_instance"] == 0 and n == 4
+    assert timing.loc["step", "gpu_span_mean_ns"] * 4 == ns
+    assert timing.loc["step", "gpu_busy_pct"] == 100.0
+    ops = tr.df("SELECT CAST(kind AS VARCHAR) AS kind, count(*) AS n FROM gpu_ops GROUP BY 1")
+    assert ops.values.tolist() == [["graph", 4]]
+    assert kernels.range_summary(tr).set_index("range").loc[":iter", "gpu_ops"] == 4

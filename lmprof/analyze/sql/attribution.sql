@@ -1,11 +1,13 @@
 -- Attribution of GPU work to NVTX ranges, through the CUDA call that launched it.
 --
--- gpu_ops: every kernel, memcpy and memset, one row each (kept narrow: millions of rows); a view
--- over the table _gpu_ops (one STRUCT column, below).
+-- gpu_ops: every kernel, memcpy, memset and whole-graph execution, one row each (kept narrow:
+-- millions of rows); a view over the table _gpu_ops (one STRUCT column, below).
 --   op_id            BIGINT   from the export's row ids: kernel export_row - 1, then memcpy after
---                             the largest kernel row, then memset (_op_offsets)
---   kind             ENUM     'kernel' | 'memcpy' | 'memset'
---   name_id          BIGINT   kernel_names.name_id of a kernel (NULL for memory ops)
+--                             the largest kernel row, then memset, then graph (_op_offsets)
+--   kind             ENUM     'kernel' | 'memcpy' | 'memset' | 'graph' (a CUDA graph launch
+--                             that nsys traced as one block, --cuda-graph-trace=graph: its
+--                             kernels are not in the export)
+--   name_id          BIGINT   kernel_names.name_id of a kernel (NULL for other ops)
 --   start_ns, end_ns BIGINT   GPU execution window, session clock (ns)
 --   dur_ns           BIGINT   end_ns - start_ns
 --   device_id, stream_id      INTEGER
@@ -46,27 +48,34 @@
 -- are 1..n in the exports seen, which makes op ids 0..n-1 in export order): tables can load in any
 -- order and still give the same ids.
 CREATE OR REPLACE TABLE _op_offsets AS
-SELECT k.n AS memcpy_offset, k.n + m.n AS memset_offset
+SELECT k.n AS memcpy_offset, k.n + m.n AS memset_offset, k.n + m.n + s.n AS graph_offset
 FROM (SELECT coalesce(max(export_row), 0) AS n FROM _kernels) k,
-     (SELECT coalesce(max(export_row), 0) AS n FROM _memcpy) m;
+     (SELECT coalesce(max(export_row), 0) AS n FROM _memcpy) m,
+     (SELECT coalesce(max(export_row), 0) AS n FROM _memset) s;
 
 CREATE OR REPLACE TABLE _gpu_ops AS
 WITH o AS (
-    SELECT export_row - 1 AS op_id, CAST('kernel' AS ENUM('kernel', 'memcpy', 'memset')) AS kind,
+    SELECT export_row - 1 AS op_id,
+           CAST('kernel' AS ENUM('kernel', 'memcpy', 'memset', 'graph')) AS kind,
            name_id, start_ns, end_ns,
            CAST(device_stream & 65535 AS INTEGER) AS device_id,
            CAST(device_stream >> 16 AS INTEGER) AS stream_id, correlation_id, global_pid
     FROM _kernels
     UNION ALL
     SELECT export_row - 1 + (SELECT memcpy_offset FROM _op_offsets),
-           CAST('memcpy' AS ENUM('kernel', 'memcpy', 'memset')), NULL, start_ns,
+           CAST('memcpy' AS ENUM('kernel', 'memcpy', 'memset', 'graph')), NULL, start_ns,
            end_ns, device_id, stream_id, correlation_id, global_pid
     FROM _memcpy
     UNION ALL
     SELECT export_row - 1 + (SELECT memset_offset FROM _op_offsets),
-           CAST('memset' AS ENUM('kernel', 'memcpy', 'memset')), NULL, start_ns,
+           CAST('memset' AS ENUM('kernel', 'memcpy', 'memset', 'graph')), NULL, start_ns,
            end_ns, device_id, stream_id, correlation_id, global_pid
     FROM _memset
+    UNION ALL
+    SELECT export_row - 1 + (SELECT graph_offset FROM _op_offsets),
+           CAST('graph' AS ENUM('kernel', 'memcpy', 'memset', 'graph')), NULL, start_ns,
+           end_ns, device_id, stream_id, correlation_id, global_pid
+    FROM _graph_execs
 ), launched AS (
     SELECT o.*, r.start_ns AS launch_start_ns, r.global_tid AS launch_global_tid,
            r.global_tid >> $key_shift AS key

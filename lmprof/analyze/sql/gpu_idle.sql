@@ -1,5 +1,5 @@
 -- GPU idle gaps within each phase: time inside a phase instance's GPU span when none of its
--- GPU operations (kernels, memcpy, memset) was running.
+-- GPU operations (kernels, memcpy, memset, graphs traced whole) was running.
 --
 --   phase          VARCHAR  step | forward | backward | optimizer | inference
 --   instances      BIGINT   NVTX range instances

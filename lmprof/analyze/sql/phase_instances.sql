@@ -4,7 +4,7 @@
 --   range_id        BIGINT   nvtx_ranges.range_id of the instance
 --   phase           VARCHAR  step | forward | backward | optimizer | inference
 --   cpu_ns          BIGINT   wall-clock duration of the NVTX range (ns)
---   gpu_ops         BIGINT   kernels + memcpy + memset attributed to it
+--   gpu_ops         BIGINT   kernels + memcpy + memset + graphs attributed to it
 --   kernels         BIGINT   kernels attributed to it
 --   kernel_ns       BIGINT   summed kernel durations (ns)
 --   gpu_span_ns     BIGINT   first GPU op start to last GPU op end (ns), NULL without ops

@@ -7,7 +7,7 @@
 --   cpu_total_ns   BIGINT   summed wall-clock duration (ns)
 --   cpu_mean_ns    DOUBLE   mean wall-clock duration (ns)
 --   avg_level      DOUBLE   mean push/pop nesting depth (0 = outermost)
---   gpu_ops        BIGINT   kernels + memcpy + memset attributed to its instances
+--   gpu_ops        BIGINT   kernels + memcpy + memset + graphs attributed to it
 --   kernels        BIGINT   kernels attributed to its instances
 --   kernel_ns      BIGINT   their summed duration (ns)
 --
