@@ -236,7 +236,7 @@ def results(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | No
 
         fetch = Table.fetch
     holds = {"ranges": trace.count("nvtx_ranges") > 0}
-    if "communication" in names:
+    if {"communication", "top_kernels", "class_breakdown", "gemm_fraction"} & set(names):
         holds["communication"] = has_communication(trace)
     if "process_timing" in names:
         holds["processes"] = has_several_processes(trace)
@@ -277,6 +277,12 @@ def results(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | No
     why = _no_attention_ranges(trace)
     if why and out.get("softmax_vs_matmul") is not None and out["softmax_vs_matmul"].empty:
         notes["softmax_vs_matmul"] += " " + why
+    if holds.get("communication"):
+        for name in ("top_kernels", "class_breakdown", "gemm_fraction"):
+            if name in notes:
+                notes[name] += (" Communication (NCCL) kernels count their whole duration, "
+                                "waiting for the other ranks included: see the communication "
+                                "table for what compute hid.")
     graphs = _graphs_note(trace)
     if graphs:
         for name in names:

@@ -204,6 +204,10 @@ def test_cli_on_a_ddp_trace(exports):
     assert "## communication" in out and "ncclDevKernel_AllReduce" in out
     section = out.split("## communication")[1]
     assert "Exposed (ms)" in section and "GEMM of compute (%)" in section
+    for table in ("top kernels", "gemm fraction", "class breakdown"):
+        assert "waiting for the other ranks" in out.split(f"## {table}")[1].split("## ")[0]
+    code, out, err = run("kernels", str(exports / "emit" / "report.sqlite"), *PHASE_ARGS)
+    assert code == 0 and "waiting for the other ranks" not in out, err
     assert hashlib.sha256(export.read_bytes()).hexdigest() == before
 
 
