@@ -274,9 +274,12 @@ def results(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | No
             trace.con.execute(f"SET threads = {threads}")
     notes = {name: _MISSING_NOTES[TABLES[name][1]] if out[name] is None else TABLES[name][2]
              for name in names}
-    why = _no_attention_ranges(trace)
-    if why and out.get("softmax_vs_matmul") is not None and out["softmax_vs_matmul"].empty:
-        notes["softmax_vs_matmul"] += " " + why
+    if out.get("softmax_vs_matmul") is not None and out["softmax_vs_matmul"].empty:
+        opts = trace.options
+        looked_for = ", ".join(repr(n) for n in (*opts.softmax_ranges, *opts.matmul_ranges))
+        notes["softmax_vs_matmul"] += " " + (_no_attention_ranges(trace) or (
+            f"No kernel ran under a range named {looked_for}: name your attention's softmax "
+            "and matmul ranges with --softmax-range and --matmul-range."))
     if holds.get("communication"):
         for name in ("top_kernels", "class_breakdown", "gemm_fraction"):
             if name in notes:

@@ -208,6 +208,8 @@ def test_cli_on_a_ddp_trace(exports):
         assert "waiting for the other ranks" in out.split(f"## {table}")[1].split("## ")[0]
     code, out, err = run("kernels", str(exports / "emit" / "report.sqlite"), *PHASE_ARGS)
     assert code == 0 and "waiting for the other ranks" not in out, err
+    softmax = out.split("## softmax vs matmul")[1].split("## ")[0]  # no such ranges here
+    assert "'computing softmax'" in softmax and "--softmax-range and --matmul-range" in softmax
     assert hashlib.sha256(export.read_bytes()).hexdigest() == before
 
 
