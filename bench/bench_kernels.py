@@ -14,6 +14,10 @@ the x100 time with peak memory under 2 GB. Appends one row per export to
 bench/results/kernels.md.
 
     python bench/bench_kernels.py [--factors 100 1000] [--workdir /tmp/lmprof-kernels-bench]
+
+``--source ddp`` repeats the data-parallel fixture instead (tests/data/h200x2-user-traces/ddp: two
+processes on two GPUs, NCCL all-reduces, its own range names), whose analysis adds the
+process-timing and communication tables; the x100 ratio target is the one-GPU fixture's.
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "data" / "h200-small-fp32" / "report.sqlite"
+DDP_FIXTURE = ROOT / "tests" / "data" / "h200x2-user-traces" / "ddp" / "report.sqlite.xz"
+# the DDP fixture's own range names for the phases
+DDP_PHASES = ["--phase-range", "step=iter", "--phase-range", "forward=fwd",
+              "--phase-range", "backward=bwd", "--phase-range", "optimizer=opt"]
 RESULTS = Path(__file__).parent / "results" / "kernels.md"
 
 # Tables repeated along the timeline; every other table is kept once.
@@ -104,13 +112,13 @@ def counts(path: Path) -> dict[str, int]:
     return out
 
 
-def measure(path: Path, repeat: int, scratch: Path) -> dict:
+def measure(path: Path, repeat: int, scratch: Path, extra: list[str] | None = None) -> dict:
     """Median of ``repeat`` runs of each, load and analyze alternated (drift hits both alike)."""
     load, analyze = [], []
     for _ in range(repeat):
         load.append(run_child([sys.executable, "-c", _LOAD, str(path)]))
         analyze.append(run_child([sys.executable, "-m", "lmprof.analyze", "kernels", str(path),
-                                  "--format", "csv", "--out", str(scratch)]))
+                                  "--format", "csv", "--out", str(scratch), *(extra or [])]))
     return {"load_s": statistics.median(w for w, _, _ in load),
             "load_rss": max(r for _, r, _ in load),
             "analyze_s": statistics.median(w for w, _, _ in analyze),
@@ -133,8 +141,17 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/lmprof-kernels-bench"))
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs per measurement, load and analyze alternated (median is kept)")
+    ap.add_argument("--source", choices=("fixture", "ddp"), default="fixture",
+                    help="the one-GPU fixture (the targets' export) or the DDP fixture")
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
+    source, prefix, extra = FIXTURE, "", []
+    if args.source == "ddp":
+        import lzma
+
+        source, prefix, extra = args.workdir / "ddp.sqlite", "ddp-", DDP_PHASES
+        if not source.is_file() or source.stat().st_mtime < DDP_FIXTURE.stat().st_mtime:
+            source.write_bytes(lzma.decompress(DDP_FIXTURE.read_bytes()))
     env = environment()
     if not RESULTS.exists():
         RESULTS.write_text(
@@ -147,10 +164,10 @@ def main() -> None:
     base = None
     for factor in args.factors:
         t0 = time.perf_counter()
-        path = make_export(factor, args.workdir / f"x{factor}.sqlite")
+        path = make_export(factor, args.workdir / f"{prefix}x{factor}.sqlite", source)
         print(f"x{factor}: export ready in {time.perf_counter() - t0:.1f} s ({path})", flush=True)
         n = counts(path)
-        m = measure(path, args.repeat, args.workdir / f"out-x{factor}")
+        m = measure(path, args.repeat, args.workdir / f"out-{prefix}x{factor}", extra)
         ratio = m["analyze_s"] / m["load_s"]
         scale = f"; {m['analyze_s'] / base:.1f}x the x{args.factors[0]} time" if base else ""
         base = base or m["analyze_s"]
@@ -158,9 +175,9 @@ def main() -> None:
               f"({ratio:.2f}x load{scale}), peak {m['analyze_rss'] / 2**20:.0f} MB, "
               f"load average {m['loadavg']:.2f}", flush=True)
         with RESULTS.open("a") as fh:
-            fh.write(f"| {dt.date.today()} | {env} | x{factor} | {n['kernels']} | {n['runtime']} "
-                     f"| {n['nvtx']} | {m['load_s']:.2f} | {m['analyze_s']:.2f} | {ratio:.2f} "
-                     f"| {m['analyze_rss'] / 2**20:.0f} |\n")
+            fh.write(f"| {dt.date.today()} | {env} | {prefix}x{factor} | {n['kernels']} "
+                     f"| {n['runtime']} | {n['nvtx']} | {m['load_s']:.2f} | {m['analyze_s']:.2f} "
+                     f"| {ratio:.2f} | {m['analyze_rss'] / 2**20:.0f} |\n")
 
 
 if __name__ == "__main__":
