@@ -180,7 +180,8 @@ TABLES: dict[str, tuple[Callable[..., Result], str | None, str]] = {
 DEFAULT_TABLES = tuple(t for t in TABLES if t not in ("ranges", "range_kernels"))
 # Default tables about traces of several processes / GPUs: `analyze kernels` leaves them out of
 # its output when they are empty (a one-GPU run, the usual case), unless asked for by name.
-MULTI_RANK_TABLES = ("process_timing", "communication")
+MULTI_RANK_TABLES = tuple(name for name, (_, needs, _) in TABLES.items()
+                          if needs in ("processes", "communication"))
 NO_RANGES_NOTE = "No NVTX ranges in this report: nothing to attribute by range."
 # Why a table is empty when the trace lacks what it needs (TABLES' second field).
 _MISSING_NOTES = {
@@ -272,6 +273,14 @@ def results(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | No
                        "table")
         finally:
             trace.con.execute(f"SET threads = {threads}")
+    return {name: out[name] for name in names}, _notes(trace, names, out, holds)
+
+
+def _notes(trace: Trace, names: tuple[str, ...], out: dict[str, Any],
+           holds: dict[str, bool]) -> dict[str, str]:
+    """Each table's note: what it shows, or why it is empty (what the trace lacks, what to pass
+    for a trace of other code), with what the trace's nature changes (NCCL waiting, graphs
+    traced whole, skipped steps)."""
     notes = {name: _MISSING_NOTES[TABLES[name][1]] if out[name] is None else TABLES[name][2]
              for name in names}
     if out.get("softmax_vs_matmul") is not None and out["softmax_vs_matmul"].empty:
@@ -302,7 +311,7 @@ def results(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | No
             if out.get(n) is not None:
                 notes[n] += (f" Each process's first {skip} step(s) left out (--skip-steps): "
                              "their GPU work is phase '(none)'.")
-    return {name: out[name] for name in names}, notes
+    return notes
 
 
 def _graphs_note(trace: Trace) -> str | None:
@@ -322,10 +331,11 @@ def _no_phase_ranges(trace: Trace) -> str:
     """What to do when no range of a trace with ranges marks a phase (a trace of other code):
     the names looked for, and the most frequent outer ranges to name with --phase-range."""
     looked_for = ", ".join(dict.fromkeys(name for name, _ in trace.options.phase_ranges))
+    # the pattern as a literal: a bound parameter makes DuckDB import pandas
     rows = trace.use().execute(
         "SELECT name, count(*) AS n FROM nvtx_ranges WHERE domain = '' AND level <= 1 "
-        "AND NOT regexp_matches(name, ?) GROUP BY name ORDER BY n DESC, min(start_ns) LIMIT 6",
-        [CALL_SUFFIX]).fetchall()
+        f"AND NOT regexp_matches(name, {sqlfile.literal(CALL_SUFFIX)}) "
+        "GROUP BY name ORDER BY n DESC, min(start_ns) LIMIT 6").fetchall()
     found = ", ".join(f"{name!r} ({n})" for name, n in rows)
     return (f"No NVTX range marks a phase: none is named {looked_for} (each optionally with a "
             f"_N suffix). " + (f"Outer ranges of this report: {found}; " if found else "") +

@@ -129,7 +129,7 @@ TABLES: dict[str, tuple[str, list[Column], str]] = {
     "_graph_execs": ("CUPTI_ACTIVITY_KIND_GRAPH_TRACE", [
         _c("start_ns", "start"), _c("end_ns", "end"), _c("device_id", "deviceId", I32),
         _c("stream_id", "streamId", I32), _c("correlation_id", "correlationId"),
-        _c("global_pid", "globalPid"), _EXPORT_ROW, _c("graph_id", "graphId"),
+        _c("global_pid", "globalPid"), _EXPORT_ROW,
     ], ""),
     "_memcpy_kinds": ("ENUM_CUDA_MEMCPY_OPER", [_c("id", "id", I32), _c("label", "label", STR)],
                       ""),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import lzma
 import os
 import subprocess
 import sys
@@ -408,6 +409,30 @@ RUN_JSON_REPORT = ROOT / "tests" / "data" / "h200-lmprof-nsys" / "report.sqlite"
 def test_cli_never_imports_pandas(tmp_path, args):
     """Kernel tables (one report or several) and 'analyze sql' print without pandas or numpy (0.8 s to import on
     some machines): DuckDB results fetched as rows, SQL parameters as literals."""
+    _assert_no_pandas(tmp_path, args)
+
+
+USER = ROOT / "tests" / "data" / "h200x2-user-traces"
+USER_PHASES = ("--phase-range", "step=iter", "--phase-range", "forward=fwd",
+               "--phase-range", "backward=bwd", "--phase-range", "optimizer=opt")
+
+
+@pytest.mark.parametrize("trace, args", [
+    ("ddp", ()),  # no range marks a phase: the note lists the outer ranges
+    ("ddp", (*USER_PHASES, "--skip-steps", "1")),  # process timing, communication, skip note
+    ("emit", ("--table", "ranges", "--table", "range_kernels")),  # emit_nvtx names grouped
+    ("graph", USER_PHASES[:2]),  # graphs traced whole: the graph note
+])
+def test_cli_never_imports_pandas_on_other_code(tmp_path, trace, args):
+    """The same for the traces of other code and the notes they bring."""
+    export = tmp_path / "report.sqlite"
+    export.write_bytes(lzma.decompress((USER / trace / "report.sqlite.xz").read_bytes()))
+    out = tmp_path / "out"
+    out.mkdir()
+    _assert_no_pandas(out, ("kernels", str(export), *args))
+
+
+def _assert_no_pandas(tmp_path, args):
     code = f"""
 import sys
 from lmprof.analyze.cli import main
