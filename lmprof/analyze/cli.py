@@ -39,24 +39,13 @@ def runs_cmd(run_dirs: tuple[str, ...], fmt: str, out: str | None) -> None:
     click.echo(emit({"benchmark": df}, fmt, out))
 
 
-@analyze.command("report")
-@click.argument("run_dirs", nargs=-1, required=True)
-@click.option("--out", "-o", type=click.Path(), default="report", show_default=True,
-              help="Report file (.md) or directory (gets report.md and img/).")
-def report_cmd(run_dirs: tuple[str, ...], out: str) -> None:
-    """Write one markdown report for RUN_DIRS (run or sweep directories, or a directory of runs
-    such as capture's --out), a section per kind of data present."""
-    from lmprof.reports.report import build
-
-    click.echo(str(build(list(run_dirs), out)))
-
-
 def _register() -> None:
     """Commands defined in their own modules (each imports only what it needs, on use)."""
     from lmprof.analyze.kernels_cli import kernels_cmd, sql_cmd
     from lmprof.analyze.memory_cli import memory_cmd
+    from lmprof.analyze.report_cli import report_cmd
 
-    for command in (kernels_cmd, sql_cmd, memory_cmd):
+    for command in (report_cmd, kernels_cmd, sql_cmd, memory_cmd):
         analyze.add_command(command)
 
 

@@ -56,9 +56,10 @@ db_option = click.option(
     help="Persist the DuckDB database to this file (query it later with 'analyze sql').")
 
 
-def _options(attribution: str, phase_ranges: tuple[str, ...], softmax_ranges: tuple[str, ...],
-             matmul_ranges: tuple[str, ...], full_range_names: bool = False,
-             skip_steps: int = 0):
+def trace_options(attribution: str, phase_ranges: tuple[str, ...],
+                  softmax_ranges: tuple[str, ...], matmul_ranges: tuple[str, ...],
+                  full_range_names: bool = False, skip_steps: int = 0):
+    """The ``trace.Options`` of the range options (``analyze kernels``, ``sql``, ``report``)."""
     from lmprof.analyze.trace import Options
 
     defaults = dict(Options().phase_ranges)
@@ -203,7 +204,7 @@ def kernels_cmd(reports, attribution, phase_ranges, skip_steps, softmax_ranges, 
     from lmprof.analyze import kernel_names
     from lmprof.render import Table, emit
 
-    options = _options(attribution, phase_ranges, softmax_ranges, matmul_ranges,
+    options = trace_options(attribution, phase_ranges, softmax_ranges, matmul_ranges,
                        full_range_names, skip_steps)
     with open_traces(reports, options, db, nsys_path, defer=True) as (_, traces):
         from lmprof.analyze import kernel_tables
@@ -332,7 +333,7 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, skip_steps, nsy
             stack.callback(con.close)
         else:
             con, _ = stack.enter_context(open_traces(
-                (file,), _options(attribution, phase_ranges, (), (), skip_steps=skip_steps),
+                (file,), trace_options(attribution, phase_ranges, (), (), skip_steps=skip_steps),
                 None, nsys_path))
         _confine(con)
         try:

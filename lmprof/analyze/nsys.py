@@ -191,6 +191,25 @@ def open_readonly(path: str | Path) -> sqlite3.Connection:
     return con
 
 
+def check_export(path: str | Path) -> None:
+    """The checks ``load`` makes before reading anything: an SQLite file, readable, with the
+    tables of an nsys export (a one-line ``UserError`` otherwise). For callers that must refuse a
+    bad input before they write anything (``analyze report``)."""
+    path = Path(path)
+    sq = open_readonly(path)
+    try:
+        _required(_tables(sq, path), path)
+    finally:
+        sq.close()
+
+
+def _required(present: set[str], path: Path) -> None:
+    missing = [t for t in REQUIRED_TABLES if t not in present]
+    if missing:
+        raise UserError(f"{str(path)!r} is not an nsys SQLite export: missing table(s) "
+                        f"{', '.join(missing)}")
+
+
 def _tables(sq: sqlite3.Connection, path: Path) -> set[str]:
     try:
         return {r[0] for r in sq.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -305,10 +324,7 @@ def load(duck: duckdb.DuckDBPyConnection, path: str | Path,
     sq = open_readonly(path)
     try:
         present = _tables(sq, path)
-        missing = [t for t in REQUIRED_TABLES if t not in present]
-        if missing:
-            raise UserError(f"{str(path)!r} is not an nsys SQLite export: missing table(s) "
-                            f"{', '.join(missing)}")
+        _required(present, path)
         export = Export(path=path, tables=present)
         types = _nvtx_types(sq, present)
         nvtx_types = ", ".join(str(int(types[k])) for k in sorted(types))

@@ -1,18 +1,25 @@
-"""The markdown report: one section per kind of data present in the given runs.
+"""The markdown report: one section per kind of data present in the given inputs.
+
+Inputs are run directories (a sweep directory or a directory of runs stands for its runs) and,
+for data captured without ``capture run``, nsys exports (SQLite or ``.nsys-rep``) and CUDA
+memory snapshots given as files: an export or snapshot that its run directory names is that run;
+any other is a report input of its own, in the kernel or memory section.
 
 A section is a function ``(ReportContext) -> str | None``; ``None`` means "no data of my kind".
-Sections are listed in ``SECTIONS`` in report order. Output is deterministic for the same inputs:
-runs are in the benchmark table's order of configurations (then by run id), and nothing
-time-dependent is written.
+Sections are listed in ``_sections`` in report order. Output is deterministic for the same
+inputs: runs are in the benchmark table's order of configurations (then by run id), files
+without a run in the order given, and nothing time-dependent is written.
 """
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from lmprof import rundir, sweepdir
+from lmprof.analyze import magic
 from lmprof.errors import UserError
 
 
@@ -21,6 +28,11 @@ class ReportContext:
     runs: list[dict[str, Any]]
     out_dir: Path  # the report's folder; images go to out_dir / "img"
     images: list[Path] = field(default_factory=list)
+    # files given without a run that names them: (path, the run.json beside it or None)
+    exports: list[tuple[Path, dict[str, Any] | None]] = field(default_factory=list)
+    snapshots: list[tuple[Path, dict[str, Any] | None]] = field(default_factory=list)
+    # for the kernel section: lmprof.analyze.trace.Options (None: the defaults)
+    kernel_options: Any = None
 
     @property
     def img_dir(self) -> Path:
@@ -63,25 +75,109 @@ def load_runs(paths: list[str]) -> list[dict[str, Any]]:
     return sorted(runs.values(), key=rundir.config_order)
 
 
-def build(paths: list[str], out: str | Path) -> Path:
-    """Write ``out`` (a .md file, or a directory that gets report.md) and return its path."""
+# What a file given to the report is, by its first bytes or its name: an nsys export, or a memory
+# snapshot (a pickle, raw or compressed as analyze memory reads them).
+_REP_SUFFIXES = (".nsys-rep", ".qdrep")
+_SNAPSHOT_HEADS = (b"\x80", b"\xfd7zXZ\x00", b"\x1f\x8b", b"\x28\xb5\x2f\xfd", b"BZh")
+_KINDS_HELP = ("a run directory, a sweep directory or directory of runs, an nsys export "
+               "(.sqlite, .nsys-rep) or a CUDA memory snapshot (.pickle[.xz|.gz|.zst])")
+
+
+def _file_kind(path: Path) -> str:
+    """"export" or "snapshot" for a file given to the report; a one-line error otherwise."""
+    if path.suffix in _REP_SUFFIXES or magic.file_kind(path) == "sqlite":
+        return "export"
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(magic.HEAD)
+    except OSError as exc:
+        raise UserError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    if head.startswith(_SNAPSHOT_HEADS) or ".pickle" in path.name:
+        return "snapshot"
+    raise UserError(f"{str(path)!r} is not {_KINDS_HELP}")
+
+
+def _names(record: dict[str, Any], path: Path, kind: str) -> bool:
+    """Whether run ``record`` names the file ``path`` as its export / snapshot."""
+    keys = ("nsys_sqlite", "nsys_rep") if kind == "export" else ("memory_snapshot",)
+    named = [rundir.artifact_path(record, k) for k in keys]
+    return any(n is not None and n.resolve() == path.resolve() for n in named)
+
+
+def collect_inputs(paths: list[str], nsys_path: str | None = None
+                   ) -> tuple[list[dict[str, Any]], list, list]:
+    """(runs, exports, snapshots) of the report's inputs. Directories and run.json files are runs
+    (``load_runs``); a file is an nsys export or a memory snapshot (``_file_kind``): the run of
+    the run.json beside it when that run names it, else an input of its own, kept with that
+    run.json (its config) if there is one. Each run and file counts once. An export of its own
+    is checked here (a ``.nsys-rep`` exported first, with ``nsys_path``), before the report
+    writes anything; ``exports`` lists the SQLite files."""
+    from lmprof.analyze.nsys import check_export, resolve_report
+
+    if not paths:
+        raise UserError(f"give at least one input: {_KINDS_HELP}")
+    run_args, files = [], {"export": [], "snapshot": []}
+    for arg in paths:
+        p = Path(arg)
+        if not p.exists():
+            raise UserError(f"no such file or directory: {arg!r}")
+        if p.is_dir() or p.name in (rundir.RUN_FILE, rundir.LATEST):
+            run_args.append(arg)
+            continue
+        kind = _file_kind(p)
+        record = rundir.find_run_for(p)
+        if record is not None and _names(record, p, kind):
+            run_args.append(record["run_dir"])
+        else:
+            if kind == "export":
+                p = resolve_report(p, nsys_path)[0]
+                check_export(p)
+            if p.resolve() not in {f.resolve() for f, _ in files[kind]}:
+                files[kind].append((p, record))
+    runs = load_runs(run_args) if run_args else []
+    return runs, files["export"], files["snapshot"]
+
+
+def build(paths: list[str], out: str | Path, kernel_options: Any = None,
+          nsys_path: str | None = None) -> Path:
+    """Write ``out`` (a .md file, or a directory that gets report.md) and return its path.
+    ``kernel_options`` (``lmprof.analyze.trace.Options``) name the phase and attention ranges of
+    traces from other code; ``nsys_path`` exports a ``.nsys-rep`` given."""
     out = Path(out)
     target = out if out.suffix == ".md" else out / "report.md"
+    runs, exports, snapshots = collect_inputs(paths, nsys_path)
+    created = next((d for d in reversed([target.parent, *target.parent.parents])
+                    if not d.exists()), None)  # the outermost folder this call creates
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(f"cannot create {str(target.parent)!r}: {exc.strerror or exc}") from None
-    ctx = ReportContext(runs=load_runs(paths), out_dir=target.parent)
-    parts = ["# lmprof report", "", _runs_overview(ctx.runs), ""]
-    for title, section in _sections():
-        body = section(ctx)
-        if body:
-            parts += [f"## {title}", "", body.rstrip(), ""]
+    ctx = ReportContext(runs=runs, out_dir=target.parent, exports=exports, snapshots=snapshots,
+                        kernel_options=kernel_options)
     try:
-        target.write_text("\n".join(parts))
-    except OSError as exc:
-        raise UserError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
+        parts = ["# lmprof report", "", _overview(ctx), ""]
+        for title, section in _sections():
+            body = section(ctx)
+            if body:
+                parts += [f"## {title}", "", body.rstrip(), ""]
+        try:
+            target.write_text("\n".join(parts))
+        except OSError as exc:
+            raise UserError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
+    except BaseException:
+        if created is not None:  # no half-written report folder left behind
+            shutil.rmtree(created, ignore_errors=True)
+        raise
     return target
+
+
+def _overview(ctx: ReportContext) -> str:
+    lines = [_runs_overview(ctx.runs)] if ctx.runs else []
+    for what, files in (("nsys export", ctx.exports), ("memory snapshot", ctx.snapshots)):
+        if files:
+            lines.append(f"{len(files)} {what}(s) without a run directory: "
+                         + ", ".join(f"`{p}`" for p, _ in files) + ".")
+    return "\n".join(lines)
 
 
 def _runs_overview(runs: list[dict[str, Any]]) -> str:

@@ -1,10 +1,17 @@
-"""GPU kernels from nsys: phase timing, top kernels, GEMM fraction, softmax vs matmul (per run),
-and the cross-run tables when several runs have an nsys export."""
+"""GPU kernels from nsys: phase timing, top kernels, GEMM fraction, softmax vs matmul (per
+export), process timing and communication where an export holds several ranks, and the
+cross-run tables when there are several exports.
+
+Exports come from the report's runs (``artifacts.nsys_sqlite``) and from the files given without
+a run (``ReportContext.exports``: traces of other code, named with the context's
+``kernel_options``). A run's export that cannot be read is listed under the tables; a file the
+user named that cannot be read stops the report (one-line error, as ``analyze kernels``)."""
 
 from __future__ import annotations
 
 import functools
 import tempfile
+from pathlib import Path
 
 from lmprof import rundir
 from lmprof.analyze import kernel_names
@@ -14,9 +21,11 @@ from lmprof.reports.report import ReportContext
 
 _TABLES = (
     ("phase_timing", "Phase timing (CPU wall time of the NVTX range vs GPU time of its kernels)"),
+    ("process_timing", "Phase timing per process"),
     ("top_kernels", "Top kernels per phase"),
     ("top_non_gemm_kernels", "Top non-GEMM kernels per phase"),
     ("gemm_fraction", "GEMM fraction of kernel time"),
+    ("communication", "Communication (NCCL) against compute"),
     ("softmax_vs_matmul", "Softmax vs matmul in attention"),
 )
 _TOP = 5
@@ -29,30 +38,45 @@ _INTRO = (
     "durations; 'all' is the whole report.")
 
 
+def _exports(ctx: ReportContext) -> list[tuple[Path, dict | None, bool]]:
+    """(export, its run.json or None, whether the user named the file) for every export."""
+    out = []
+    for record in ctx.runs:
+        path = rundir.artifact_path(record, "nsys_sqlite")
+        if path is not None and path.is_file():
+            out.append((path, record, False))
+    return out + [(path, record, True) for path, record in ctx.exports]
+
+
 def section(ctx: ReportContext) -> str | None:
-    from lmprof.analyze import db, kernels
+    from lmprof.analyze import db, kernel_tables, kernels
     from lmprof.analyze.trace import Options, configure, prepare, tell_apart
 
-    with_nsys = [(r, rundir.artifact_path(r, "nsys_sqlite")) for r in ctx.runs]
-    with_nsys = [(r, p) for r, p in with_nsys if p is not None and p.is_file()]
-    if not with_nsys:
+    exports = _exports(ctx)
+    if not exports:
         return None
+    options = ctx.kernel_options or Options()
     spill = tempfile.TemporaryDirectory(prefix="lmprof-duckdb-")
     con = db.connect()
     configure(con, spill.name)
     parts, traces, problems = [_INTRO], [], []
     try:
-        for i, (record, path) in enumerate(with_nsys, 1):
+        for i, (path, record, named) in enumerate(exports, 1):
             try:
-                tr = prepare(con, path, Options(), schema=f"r{i}", record=record)
+                tr = prepare(con, path, options, schema=f"r{i}", record=record)
             except UserError as exc:
+                if named:
+                    raise
                 problems.append(f"- `{record.get('run_id')}`: {exc}")
                 continue
             traces.append(tr)
             tables, notes = kernels.tables(tr, tuple(name for name, _ in _TABLES), top=_TOP)
-            parts.append(f"### {tr.label} (`{record.get('run_id')}`)")
-            for name, title in _TABLES:
-                parts += [f"**{title}.** {notes.get(name, '')}",
+            source = f"`{path}`" if named else f"`{record.get('run_id')}`"
+            parts.append(f"### {tr.label} ({source})")
+            for name, heading in _TABLES:
+                if name in kernel_tables.MULTI_RANK_TABLES and tables[name].empty:
+                    continue  # one process, no NCCL kernels: as analyze kernels leaves them out
+                parts += [f"**{heading}.** {notes.get(name, '')}",
                           to_markdown(tables[name], shorten=_SHORTEN)]
         if len(traces) > 1:
             tell_apart(traces)  # runs of one configuration: told apart in the cross-run rows

@@ -1,8 +1,9 @@
 """Memory section: peak tables, timeline images, what is alive at the peak, largest allocations.
 
-Runs with a memory snapshot (``artifacts.memory_snapshot``) are loaded together into one DuckDB
-database; the section shows the same tables as ``analyze memory`` plus the residual-stream
-activation size of each config (batch × context × d_model × bytes per element).
+Runs with a memory snapshot (``artifacts.memory_snapshot``) and the snapshots given as files
+without a run (``ReportContext.snapshots``) are loaded together into one DuckDB database; the
+section shows the same tables as ``analyze memory`` plus the residual-stream activation size of
+each config (batch × context × d_model × bytes per element).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def section(ctx: ReportContext) -> str | None:
 
     runs = [(r, rundir.artifact_path(r, "memory_snapshot")) for r in ctx.runs]
     runs = [(r, p) for r, p in runs if p is not None and p.is_file()]
+    runs += [(r, p) for p, r in ctx.snapshots]  # files given without a run that names them
     if not runs:
         return None
     con = connect()

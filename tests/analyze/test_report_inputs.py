@@ -1,0 +1,150 @@
+"""``analyze report`` on files captured without ``capture run``: nsys exports (a data-parallel
+trace of other code with its own range names, the one-GPU fixture) and memory snapshots given
+as files, beside or instead of run directories; and what it refuses."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from lmprof.analyze import kernel_names, kernels, trace
+from lmprof.render import to_markdown
+from nsys_data import DATA, REPORT, run, sha256, stats, write_run_json
+
+ROOT = Path(__file__).resolve().parents[2]
+USER = ROOT / "tests" / "data" / "h200x2-user-traces"
+SNAPSHOT = DATA / "memory.pickle.xz"
+PHASE_ARGS = ["--phase-range", "step=iter", "--phase-range", "forward=fwd",
+              "--phase-range", "backward=bwd", "--phase-range", "optimizer=opt"]
+
+
+@pytest.fixture(scope="module")
+def ddp(runs_with_exports) -> Path:
+    return runs_with_exports(USER, ("ddp",)) / "ddp" / "report.sqlite"
+
+
+def _report(tmp_path: Path, *args: str) -> str:
+    out = tmp_path / "rep"
+    code, stdout, err = run("report", *args, "-o", str(out))
+    assert code == 0, err
+    assert stdout.strip() == str(out / "report.md")
+    return (out / "report.md").read_text()
+
+
+def _block(text: str, heading: str) -> str:
+    """The markdown table under the bold ``heading`` of the report."""
+    rest = text.split(f"**{heading}.**", 1)[1]
+    return rest.split("\n\n", 2)[1]
+
+
+def test_data_parallel_export_of_other_code(tmp_path, ddp):
+    """The range options name the trace's phases; its two ranks get the per-process and the
+    communication tables, the same tables as the Python API gives for that export."""
+    before = sha256(ddp)
+    text = _report(tmp_path, str(ddp), *PHASE_ARGS)
+    assert f"1 nsys export(s) without a run directory: `{ddp}`." in text
+    assert "## GPU kernels (nsys)" in text and "## Memory" not in text
+    tr = trace.prepare(duckdb.connect(), ddp, trace.Options(phase_ranges=(
+        ("iter", "step"), ("fwd", "forward"), ("bwd", "backward"), ("opt", "optimizer"))))
+    for heading, fn in (("Phase timing per process", kernels.process_timing),
+                        ("Communication (NCCL) against compute", kernels.communication),
+                        ("GEMM fraction of kernel time", kernels.gemm_fraction)):
+        df = fn(tr)
+        assert len(df) >= 4, heading
+        assert _block(text, heading) == to_markdown(df), heading
+    assert set(kernels.process_timing(tr)["pid"]) == {907, 908}
+    # without the names no range marks a phase: the phase table says which ranges there are
+    plain = _report(tmp_path, str(ddp))
+    assert "'iter' (8)" in plain and "--phase-range" in plain
+    assert "Phase timing per process" not in plain  # no phase: that table is empty, left out
+    assert sha256(ddp) == before
+
+
+def test_one_gpu_export_and_snapshot_files(tmp_path):
+    """The fixture's export and snapshot with no run.json beside them: the kernel section (without
+    the tables for several ranks) and the memory section, with its plots."""
+    text = _report(tmp_path, str(REPORT), str(SNAPSHOT))
+    assert "1 nsys export(s) without a run directory" in text
+    assert "1 memory snapshot(s) without a run directory" in text
+    for title in ("Phase timing (CPU wall time", "Top kernels per phase", "GEMM fraction",
+                  "Softmax vs matmul", "## Memory", "### Peak memory",
+                  "### What is alive at the peak"):
+        assert title in text, title
+    assert "Phase timing per process" not in text and "Communication (NCCL)" not in text
+    assert sorted(p.name for p in (tmp_path / "rep" / "img").iterdir()) == [
+        "memory_0_dev0_categories.png", "memory_0_dev0_timeline.png"]
+    tr = trace.prepare(duckdb.connect(), REPORT, trace.Options())
+    top = kernels.top_kernels(tr, 5)
+    assert _block(text, "Top kernels per phase") == to_markdown(top, shorten={
+        "name": lambda n: kernel_names.display_name(n, width=60)})
+
+
+def test_attribution_option_reaches_the_report(tmp_path):
+    """--attribution thread gives nsys's rule: the backward phase then holds almost nothing."""
+    def backward_kernels(text: str) -> float:
+        rows = [r for r in _block(text, "Phase timing (CPU wall time of the NVTX range vs GPU "
+                                        "time of its kernels)").splitlines()
+                if r.startswith("| backward")]
+        return float(rows[0].split("|")[7])
+
+    by_process = backward_kernels(_report(tmp_path, str(REPORT)))
+    by_thread = backward_kernels(_report(tmp_path, str(REPORT), "--attribution", "thread"))
+    # nsys's nvtx_gpu_proj_sum of the fixture: 3 GPU ops in 3 backward instances, by thread
+    gpu_proj = stats("nvtx_gpu_proj_sum").set_index("Range").loc[":backward"]
+    assert by_thread == gpu_proj["Total GPU Ops"] / gpu_proj["Range Instances"] == 1
+    assert by_process > 500
+
+
+def test_a_file_its_run_names_is_that_run(tmp_path):
+    """An export (or snapshot) given by its path inside its run directory is the run: one run,
+    shown as when the directory is given, with its run.json's labels."""
+    d = tmp_path / "run"
+    d.mkdir()
+    shutil.copyfile(REPORT, d / "report.sqlite")
+    write_run_json(d)
+    by_dir = _report(tmp_path / "a", str(d))
+    by_file = _report(tmp_path / "b", str(d / "report.sqlite"))
+    both = _report(tmp_path / "c", str(d), str(d / "report.sqlite"), str(d / "run.json"))
+    assert by_dir == by_file == both
+    assert by_dir.startswith("# lmprof report\n\n1 run(s).") and "without a run" not in by_dir
+    assert "### small ctx128" in by_dir or "(`test-small-ctx128`)" in by_dir
+    # a run.json beside an export that it does not name: the export is an input of its own
+    other = tmp_path / "run" / "other.sqlite"
+    shutil.copyfile(REPORT, other)
+    text = _report(tmp_path / "d", str(other))
+    assert "1 nsys export(s) without a run directory" in text and "1 run(s)" not in text
+
+
+@pytest.mark.parametrize("arg, message", [
+    ("missing.sqlite", "no such file"),
+    ("notes.txt", "is not a run directory, a sweep directory or directory of runs, an nsys "
+                  "export (.sqlite, .nsys-rep) or a CUDA memory snapshot"),
+    ("truncated.sqlite", "not a readable SQLite database"),
+    ("trace.nsys-rep", "nsys is not available"),
+    ("empty-dir", "no run.json"),
+    ("bad.pickle", "is truncated"),
+])
+def test_bad_input_exits_2_before_writing(tmp_path, arg, message):
+    (tmp_path / "notes.txt").write_text("not a database")
+    (tmp_path / "truncated.sqlite").write_bytes(REPORT.read_bytes()[:3000])
+    (tmp_path / "trace.nsys-rep").write_bytes(b"\0" * 64)
+    (tmp_path / "bad.pickle").write_bytes(b"\x80\x04garbage")
+    (tmp_path / "empty-dir").mkdir()
+    shutil.copyfile(REPORT, tmp_path / "good.sqlite")
+    before = {p.name: sha256(p) for p in tmp_path.iterdir() if p.is_file()}
+    proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", "report", "good.sqlite", arg,
+                           "-o", "out/report"], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin",
+                               "NSYS": ""},
+                          capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and message in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()  # nothing written, no empty folder left
+    assert {p.name: sha256(p) for p in tmp_path.iterdir() if p.is_file()} == before
