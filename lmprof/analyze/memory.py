@@ -38,6 +38,8 @@ follows, else inference); otherwise ``unknown``. ``memory_snapshots.phase_source
 
 from __future__ import annotations
 
+from collections import Counter
+
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -77,6 +79,7 @@ _SCHEMAS: dict[str, dict[str, pa.DataType]] = {
                          "layout": _STR, "has_trace": _BOOL, "trace_entries": _BIG,
                          "phase_source": _STR, "size": _STR, "batch_size": _BIG,
                          "context_length": _BIG, "d_model": _BIG, "num_layers": _BIG,
+                         "d_ff": _BIG, "vocab_size": _BIG,
                          "mode": _STR, "dtype": _STR, "attention": _STR, "compile": _BOOL,
                          "n_params": _BIG, "status": _STR},
 }
@@ -202,6 +205,8 @@ def _snapshot_row(path: Path, run: dict | None, phase_source: str, layout: str,
         "context_length": [c.get("context_length") or m.get("context_length")],
         "d_model": [m.get("d_model") or c.get("d_model")],
         "num_layers": [m.get("num_layers") or c.get("num_layers")],
+        "d_ff": [m.get("d_ff") or c.get("d_ff")],
+        "vocab_size": [m.get("vocab_size") or c.get("vocab_size")],
         "mode": [c.get("mode")], "dtype": [c.get("dtype")],
         "attention": [c.get("attention")], "compile": [c.get("compile")],
         "n_params": [m.get("n_params")], "status": [(run or {}).get("status")],
@@ -383,11 +388,41 @@ def bytes_per_element(dtype: str | None) -> int:
             "float16": 2}.get(str(dtype), 4)
 
 
+def _state_tensor_bytes(s, train: bool) -> Counter | None:
+    """How many tensors of each byte size the parameters (and AdamW's two moments in training)
+    are, from the snapshot's model config; None where run.json did not give its shape."""
+    from lmprof.model.flops import param_numels
+
+    shape = (s.d_model, s.d_ff, s.num_layers, s.vocab_size)
+    if any(pd.isna(v) for v in shape):
+        return None
+    copies = 3 if train else 1
+    out: Counter = Counter()
+    for n in param_numels(*(int(v) for v in shape)):
+        out[4 * n] += copies
+    return out
+
+
+def _sizes_text(sizes: list[int]) -> str:
+    """'2 × 32.0 MiB, 2 × 32.0 KiB': the sizes of a few allocations, largest first."""
+    counts = Counter(sizes)
+    parts = []
+    for size in sorted(counts, reverse=True)[:6]:
+        value, unit = next((size / 2 ** e, u) for e, u in ((30, "GiB"), (20, "MiB"), (10, "KiB"),
+                                                            (0, "B")) if size >= 2 ** e or e == 0)
+        parts.append(f"{counts[size]} × {value:.1f} {unit}")
+    return ", ".join(parts) + (", ..." if len(counts) > 6 else "")
+
+
 def model_state(con, cats: pd.DataFrame | None = None) -> pd.DataFrame:
     """Expected parameter/gradient/AdamW-state bytes from the run config against the measured.
 
     lmprof keeps parameters (hence gradients and AdamW's two moments) in fp32 whatever
-    ``--dtype`` is (bf16/fp16 run under autocast), so each is 4 bytes per parameter.
+    ``--dtype`` is (bf16/fp16 run under autocast), so each is 4 bytes per parameter. Where
+    run.json gives the model's shape, the model-state allocations alive at dump are matched to
+    the parameter tensors by requested size, so that the measured bytes split into the state
+    itself (requested bytes), the other allocations made before recording (cuBLAS workspaces,
+    RoPE tables, the input batch) and the allocator's rounding of all of them to its blocks.
     """
     snaps = snapshots(con)
     if snaps["n_params"].isna().all():
@@ -406,15 +441,19 @@ def model_state(con, cats: pd.DataFrame | None = None) -> pd.DataFrame:
 
         expected_state = p + (2 * p if train else 0)
         traced = bool(s.has_trace)  # without a trace the categories cannot be told apart
-        rows.append({"snapshot": s.label, "quantity": "parameters" +
-                     (" + AdamW state (2 moments)" if train else ""),
-                     "expected_bytes": expected_state,
-                     "measured_bytes": measured(["model state", "optimizer state"],
-                                                "at_dump_bytes") if traced else None,
-                     "measured_as": ("no trace: not measurable" if not traced else
-                                     "allocated before recording or by the optimizer, "
-                                     "alive at dump" if train else
-                                     "allocated before recording, alive at dump")})
+        state = "parameters" + (" + AdamW state (2 moments)" if train else "")
+        wanted = _state_tensor_bytes(s, train) if traced else None
+        if wanted is not None:
+            rows += _matched_state_rows(con, s, state, expected_state, wanted)
+        else:
+            rows.append({"snapshot": s.label, "quantity": state,
+                         "expected_bytes": expected_state,
+                         "measured_bytes": measured(["model state", "optimizer state"],
+                                                    "at_dump_bytes") if traced else None,
+                         "measured_as": ("no trace: not measurable" if not traced else
+                                         "allocated before recording or by the optimizer, "
+                                         "alive at dump" if train else
+                                         "allocated before recording, alive at dump")})
         if train:
             rows.append({"snapshot": s.label, "quantity": "gradients", "expected_bytes": p,
                          "measured_bytes": measured(["gradients"]) if traced else None,
@@ -428,6 +467,44 @@ def model_state(con, cats: pd.DataFrame | None = None) -> pd.DataFrame:
                          "(batch × context × d_model × bytes)", "expected_bytes": resid,
                          "measured_bytes": None, "measured_as": ""})
     return pd.DataFrame(rows)
+
+
+def _matched_state_rows(con, s, state: str, expected: int, wanted: Counter) -> list[dict]:
+    """The model-state rows of one traced snapshot whose model shape is known: its allocations
+    alive at dump made before recording or by the optimizer (the 'model state' and 'optimizer
+    state' categories) matched to the state's tensors by requested size, largest first."""
+    allocs = con.execute(
+        "SELECT bytes, block_bytes FROM memory_allocations a JOIN memory_snapshots s "
+        "USING (snapshot_id) WHERE s.label = ? AND a.free_seq IS NULL "
+        "AND a.category IN ('model state', 'optimizer state') ORDER BY bytes DESC",
+        [s.label]).fetchall()
+    left = Counter(wanted)
+    found = found_bytes = 0
+    other: list[int] = []
+    for size, _ in allocs:
+        if left[size] > 0:
+            left[size] -= 1
+            found, found_bytes = found + 1, found_bytes + size
+        else:
+            other.append(size)
+    rounding = sum(block - size for size, block in allocs)
+    n = sum(wanted.values())
+    where = "made before recording or by the optimizer" if s.mode == "train" else \
+        "made before recording"
+    return [
+        {"snapshot": s.label, "quantity": state, "expected_bytes": expected,
+         "measured_bytes": found_bytes,
+         "measured_as": f"{found} of the {n} tensors found by size among the allocations {where} "
+                        "alive at dump (requested bytes)"},
+        {"snapshot": s.label, "quantity": "other allocations alive since before recording",
+         "expected_bytes": None, "measured_bytes": sum(other),
+         "measured_as": (f"{len(other)}: {_sizes_text(other)} (cuBLAS workspaces: 32 MiB per "
+                         "thread that ran a matmul on Hopper; RoPE tables; the input batch)"
+                         if other else "none")},
+        {"snapshot": s.label, "quantity": "allocator rounding of the two above",
+         "expected_bytes": None, "measured_bytes": rounding,
+         "measured_as": "blocks minus requested bytes (the caching allocator's size classes)"},
+    ]
 
 
 def compare(con) -> pd.DataFrame:
@@ -560,7 +637,10 @@ def tables(con: duckdb.DuckDBPyConnection, top: int = 10) -> tuple[dict[str, pd.
         "the failure, so the tables above show what filled the memory)."))
     add_if_any("memory_model_state", model_state(con, out["memory_categories"]), (
         "Expected from the run config (fp32 parameters: 4 B each; gradients the same; "
-        "AdamW keeps 2 moments) against what the snapshot shows."))
+        "AdamW keeps 2 moments) against what the snapshot shows. Where run.json gives the "
+        "model's shape, the memory alive since before recording is split into the parameter "
+        "(and AdamW) tensors, found by size, the other allocations and the allocator's "
+        "rounding of both to its blocks."))
     if many_s:
         cmp = compare(con)
         out["memory_compare"] = cmp

@@ -21,11 +21,18 @@ ADAMW_FLOPS_PER_PARAM = 10
 SOFTMAX_FLOPS_PER_ELEMENT = 5
 
 
+def param_numels(d_model: int, d_ff: int, num_layers: int, vocab_size: int) -> list[int]:
+    """Elements of each parameter tensor of the model: the token embedding; per layer the q, k,
+    v, o projections, SwiGLU's w1, w2, w3 and the two RMSNorm weights; the final norm and the
+    untied LM head (the memory analysis matches a snapshot's allocations against these)."""
+    d, f, v = d_model, d_ff, vocab_size
+    per_layer = [d * d] * 4 + [d * f] * 3 + [d] * 2
+    return [v * d, *per_layer * num_layers, d, d * v]
+
+
 def n_params(cfg: ModelConfig) -> int:
     """Trainable parameters: embeddings, per-layer weights and norms, final norm, untied head."""
-    d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
-    per_layer = 4 * d * d + 3 * d * f + 2 * d
-    return v * d + cfg.num_layers * per_layer + d + d * v
+    return sum(param_numels(cfg.d_model, cfg.d_ff, cfg.num_layers, cfg.vocab_size))
 
 
 def forward_flops(cfg: ModelConfig, batch_size: int, context_length: int | None = None) -> int:

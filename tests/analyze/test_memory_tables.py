@@ -150,3 +150,36 @@ def test_run_json_windows_take_precedence(tmp_path, snap):
     assert got["gradients"] == expected["gradients"]
     assert got["residual stream, one layer (batch × context × d_model × bytes)"] == 4 * 256 * 768 * 4
     assert memory.snapshots(c)["label"][0] == "small ctx256 train fp32"
+
+
+def test_model_state_is_reconciled_to_the_byte():
+    """A run with its run.json (tests/data/h200-lmprof-memory: small, context 256, batch 4,
+    training): every parameter and both AdamW moments are found among the allocations alive
+    since before recording, by requested size; what else is alive since then is cuBLAS's
+    workspaces (32 MiB each, one per thread that ran a matmul on the H200), the RoPE cos/sin
+    tables and the input batch; the rounding row is the rest of the blocks, so the three rows
+    add up to every byte alive at dump in the model-state categories."""
+    from collections import Counter
+
+    from lmprof import rundir
+
+    run_dir = ROOT / "tests" / "data" / "h200-lmprof-memory"
+    run = rundir.load_run(run_dir)
+    c = connect()
+    memory.load_memory(c, run_dir / "memory.pickle.xz", run)
+    rows = memory.model_state(c).set_index("quantity")
+    state, other, rounding = (rows.loc[q] for q in (
+        "parameters + AdamW state (2 moments)", "other allocations alive since before recording",
+        "allocator rounding of the two above"))
+    m, cfg = run["model"], run["config"]
+    assert state["measured_bytes"] == state["expected_bytes"] == 3 * 4 * m["n_params"]
+    assert state["measured_as"].startswith("333 of the 333 tensors")
+    rope = m["context_length"] * m["d_head"] // 2 * 4  # cos and sin, fp32
+    batch = cfg["batch_size"] * cfg["context_length"] * 8  # inputs and targets, int64
+    sizes = Counter({32 * 2**20: 2, rope: 2, batch: 2})
+    assert other["measured_bytes"] == sum(size * n for size, n in sizes.items())
+    assert other["measured_as"].startswith("6: 2 × 32.0 MiB, 2 × 32.0 KiB, 2 × 8.0 KiB")
+    alive = c.execute("SELECT sum(block_bytes) FROM memory_allocations WHERE free_seq IS NULL "
+                      "AND category IN ('model state', 'optimizer state')").fetchall()[0][0]
+    assert state["measured_bytes"] + other["measured_bytes"] + rounding["measured_bytes"] == alive
+    assert rounding["measured_bytes"] > 0

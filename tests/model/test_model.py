@@ -7,6 +7,7 @@ import torch
 
 from lmprof.errors import UserError
 from lmprof.model import SIZES, config_for, forward_flops, n_params
+from lmprof.model.flops import param_numels
 from lmprof.model.transformer import RMSNorm, RotaryEmbedding, TransformerLM, naive_attention
 
 
@@ -85,6 +86,9 @@ def test_parameter_count_matches_the_module(size):
         cfg = cfg.with_(num_layers=1)  # keep it quick; the formula is per layer
     model = TransformerLM(cfg)
     assert n_params(cfg) == sum(p.numel() for p in model.parameters())
+    # tensor by tensor (the memory analysis matches allocations against these sizes)
+    assert sorted(param_numels(cfg.d_model, cfg.d_ff, cfg.num_layers, cfg.vocab_size)) == \
+        sorted(p.numel() for p in model.parameters())
 
 
 def test_forward_flops_hand_count():
