@@ -498,9 +498,9 @@ def _matched_state_rows(con, s, state: str, expected: int, wanted: Counter) -> l
                         "alive at dump (requested bytes)"},
         {"snapshot": s.label, "quantity": "other allocations alive since before recording",
          "expected_bytes": None, "measured_bytes": sum(other),
-         "measured_as": (f"{len(other)}: {_sizes_text(other)} (cuBLAS workspaces: 32 MiB per "
-                         "thread that ran a matmul on Hopper; RoPE tables; the input batch)"
-                         if other else "none")},
+         "measured_as": (f"{len(other)}: {_sizes_text(other)} (in lmprof's runs: cuBLAS "
+                         "workspaces, 32 MiB per thread that ran a matmul on an H200; the RoPE "
+                         "tables; the input batch)" if other else "none")},
         {"snapshot": s.label, "quantity": "allocator rounding of the two above",
          "expected_bytes": None, "measured_bytes": rounding,
          "measured_as": "blocks minus requested bytes (the caching allocator's size classes)"},
