@@ -148,3 +148,18 @@ def test_bad_input_exits_2_before_writing(tmp_path, arg, message):
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()  # nothing written, no empty folder left
     assert {p.name: sha256(p) for p in tmp_path.iterdir() if p.is_file()} == before
+
+
+def test_nsys_rep_file_is_exported_then_reported(tmp_path):
+    """A .nsys-rep given to the report is exported with --nsys-path (a stand-in nsys that copies
+    the fixture), cached beside it, and reported as the SQLite export."""
+    from test_kernels_cli import _fake_nsys
+
+    rep = tmp_path / "trace.nsys-rep"
+    rep.write_bytes(b"\0" * 64)
+    fake = _fake_nsys(tmp_path)
+    text = _report(tmp_path, str(rep), "--nsys-path", str(fake))
+    assert f"without a run directory: `{tmp_path / 'trace.sqlite'}`" in text
+    assert "Top kernels per phase" in text
+    assert (fake.parent / "calls").read_text() == "x"
+    assert sha256(tmp_path / "trace.sqlite") == sha256(REPORT)
