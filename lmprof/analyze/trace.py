@@ -265,7 +265,11 @@ def prepare(con: duckdb.DuckDBPyConnection, path: Path | str, options: Options,
     sqlfile.run(con, "views")
     if record is None:
         record = rundir.find_run_for(path)
-    label = rundir.run_label(record) if record else path.parent.name or path.name
+    # without a run.json: the export's own name, or its folder's for nsys-default / lmprof names
+    # (report.sqlite, report1.sqlite, ...)
+    label = rundir.run_label(record) if record else (
+        path.stem if not re.fullmatch(r"report[0-9]*", path.stem) else path.parent.name
+    ) or path.name
     return Trace(con=con, schema=schema, path=path, options=options, record=record,
                  export=export, label=label, deferred=deferred)
 
