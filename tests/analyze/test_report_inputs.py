@@ -163,3 +163,14 @@ def test_nsys_rep_file_is_exported_then_reported(tmp_path):
     assert "Top kernels per phase" in text
     assert (fake.parent / "calls").read_text() == "x"
     assert sha256(tmp_path / "trace.sqlite") == sha256(REPORT)
+
+
+def test_exports_without_a_run_are_labelled_by_their_name(tmp_path):
+    """By the file's name, or by its folder's for the default names report.sqlite / reportN."""
+    for name in ("mytrace.sqlite", "report1.sqlite"):
+        d = tmp_path / "traces" / name.split(".")[0].upper()
+        d.mkdir(parents=True)
+        shutil.copyfile(REPORT, d / name)
+    text = _report(tmp_path, str(tmp_path / "traces" / "MYTRACE" / "mytrace.sqlite"),
+                   str(tmp_path / "traces" / "REPORT1" / "report1.sqlite"))
+    assert "\n### mytrace (`" in text and "\n### REPORT1 (`" in text
