@@ -39,7 +39,6 @@ follows, else inference); otherwise ``unknown``. ``memory_snapshots.phase_source
 from __future__ import annotations
 
 from collections import Counter
-
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -474,10 +473,9 @@ def _matched_state_rows(con, s, state: str, expected: int, wanted: Counter) -> l
     alive at dump made before recording or by the optimizer (the 'model state' and 'optimizer
     state' categories) matched to the state's tensors by requested size, largest first."""
     allocs = con.execute(
-        "SELECT bytes, block_bytes FROM memory_allocations a JOIN memory_snapshots s "
-        "USING (snapshot_id) WHERE s.label = ? AND a.free_seq IS NULL "
-        "AND a.category IN ('model state', 'optimizer state') ORDER BY bytes DESC",
-        [s.label]).fetchall()
+        "SELECT bytes, block_bytes FROM memory_allocations WHERE snapshot_id = ? "
+        "AND free_seq IS NULL AND category IN ('model state', 'optimizer state') "
+        "ORDER BY bytes DESC", [int(s.snapshot_id)]).fetchall()
     left = Counter(wanted)
     found = found_bytes = 0
     other: list[int] = []
@@ -496,7 +494,7 @@ def _matched_state_rows(con, s, state: str, expected: int, wanted: Counter) -> l
          "measured_bytes": found_bytes,
          "measured_as": f"{found} of the {n} tensors found by size among the allocations {where} "
                         "alive at dump (requested bytes)"},
-        {"snapshot": s.label, "quantity": "other allocations alive since before recording",
+        {"snapshot": s.label, "quantity": "other allocations of that kind",
          "expected_bytes": None, "measured_bytes": sum(other),
          "measured_as": (f"{len(other)}: {_sizes_text(other)} (in lmprof's runs: cuBLAS "
                          "workspaces, 32 MiB per thread that ran a matmul on an H200; the RoPE "
@@ -638,9 +636,10 @@ def tables(con: duckdb.DuckDBPyConnection, top: int = 10) -> tuple[dict[str, pd.
     add_if_any("memory_model_state", model_state(con, out["memory_categories"]), (
         "Expected from the run config (fp32 parameters: 4 B each; gradients the same; "
         "AdamW keeps 2 moments) against what the snapshot shows. Where run.json gives the "
-        "model's shape, the memory alive since before recording is split into the parameter "
-        "(and AdamW) tensors, found by size, the other allocations and the allocator's "
-        "rounding of both to its blocks."))
+        "model's shape, what is alive at dump of the memory allocated before recording (or "
+        "by the optimizer) is split into the parameter (and AdamW) tensors, found by size, "
+        "the other allocations of that kind and the allocator's rounding of both to its "
+        "blocks."))
     if many_s:
         cmp = compare(con)
         out["memory_compare"] = cmp

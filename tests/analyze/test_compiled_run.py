@@ -145,7 +145,7 @@ def test_state_from_before_recording_is_model_state_in_either_mode(runs):
     for r in (forward, train):
         rows_of = [x for x in rows if x["snapshot"] == r["snapshot"]]
         assert [x["quantity"] for x in rows_of[1:3]] == [
-            "other allocations alive since before recording",
+            "other allocations of that kind",
             "allocator rounding of the two above"]
         assert r["measured_bytes"] == r["expected_bytes"]  # every tensor found
         assert r["measured_as"].startswith("111 of the 111" if r is forward else "333 of the 333")

@@ -169,7 +169,7 @@ def test_model_state_is_reconciled_to_the_byte():
     memory.load_memory(c, run_dir / "memory.pickle.xz", run)
     rows = memory.model_state(c).set_index("quantity")
     state, other, rounding = (rows.loc[q] for q in (
-        "parameters + AdamW state (2 moments)", "other allocations alive since before recording",
+        "parameters + AdamW state (2 moments)", "other allocations of that kind",
         "allocator rounding of the two above"))
     m, cfg = run["model"], run["config"]
     assert state["measured_bytes"] == state["expected_bytes"] == 3 * 4 * m["n_params"]
