@@ -183,6 +183,14 @@ DEFAULT_TABLES = tuple(t for t in TABLES if t not in ("ranges", "range_kernels")
 MULTI_RANK_TABLES = tuple(name for name, (_, needs, _) in TABLES.items()
                           if needs in ("processes", "communication"))
 NO_RANGES_NOTE = "No NVTX ranges in this report: nothing to attribute by range."
+
+
+def without_empty_multi_rank(tables: dict[str, Any]) -> dict[str, Any]:
+    """``tables`` less the multi-rank ones without rows (a one-GPU trace): what `analyze kernels`
+    prints by default and what the report shows. Tables are ``Table``s or DataFrames."""
+    return {name: t for name, t in tables.items()
+            if not (name in MULTI_RANK_TABLES and (t is None or t.empty))}
+
 # Why a table is empty when the trace lacks what it needs (TABLES' second field).
 _MISSING_NOTES = {
     "ranges": NO_RANGES_NOTE,

@@ -205,7 +205,7 @@ def kernels_cmd(reports, attribution, phase_ranges, skip_steps, softmax_ranges, 
     from lmprof.render import Table, emit
 
     options = trace_options(attribution, phase_ranges, softmax_ranges, matmul_ranges,
-                       full_range_names, skip_steps)
+                            full_range_names, skip_steps)
     with open_traces(reports, options, db, nsys_path, defer=True) as (_, traces):
         from lmprof.analyze import kernel_tables
 
@@ -218,8 +218,7 @@ def kernels_cmd(reports, attribution, phase_ranges, skip_steps, softmax_ranges, 
         else:
             tables, notes = _several_reports(traces, names, top)
         if not table_names:  # tables for traces of several ranks: left out where they are empty
-            tables = {name: t for name, t in tables.items()
-                      if not (name in kernel_tables.MULTI_RANK_TABLES and t.empty)}
+            tables = kernel_tables.without_empty_multi_rank(tables)
         click.echo(emit(tables, fmt, out, shorten={"name": kernel_names.display_name},
                         notes=notes))
 

@@ -1,5 +1,6 @@
 """What a file is by its first bytes: the two databases this tool reads or writes (an nsys SQLite
-export, a DuckDB file from ``--db``). Imports nothing, so the snapshot reader can use it too."""
+export, a DuckDB file from ``--db``), a memory snapshot (a pickle, raw or compressed), and an
+Nsight Systems report by its name. Imports nothing, so the snapshot reader can use it too."""
 
 from __future__ import annotations
 
@@ -7,6 +8,15 @@ from pathlib import Path
 
 SQLITE = b"SQLite format 3\x00"
 HEAD = 16  # bytes to read: the SQLite header string; DuckDB's "DUCK" sits at bytes 8-11
+# Compressed files the snapshot reader opens, by their first bytes, whatever their suffix.
+COMPRESSED = (
+    (b"\xfd7zXZ\x00", "xz"),
+    (b"\x1f\x8b", "gzip"),
+    (b"\x28\xb5\x2f\xfd", "zstd"),
+    (b"BZh", "bz2"),
+)
+PICKLE = b"\x80"  # a pickle of protocol 2 or later (torch's snapshots)
+REP_SUFFIXES = (".nsys-rep", ".qdrep")  # Nsight Systems reports (binary; nsys exports them)
 
 
 def kind(head: bytes) -> str | None:
@@ -16,6 +26,11 @@ def kind(head: bytes) -> str | None:
     if head[8:12] == b"DUCK":
         return "duckdb"
     return None
+
+
+def snapshot_like(head: bytes) -> bool:
+    """Whether a file's first bytes are a pickle's or a compressed file's (a memory snapshot)."""
+    return head.startswith(PICKLE) or any(head.startswith(p) for p, _ in COMPRESSED)
 
 
 def file_kind(path: str | Path) -> str | None:

@@ -474,6 +474,6 @@ def resolve_report(arg: str | Path, nsys_path: str | None = None) -> tuple[Path,
             return _sqlite_for_rep(rep, nsys_path), record
         raise UserError(f"run directory {record['run_dir']!r} has no nsys export "
                         "(capture it with 'capture run --nsys')")
-    if p.suffix == ".nsys-rep" or p.name.endswith(".qdrep"):
+    if p.suffix in magic.REP_SUFFIXES:
         return _sqlite_for_rep(p, nsys_path), rundir.find_run_for(p)
     return p, rundir.find_run_for(p)

@@ -33,12 +33,6 @@ from typing import Any, BinaryIO
 from lmprof.analyze import magic
 from lmprof.errors import UserError
 
-_MAGIC = (
-    (b"\xfd7zXZ\x00", "xz"),
-    (b"\x1f\x8b", "gzip"),
-    (b"\x28\xb5\x2f\xfd", "zstd"),
-    (b"BZh", "bz2"),
-)
 
 # Allocation-state names of blocks that still hold memory.
 ACTIVE_STATES = ("active_allocated", "active_pending_free")
@@ -66,7 +60,7 @@ def _other_kind(path: Path, head: bytes) -> str | None:
         return "an SQLite database (an nsys export? 'analyze kernels' reads those)"
     if found == "duckdb":
         return "a DuckDB database ('analyze sql' queries those)"
-    if path.suffix in (".nsys-rep", ".qdrep"):
+    if path.suffix in magic.REP_SUFFIXES:
         return "an Nsight Systems report ('analyze kernels' reads those)"
     return None
 
@@ -89,7 +83,7 @@ def _open(path: Path) -> tuple[BinaryIO, str, BinaryIO]:
         f.close()
         raise UserError(f"{str(path)!r} is {other}, not a memory snapshot (a pickle written by "
                         "torch.cuda.memory._dump_snapshot)")
-    for prefix, kind in _MAGIC:
+    for prefix, kind in magic.COMPRESSED:
         if head.startswith(prefix):
             if kind == "xz":
                 return lzma.open(f), kind, f

@@ -75,24 +75,21 @@ def load_runs(paths: list[str]) -> list[dict[str, Any]]:
     return sorted(runs.values(), key=rundir.config_order)
 
 
-# What a file given to the report is, by its first bytes or its name: an nsys export, or a memory
-# snapshot (a pickle, raw or compressed as analyze memory reads them).
-_REP_SUFFIXES = (".nsys-rep", ".qdrep")
-_SNAPSHOT_HEADS = (b"\x80", b"\xfd7zXZ\x00", b"\x1f\x8b", b"\x28\xb5\x2f\xfd", b"BZh")
 _KINDS_HELP = ("a run directory, a sweep directory or directory of runs, an nsys export "
                "(.sqlite, .nsys-rep) or a CUDA memory snapshot (.pickle[.xz|.gz|.zst])")
 
 
 def _file_kind(path: Path) -> str:
-    """"export" or "snapshot" for a file given to the report; a one-line error otherwise."""
-    if path.suffix in _REP_SUFFIXES or magic.file_kind(path) == "sqlite":
-        return "export"
+    """"export" or "snapshot" for a file given to the report, by its first bytes or its name
+    (``magic``); a one-line error otherwise."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(magic.HEAD)
     except OSError as exc:
         raise UserError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
-    if head.startswith(_SNAPSHOT_HEADS) or ".pickle" in path.name:
+    if path.suffix in magic.REP_SUFFIXES or magic.kind(head) == "sqlite":
+        return "export"
+    if magic.snapshot_like(head) or ".pickle" in path.name:
         return "snapshot"
     raise UserError(f"{str(path)!r} is not {_KINDS_HELP}")
 

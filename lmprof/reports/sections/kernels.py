@@ -71,11 +71,13 @@ def section(ctx: ReportContext) -> str | None:
                 continue
             traces.append(tr)
             tables, notes = kernels.tables(tr, tuple(name for name, _ in _TABLES), top=_TOP)
+            # one process, no NCCL kernels: left out, as analyze kernels leaves them out
+            tables = kernel_tables.without_empty_multi_rank(tables)
             source = f"`{path}`" if named else f"`{record.get('run_id')}`"
             parts.append(f"### {tr.label} ({source})")
             for name, heading in _TABLES:
-                if name in kernel_tables.MULTI_RANK_TABLES and tables[name].empty:
-                    continue  # one process, no NCCL kernels: as analyze kernels leaves them out
+                if name not in tables:
+                    continue
                 parts += [f"**{heading}.** {notes.get(name, '')}",
                           to_markdown(tables[name], shorten=_SHORTEN)]
         if len(traces) > 1:
