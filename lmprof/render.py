@@ -301,12 +301,17 @@ def _json_safe(v):
     return v
 
 
-def render(df: pd.DataFrame | Table, fmt: str, shorten: Shorten | None = None,
+def render(df: pd.DataFrame | Table | str, fmt: str, shorten: Shorten | None = None,
            raw: bool = False) -> str:
     """``df`` as md, csv or json; ``raw`` keeps markdown's column names and values as they are
-    (a user's own query), else unit columns are scaled and named for people."""
+    (a user's own query), else unit columns are scaled and named for people. A ``str`` is a
+    table its caller already rendered as markdown (md only)."""
     if fmt not in FORMATS:
         raise UserError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if isinstance(df, str):
+        if fmt != "md":
+            raise ValueError("a table rendered as markdown has no csv or json form")
+        return df
     if isinstance(df, Table):
         if fmt == "md":
             return _table_markdown(df, shorten, ".3f", raw)
@@ -319,7 +324,7 @@ def render(df: pd.DataFrame | Table, fmt: str, shorten: Shorten | None = None,
     return json.dumps(rows, indent=1, default=str)
 
 
-def emit(tables: dict[str, pd.DataFrame | Table], fmt: str, out: str | Path | None,
+def emit(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: str | Path | None,
          shorten: Shorten | None = None, notes: dict[str, str] | None = None,
          raw: bool = False) -> str:
     """Render named tables to one text (stdout), and write each to ``out/<name>.<fmt>`` if given

@@ -30,13 +30,26 @@ def analyze() -> None:
 def runs_cmd(run_dirs: tuple[str, ...], fmt: str, out: str | None) -> None:
     """The end-to-end benchmark table of RUN_DIRS (run directories, their run.json, sweep
     directories, which stand for their finished cells, or a directory of runs such as
-    capture's --out, which stands for the runs in it)."""
+    capture's --out, which stands for the runs in it). Markdown shows each phase as mean ± std
+    in ms and leaves out what no run measured; csv and json keep every raw column."""
     from lmprof.render import emit
     from lmprof.reports.report import load_runs
-    from lmprof.reports.tables import benchmark_table
+    from lmprof.reports.tables import benchmark_note, benchmark_table, benchmark_view
 
-    df = benchmark_table(load_runs(list(run_dirs)))
-    click.echo(emit({"benchmark": df}, fmt, out))
+    runs = load_runs(list(run_dirs))
+    df = benchmark_table(runs)
+    if fmt != "md" or df.empty:
+        click.echo(emit({"benchmark": df}, fmt, out))
+        return
+    view = benchmark_view(df)
+    note = benchmark_note(view)
+    errors = [f"- `{r['run_id']}`: {r['status']} — {r['error']}" for r in runs
+              if r.get("kind", "run") == "run" and r.get("error")]
+    if errors:
+        note += "\n\nFailed runs:\n" + "\n".join(errors)
+    # rendered as the report renders it (its numbers as tabulate prints them by default)
+    click.echo(emit({"benchmark": view.to_markdown(index=False)}, fmt, out,
+                    notes={"benchmark": note}))
 
 
 def _register() -> None:

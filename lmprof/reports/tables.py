@@ -8,6 +8,7 @@ import pandas as pd
 
 from lmprof import rundir
 from lmprof.model.flops import peak_tflops
+from lmprof.render import yes_no
 
 PHASE_ORDER = ("forward", "inference", "backward", "optimizer", "step")
 
@@ -74,3 +75,64 @@ def benchmark_table(records: list[dict[str, Any]]) -> pd.DataFrame:
             "mfu_pct": 100 * tflops / peak if (tflops and peak) else None,
         })
     return pd.DataFrame(rows)
+
+
+def _ms(mean: float | None, std: float | None) -> str:
+    if mean is None or pd.isna(mean):
+        return ""
+    if std is None or pd.isna(std):
+        return f"{mean * 1e3:.2f}"
+    return f"{mean * 1e3:.2f} ± {std * 1e3:.2f}"
+
+
+# Columns of benchmark_view that stay even when every run leaves them empty: what a run is.
+_IDENTITY = ("Size", "d_model", "d_ff", "Layers", "Heads", "Batch", "Context", "Mode", "Warm-up",
+             "Dtype", "Compile", "Attention", "Device", "Status")
+
+
+def benchmark_view(df: pd.DataFrame) -> pd.DataFrame:
+    """``benchmark_table`` for people (markdown of ``analyze runs`` and the report): mean ± std
+    in ms per phase, how a run was profiled in one column (left out where none was), TFLOP/s
+    and MFU rounded; a measurement column that no run has (backward and optimizer of
+    forward-only runs, MFU without a known peak: CPU runs) is left out."""
+    view = pd.DataFrame({
+        "Size": df["size"], "d_model": df["d_model"], "d_ff": df["d_ff"], "Layers": df["layers"],
+        "Heads": df["heads"], "Batch": df["batch"], "Context": df["context"], "Mode": df["mode"],
+        "Warm-up": df["warmup"], "Dtype": df["dtype"],
+        "Compile": df["compile"].map(yes_no), "Attention": df["attention"],
+        "Device": df["device"], "Profiled": [profiled(n, m) or "no" for n, m in
+                                               zip(df["nsys"], df["memory"])],
+        "Status": df["status"],
+        "Forward (ms)": [_ms(m, s) for m, s in zip(df["forward_mean_s"], df["forward_std_s"])],
+        "Backward (ms)": [_ms(m, s) for m, s in zip(df["backward_mean_s"], df["backward_std_s"])],
+        "Optimizer (ms)": [_ms(m, s) for m, s in zip(df["optimizer_mean_s"],
+                                                      df["optimizer_std_s"])],
+        "Step (ms)": [_ms(m, s) for m, s in zip(df["step_mean_s"], df["step_std_s"])],
+        "Warm-up total (ms)": [f"{v * 1e3:.1f}" if pd.notna(v) else "" for v in
+                               df["warmup_total_s"]],
+        # three significant digits below 1 (a CPU run's 0.0008 printed as 0)
+        "TFLOP/s": [(f"{v:.1f}" if v >= 1 else f"{v:.3g}") if pd.notna(v) else ""
+                    for v in df["achieved_tflops"]],
+        "MFU (%)": [f"{v:.1f}" if pd.notna(v) else "" for v in df["mfu_pct"]],
+    })
+    if not (df["nsys"] | df["memory"]).any():
+        view = view.drop(columns="Profiled")
+    empty = [c for c in view.columns if c not in _IDENTITY and c != "Profiled"
+             and (view[c] == "").all()]
+    return view.drop(columns=empty)
+
+
+def benchmark_note(view: pd.DataFrame) -> str:
+    """What the columns of ``benchmark_view(...)`` mean, for the columns it has."""
+    note = ("Mean ± standard deviation over measured steps; each phase is timed with "
+            "synchronization before and after.")
+    if "TFLOP/s" in view.columns:
+        note += (" TFLOP/s counts matmul FLOPs of forward, backward (2× forward) and AdamW per "
+                 "step")
+        note += ("; MFU uses the GPU's data-sheet dense peak for the dtype." if "MFU (%)" in
+                 view.columns else " (no MFU: no known peak for these devices).")
+    if "Profiled" in view.columns:
+        note += (" *Profiled* runs ran under Nsight Systems (nsys) or recorded CUDA memory "
+                 "history (memory): their times include the profiler's overhead, so compare "
+                 "speed between runs profiled alike (the sweep tables pair them so).")
+    return note

@@ -1,0 +1,68 @@
+"""`analyze runs` in markdown: the report's benchmark view (mean ± std per phase), without the
+columns no run measured; csv and json keep every raw column."""
+
+import json
+import shutil
+from pathlib import Path
+
+from lmprof.analyze.cli import main as analyze_main
+from lmprof.capture.cli import main as capture_main
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+TRAIN = DATA / "h200-lmprof-nsys"       # train on an H200: every phase, TFLOP/s and MFU
+FORWARD = DATA / "h200-compiled" / "forward"  # forward only: no backward, no optimizer
+
+
+def _copy_run(src: Path, dst: Path) -> Path:
+    dst.mkdir(parents=True)
+    shutil.copy(src / "run.json", dst / "run.json")
+    return dst
+
+
+def _ok(main, args) -> None:
+    try:
+        main(args)
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+
+
+def _md(args, capsys) -> str:
+    _ok(analyze_main, ["runs", *args])
+    return capsys.readouterr().out
+
+
+def _header(md: str) -> list[str]:
+    line = next(row for row in md.splitlines() if row.startswith("| Size"))
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def test_a_forward_only_run_has_no_backward_or_optimizer_column(tmp_path, capsys):
+    run = _copy_run(FORWARD, tmp_path / "fwd")
+    header = _header(_md([str(run)], capsys))
+    assert "Forward (ms)" in header and "Step (ms)" in header and "MFU (%)" in header
+    assert "Backward (ms)" not in header and "Optimizer (ms)" not in header
+    record = json.loads((run / "run.json").read_text())
+    fwd = record["timings"]["summary"]["inference"]
+    md = _md([str(run)], capsys)
+    assert f"{fwd['mean_s'] * 1e3:.2f} ± {fwd['std_s'] * 1e3:.2f}" in md
+
+
+def test_a_column_stays_when_one_run_has_it(tmp_path, capsys):
+    runs = [_copy_run(FORWARD, tmp_path / "fwd"), _copy_run(TRAIN, tmp_path / "train")]
+    header = _header(_md([str(r) for r in runs], capsys))
+    assert {"Backward (ms)", "Optimizer (ms)", "Profiled", "MFU (%)"} <= set(header)
+
+
+def test_a_cpu_run_has_no_mfu_column_and_csv_keeps_every_column(tmp_path, capsys):
+    out = tmp_path / "runs"
+    _ok(capture_main, ["run", "--model", "tiny", "--context-length", "16", "--batch-size", "2",
+                       "--warmup", "1", "--steps", "2", "--device", "cpu", "--out", str(out),
+                       "--quiet"])
+    capsys.readouterr()
+    md = _md([str(out / "latest")], capsys)
+    header = _header(md)
+    assert "MFU (%)" not in header and "Profiled" not in header
+    assert {"Backward (ms)", "Optimizer (ms)", "TFLOP/s", "Device"} <= set(header)
+    assert "no MFU" in md
+    csv = _md([str(out / "latest"), "--format", "csv"], capsys)
+    assert "mfu_pct" in csv.splitlines()[0] and "backward_std_s" in csv.splitlines()[0]
