@@ -34,7 +34,8 @@ def runs_cmd(run_dirs: tuple[str, ...], fmt: str, out: str | None) -> None:
     in ms and leaves out what no run measured; csv and json keep every raw column."""
     from lmprof.render import emit
     from lmprof.reports.report import load_runs
-    from lmprof.reports.tables import benchmark_note, benchmark_table, benchmark_view
+    from lmprof.reports.tables import (benchmark_note, benchmark_table, benchmark_view,
+                                       failed_runs)
 
     runs = load_runs(list(run_dirs))
     df = benchmark_table(runs)
@@ -43,10 +44,9 @@ def runs_cmd(run_dirs: tuple[str, ...], fmt: str, out: str | None) -> None:
         return
     view = benchmark_view(df)
     note = benchmark_note(view)
-    errors = [f"- `{r['run_id']}`: {r['status']} — {r['error']}" for r in runs
-              if r.get("kind", "run") == "run" and r.get("error")]
-    if errors:
-        note += "\n\nFailed runs:\n" + "\n".join(errors)
+    failed = failed_runs(runs)
+    if failed:
+        note += f"\n\n{failed}"
     # rendered as the report renders it (its numbers as tabulate prints them by default)
     click.echo(emit({"benchmark": view.to_markdown(index=False)}, fmt, out,
                     notes={"benchmark": note}))

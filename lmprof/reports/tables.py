@@ -136,3 +136,11 @@ def benchmark_note(view: pd.DataFrame) -> str:
                  "history (memory): their times include the profiler's overhead, so compare "
                  "speed between runs profiled alike (the sweep tables pair them so).")
     return note
+
+
+def failed_runs(records: list[dict[str, Any]]) -> str:
+    """The runs that ended with an error (OOM, ERROR, TIMEOUT), one markdown line each under
+    "Failed runs:", for below the benchmark table; '' where none did."""
+    errors = [f"- `{r['run_id']}`: {r['status']} — {r['error']}" for r in records
+              if r.get("error")]
+    return ("Failed runs:\n" + "\n".join(errors)) if errors else ""

@@ -66,3 +66,20 @@ def test_a_cpu_run_has_no_mfu_column_and_csv_keeps_every_column(tmp_path, capsys
     assert "no MFU" in md
     csv = _md([str(out / "latest"), "--format", "csv"], capsys)
     assert "mfu_pct" in csv.splitlines()[0] and "backward_std_s" in csv.splitlines()[0]
+
+
+def test_runs_that_ran_out_of_memory_keep_their_row_and_error(tmp_path, capsys):
+    # both cells ran out of memory in their first forward: no phase was measured, so no timing
+    # column is left, and each run's error is listed
+    runs = [_copy_run(DATA / "h200-oom" / name, tmp_path / name)
+            for name in ("warmup0", "warmup1")]
+    md = _md([str(r) for r in runs], capsys)
+    header = _header(md)
+    assert "Status" in header and "Forward (ms)" not in header and "Step (ms)" not in header
+    assert md.count("| OOM ") == 2
+    for run in runs:
+        record = json.loads((run / "run.json").read_text())
+        assert f"- `{record['run_id']}`: OOM — {record['error']}" in md
+    # beside a run that measured, the timing columns come back, empty in the failed rows
+    md = _md([str(r) for r in runs] + [str(_copy_run(TRAIN, tmp_path / "train"))], capsys)
+    assert "Step (ms)" in _header(md) and "Failed runs:" in md

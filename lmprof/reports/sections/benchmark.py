@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lmprof.reports.report import ReportContext
-from lmprof.reports.tables import benchmark_note, benchmark_table, benchmark_view
+from lmprof.reports.tables import benchmark_note, benchmark_table, benchmark_view, failed_runs
 
 
 def section(ctx: ReportContext) -> str | None:
@@ -12,6 +12,6 @@ def section(ctx: ReportContext) -> str | None:
         return None
     view = benchmark_view(df)
     note = benchmark_note(view)
-    errors = [f"- `{r['run_id']}`: {r['status']} — {r['error']}" for r in ctx.runs if r.get("error")]
-    tail = ("\n\nFailed runs:\n" + "\n".join(errors)) if errors else ""
+    failed = failed_runs(ctx.runs)
+    tail = f"\n\n{failed}" if failed else ""
     return f"{note}\n\n{view.to_markdown(index=False)}{tail}"
