@@ -52,24 +52,35 @@ WITH types AS (
     UNION ALL
     SELECT range_id, global_tid, end_ns AS t, -1 AS delta, CASE WHEN end_ns > start_ns THEN 0 ELSE 1 END
     FROM flat WHERE style = 'PushPop'
-), depth AS (
+), edge_rank AS (
     -- at equal times closes come before opens (kind 0), except that a zero-length range closes
-    -- right after it opens (kind 1, same range_id); an outer range opens before its inner one
-    SELECT range_id, delta,
-           sum(delta) OVER (PARTITION BY global_tid ORDER BY t, kind, range_id, delta DESC
-                            ROWS UNBOUNDED PRECEDING) AS open_after
+    -- right after it opens (kind 1, same range_id); an outer range opens before its inner one.
+    -- A push's rank among its thread's edges in that order counts the pushes up to it (the same
+    -- order as range_id's on one thread) and the pops before it.
+    SELECT range_id,
+           row_number() OVER (PARTITION BY global_tid ORDER BY t, kind, range_id, delta DESC)
+               AS edge_rank
     FROM edges
-), levels AS (
-    SELECT range_id, CAST(open_after - 1 AS INTEGER) AS level FROM depth WHERE delta = 1
-), leveled AS (
-    SELECT f.*, l.level FROM flat f LEFT JOIN levels l USING (range_id)
+    QUALIFY delta = 1
+), levels AS MATERIALIZED (
+    -- ranges open after a push = pushes so far - pops so far = 2 * push_rank - edge_rank (a
+    -- window's running sum of +1/-1 costs more than these two row numbers)
+    SELECT f.range_id, f.global_tid, f.start_ns,
+           CAST(2 * row_number() OVER (PARTITION BY f.global_tid ORDER BY f.range_id)
+                - e.edge_rank - 1 AS INTEGER) AS level
+    FROM flat f JOIN edge_rank e USING (range_id)
+), parents AS (
+    -- the parent: the last range of its thread one level up that started before it (an ASOF
+    -- join of these narrow rows: carrying the names through its sorts cost five times as much)
+    SELECT c.range_id, c.level, p.range_id AS parent_id
+    FROM levels c
+    ASOF LEFT JOIN levels p
+      ON p.global_tid = c.global_tid AND p.level = c.level - 1 AND p.start_ns <= c.start_ns
 )
-SELECT c.range_id, c.name, c.domain, c.style, c.start_ns, c.end_ns,
-       c.end_ns - c.start_ns AS dur_ns, c.global_tid, c.pid, c.tid, c.level,
-       -- (the ASOF join matches NULL levels: a start/end range would be its own parent)
-       CASE WHEN c.style = 'PushPop' THEN p.range_id END AS parent_id, ph.phase
-FROM leveled c
-ASOF LEFT JOIN leveled p
-  ON p.global_tid = c.global_tid AND p.level = c.level - 1 AND p.start_ns <= c.start_ns
-LEFT JOIN _phase_names ph ON ph.range_name = regexp_replace(c.name, '_[0-9]+$', '')
-ORDER BY c.range_id;
+-- (no ORDER BY: tables keep no row order here, preserve_insertion_order being off; readers sort)
+SELECT f.range_id, f.name, f.domain, f.style, f.start_ns, f.end_ns,
+       f.end_ns - f.start_ns AS dur_ns, f.global_tid, f.pid, f.tid, pa.level, pa.parent_id,
+       ph.phase
+FROM flat f
+LEFT JOIN parents pa USING (range_id)
+LEFT JOIN _phase_names ph ON ph.range_name = regexp_replace(f.name, '_[0-9]+$', '');
