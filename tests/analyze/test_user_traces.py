@@ -112,6 +112,29 @@ def test_emit_nvtx_ranges_grouped_by_op(exports):
         assert ranges.loc[op, "cpu_total_ns"] == row["t"], op
 
 
+def test_attention_parts_reached_through_another_threads_range(exports):
+    """softmax_vs_matmul counts a kernel under a part range open on another thread of the process
+    (here 'bwd', pushed on the main thread while the autograd thread launches the backward): those
+    pairs come only from states with several members. Checked against op_ranges, the documented
+    view of every (op, enclosing range) pair; and a trace without the parts' names gives no rows."""
+    tr = _trace(exports, "emit", softmax_ranges=("bwd",), matmul_ranges=("fwd",))
+    con = tr.use()
+    expected = dict(con.execute(
+        "SELECT n.name, count(DISTINCT o.op_id) FROM op_ranges o "
+        "JOIN nvtx_ranges n USING (range_id) JOIN gpu_ops g USING (op_id) "
+        "WHERE n.name IN ('bwd', 'fwd') AND g.kind = 'kernel' GROUP BY 1").fetchall())
+    other_thread = con.execute(
+        "SELECT count(DISTINCT o.op_id) FROM op_ranges o JOIN nvtx_ranges n USING (range_id) "
+        "JOIN gpu_ops g USING (op_id) WHERE n.name = 'bwd' AND g.kind = 'kernel' "
+        "AND g.launch_global_tid <> n.global_tid").fetchall()[0][0]
+    assert other_thread > 100  # the case this test is about
+    attn = kernels.softmax_vs_matmul(tr)
+    assert attn["softmax_kernels"].sum() == expected["bwd"]
+    assert attn["matmul_kernels"].sum() == expected["fwd"]
+    none = _trace(exports, "emit", softmax_ranges=("no such range",), matmul_ranges=("nor this",))
+    assert kernels.softmax_vs_matmul(none).empty
+
+
 @pytest.mark.parametrize("suffix", [", seq = 12, op_id = 40", ", op_id = 7",
                                     ", seq = -1, op_id = 3, sizes = [[8, 512], []]",
                                     ", sizes = [[2, 3]], input_op_ids = [(5, 0)]"])
