@@ -15,6 +15,9 @@ bench/results/kernels.md.
 
     python bench/bench_kernels.py [--factors 100 1000] [--workdir /tmp/lmprof-kernels-bench]
 
+``--source emit`` repeats the emit_nvtx fixture (tests/data/h200x2-user-traces/emit: a range per
+aten op and autograd node, on the main and the autograd thread; x100 is 1.5M ranges for 178k
+kernels), where the NVTX work, not the load, dominates.
 ``--source ddp`` repeats the data-parallel fixture instead (tests/data/h200x2-user-traces/ddp: two
 processes on two GPUs, NCCL all-reduces, its own range names), whose analysis adds the
 process-timing and communication tables; the x100 ratio target is the one-GPU fixture's.
@@ -38,7 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "data" / "h200-small-fp32" / "report.sqlite"
 DDP_FIXTURE = ROOT / "tests" / "data" / "h200x2-user-traces" / "ddp" / "report.sqlite.xz"
-# the DDP fixture's own range names for the phases
+EMIT_FIXTURE = ROOT / "tests" / "data" / "h200x2-user-traces" / "emit" / "report.sqlite.xz"
+# the DDP and emit_nvtx fixtures' own range names for the phases (the same user script)
 DDP_PHASES = ["--phase-range", "step=iter", "--phase-range", "forward=fwd",
               "--phase-range", "backward=bwd", "--phase-range", "optimizer=opt"]
 RESULTS = Path(__file__).parent / "results" / "kernels.md"
@@ -141,17 +145,21 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/lmprof-kernels-bench"))
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs per measurement, load and analyze alternated (median is kept)")
-    ap.add_argument("--source", choices=("fixture", "ddp"), default="fixture",
-                    help="the one-GPU fixture (the targets' export) or the DDP fixture")
+    ap.add_argument("--source", choices=("fixture", "ddp", "emit"), default="fixture",
+                    help="the one-GPU fixture (the targets' export), the DDP fixture, or the "
+                         "emit_nvtx fixture (a range per aten op and autograd node, on two "
+                         "threads of one process)")
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     source, prefix, extra = FIXTURE, "", []
-    if args.source == "ddp":
+    if args.source in ("ddp", "emit"):
         import lzma
 
-        source, prefix, extra = args.workdir / "ddp.sqlite", "ddp-", DDP_PHASES
-        if not source.is_file() or source.stat().st_mtime < DDP_FIXTURE.stat().st_mtime:
-            source.write_bytes(lzma.decompress(DDP_FIXTURE.read_bytes()))
+        packed = DDP_FIXTURE if args.source == "ddp" else EMIT_FIXTURE
+        source, prefix, extra = (args.workdir / f"{args.source}.sqlite", f"{args.source}-",
+                                 DDP_PHASES)
+        if not source.is_file() or source.stat().st_mtime < packed.stat().st_mtime:
+            source.write_bytes(lzma.decompress(packed.read_bytes()))
     env = environment()
     if not RESULTS.exists():
         RESULTS.write_text(
