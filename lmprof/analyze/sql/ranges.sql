@@ -15,8 +15,9 @@
 --                          in _phase_names), or NULL (also where --skip-steps unmarked it:
 --                          skip_steps.sql)
 --
--- Nesting comes from a running count of opens and closes per thread (push/pop ranges on one
--- thread form a stack), and the parent from an ASOF join on (thread, level - 1): no self-join.
+-- Nesting comes from counting opens and closes per thread (push/pop ranges on one thread form a
+-- stack: a push's level is the pushes before it less the pops before it, read off two row
+-- numbers), and the parent from an ASOF join on (thread, level - 1): no self-join.
 
 CREATE OR REPLACE TABLE nvtx_ranges AS
 WITH types AS (
@@ -77,7 +78,8 @@ WITH types AS (
     ASOF LEFT JOIN levels p
       ON p.global_tid = c.global_tid AND p.level = c.level - 1 AND p.start_ns <= c.start_ns
 )
--- (no ORDER BY: tables keep no row order here, preserve_insertion_order being off; readers sort)
+-- (no ORDER BY: the queries that read it order by range_id where order matters; sorting 1.5M
+-- ranges of an emit_nvtx trace here cost 0.6 s of CPU)
 SELECT f.range_id, f.name, f.domain, f.style, f.start_ns, f.end_ns,
        f.end_ns - f.start_ns AS dur_ns, f.global_tid, f.pid, f.tid, pa.level, pa.parent_id,
        ph.phase
