@@ -443,7 +443,7 @@ def model_state(con, cats: pd.DataFrame | None = None) -> pd.DataFrame:
         state = "parameters" + (" + AdamW state (2 moments)" if train else "")
         wanted = _state_tensor_bytes(s, train) if traced else None
         if wanted is not None:
-            rows += _matched_state_rows(con, s, state, expected_state, wanted)
+            rows += _matched_state_rows(con, s, state, expected_state, wanted, train)
         else:
             rows.append({"snapshot": s.label, "quantity": state,
                          "expected_bytes": expected_state,
@@ -468,7 +468,8 @@ def model_state(con, cats: pd.DataFrame | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _matched_state_rows(con, s, state: str, expected: int, wanted: Counter) -> list[dict]:
+def _matched_state_rows(con, s, state: str, expected: int, wanted: Counter,
+                        train: bool) -> list[dict]:
     """The model-state rows of one traced snapshot whose model shape is known: its allocations
     alive at dump made before recording or by the optimizer (the 'model state' and 'optimizer
     state' categories) matched to the state's tensors by requested size, largest first."""
@@ -487,8 +488,7 @@ def _matched_state_rows(con, s, state: str, expected: int, wanted: Counter) -> l
             other.append(size)
     rounding = sum(block - size for size, block in allocs)
     n = sum(wanted.values())
-    where = "made before recording or by the optimizer" if s.mode == "train" else \
-        "made before recording"
+    where = "made before recording or by the optimizer" if train else "made before recording"
     return [
         {"snapshot": s.label, "quantity": state, "expected_bytes": expected,
          "measured_bytes": found_bytes,

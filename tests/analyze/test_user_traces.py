@@ -8,7 +8,6 @@ exports (nsys-stats/, nsys 2025.3.1) and against interval arithmetic done here i
 
 from __future__ import annotations
 
-import hashlib
 import io
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pandas as pd
 import pytest
 
 from lmprof.analyze import kernels, trace
-from nsys_data import run
+from nsys_data import run, sha256
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "h200x2-user-traces"
 USER_PHASES = (("iter", "step"), ("fwd", "forward"), ("bwd", "backward"), ("opt", "optimizer"))
@@ -221,7 +220,7 @@ def test_communication_overlap_by_interval_arithmetic(exports):
 
 def test_cli_on_a_ddp_trace(exports):
     export = exports / "ddp" / "report.sqlite"
-    before = hashlib.sha256(export.read_bytes()).hexdigest()
+    before = sha256(export)
     code, out, err = run("kernels", str(export), *PHASE_ARGS)
     assert code == 0, err
     assert "## communication" in out and "ncclDevKernel_AllReduce" in out
@@ -233,7 +232,7 @@ def test_cli_on_a_ddp_trace(exports):
     assert code == 0 and "waiting for the other ranks" not in out, err
     softmax = out.split("## softmax vs matmul")[1].split("## ")[0]  # no such ranges here
     assert "'computing softmax'" in softmax and "--softmax-range and --matmul-range" in softmax
-    assert hashlib.sha256(export.read_bytes()).hexdigest() == before
+    assert sha256(export) == before
 
 
 def test_cli_says_why_communication_is_empty(exports):
