@@ -182,41 +182,56 @@ def _key_shift(thread_rule: bool) -> int:
     return 0 if thread_rule else 24
 
 
-# Whether every state of the timeline has one member at most: per key, push/pop ranges on one
-# thread at most, and no start/end range with a positive length (attribution_timeline_one.sql).
+# Whether every op has one member at most (its key's one state): per key, push/pop ranges on one
+# thread at most, and no start/end range with a positive length (sql/attribution.sql).
 _ONE_MEMBER_SQL = """
 SELECT NOT EXISTS (SELECT 1 FROM nvtx_ranges WHERE style <> 'PushPop' AND end_ns > start_ns)
    AND NOT EXISTS (SELECT global_tid >> {key_shift} FROM nvtx_ranges
                    WHERE style = 'PushPop' AND end_ns > start_ns
                    GROUP BY 1 HAVING count(DISTINCT global_tid) > 1)"""
 
+# The timeline's working tables, dropped once attribution has used them (those of the
+# several-member way exist only after it: ``IF EXISTS``).
+_TIMELINE_TABLES = ("_attr_timeline", "_attr_buckets", "_attr_grid", "_range_phase",
+                    "_attr_threads", "_attr_start_end")
+
 
 def timeline(con: duckdb.DuckDBPyConnection, thread_rule: bool,
              max_bucket_rows: int = MAX_BUCKET_ROWS, one_member: bool | None = None) -> bool:
-    """The attribution timeline from the NVTX ranges alone: ``sql/range_chain.sql``, the states
-    (``sql/attribution_timeline.sql``, or ``sql/attribution_timeline_one.sql`` where every state
-    has one member at most; ``one_member`` forces either, for tests), and their time buckets
-    (``sql/attribution_buckets.sql``). Returns whether the one-member statement ran."""
+    """The attribution timeline from the NVTX ranges alone: ``sql/range_chain.sql``,
+    ``sql/attribution_timeline.sql`` — keyed by the attribution key where every op can have one
+    member at most, else by thread, with ``sql/attribution_threads.sql`` — and the timeline's
+    time buckets (``sql/attribution_buckets.sql``). ``one_member`` forces either way (for
+    tests; the per-thread way is right for every trace). Returns the way taken, for
+    ``attribute``: whether it was keyed by the attribution key."""
     shift = _key_shift(thread_rule)
     sqlfile.run(con, "range_chain")
     if one_member is None:
         one_member = bool(con.execute(_ONE_MEMBER_SQL.format(key_shift=int(shift))
                                       ).fetchall()[0][0])
-    sqlfile.run(con, "attribution_timeline_one" if one_member else "attribution_timeline",
-                key_shift=shift)
+    sqlfile.run(con, "attribution_timeline", key_shift=shift if one_member else 0)
+    if not one_member:
+        sqlfile.run(con, "attribution_threads", key_shift=shift)
     sqlfile.run(con, "attribution_buckets", max_bucket_rows=max_bucket_rows)
     return one_member
 
 
-def attribute(con: duckdb.DuckDBPyConnection, thread_rule: bool) -> None:
-    """``gpu_ops`` and ``op_ranges`` (``sql/attribution.sql``), once ``timeline`` has run: ops
-    of crowded keys get their state by ASOF join (``attribution_crowded.sql``), only where
-    there are such keys; then the timeline's working tables are dropped."""
-    sqlfile.run(con, "attribution", key_shift=_key_shift(thread_rule))
-    if con.execute("SELECT count(*) FROM _attr_grid WHERE crowded").fetchall()[0][0]:
-        sqlfile.run(con, "attribution_crowded", key_shift=_key_shift(thread_rule))
-    for table in ("_attr_timeline", "_attr_buckets", "_attr_grid", "_range_phase"):
-        con.execute(f"DROP TABLE {table}")
+def attribute(con: duckdb.DuckDBPyConnection, thread_rule: bool, one_member: bool) -> None:
+    """``gpu_ops`` and ``op_ranges`` (``sql/attribution.sql``), once ``timeline`` has run and
+    returned ``one_member``: ops with their launching calls (``attribution_launches.sql``), then
+    their members (``attribution_keys.sql`` or ``attribution_members.sql``), then the views;
+    after ``attribution_keys.sql``, ops of crowded keys get their state by ASOF join
+    (``attribution_crowded.sql``), only where there are such keys. Then the timeline's working
+    tables are dropped."""
+    shift = _key_shift(thread_rule)
+    sqlfile.run(con, "attribution_launches", key_shift=shift)
+    sqlfile.run(con, "attribution_keys" if one_member else "attribution_members")
+    sqlfile.run(con, "attribution")
+    if one_member and con.execute("SELECT count(*) FROM _attr_grid WHERE crowded"
+                                  ).fetchall()[0][0]:
+        sqlfile.run(con, "attribution_crowded", key_shift=shift)
+    for table in _TIMELINE_TABLES:
+        con.execute(f"DROP TABLE IF EXISTS {table}")
 
 
 def prepare(con: duckdb.DuckDBPyConnection, path: Path | str, options: Options,
@@ -235,6 +250,8 @@ def prepare(con: duckdb.DuckDBPyConnection, path: Path | str, options: Options,
     con.execute(f"USE {schema}")
     thread_rule = options.attribution == "thread"
 
+    one_member = []  # the way timeline took, for attribute
+
     def ranges_and_timeline() -> None:
         # beside the load of kernels and runtime calls, on a cursor of its own; reads only what
         # loads first
@@ -243,7 +260,7 @@ def prepare(con: duckdb.DuckDBPyConnection, path: Path | str, options: Options,
             sqlfile.run(cur, "ranges")
             if options.skip_steps:
                 skip_steps(cur, options.skip_steps)
-            timeline(cur, thread_rule)
+            one_member.append(timeline(cur, thread_rule))
 
     export = nsys.load(con, path, beside=ranges_and_timeline)
 
@@ -254,7 +271,7 @@ def prepare(con: duckdb.DuckDBPyConnection, path: Path | str, options: Options,
 
     def attribution() -> None:
         with db.cursor(con, schema) as cur:
-            attribute(cur, thread_rule)
+            attribute(cur, thread_rule, one_member[0])
 
     db.at_once([classify_names, attribution], "prepare")
     deferred = None

@@ -49,7 +49,12 @@ def test_thread_rule_reproduces_nsys_on_other_code(exports, name):
     nvtx_gpu_proj_sum's GPU-op counts, with every range text kept apart as nsys keeps it."""
     tr = _trace(exports, name, attribution="thread", full_range_names=True)
     theirs = _stats(name, "nvtx_kern_sum")
-    mine = kernels.range_kernels(tr).rename(columns={
+    mine = kernels.range_kernels(tr)
+    # rows in one order, run after run: ties of (range, time, kernel) broken by style, pid, tid
+    order = mine.sort_values(["range", "total_ns", "name", "style", "pid", "tid"],
+                             ascending=[True, False, True, True, True, True], kind="stable")
+    assert list(order.index) == list(mine.index)
+    mine = mine.rename(columns={
         "range": "NVTX Range", "style": "Style", "pid": "PID", "tid": "TID",
         "name": "Kernel Name"})
     key = ["NVTX Range", "Style", "PID", "TID", "Kernel Name"]
@@ -61,7 +66,11 @@ def test_thread_rule_reproduces_nsys_on_other_code(exports, name):
                  ("Max (ns)", "max_ns")):
         assert (merged[a] == merged[b]).all(), a
     proj = _stats(name, "nvtx_gpu_proj_sum").set_index("Range")
-    summary = kernels.range_summary(tr).set_index("range")
+    summary = kernels.range_summary(tr)
+    order = summary.sort_values(["cpu_total_ns", "range", "style"],
+                                ascending=[False, True, True], kind="stable")
+    assert list(order.index) == list(summary.index)
+    summary = summary.set_index("range")
     assert set(proj.index) <= set(summary.index)
     for rng, row in proj.iterrows():
         assert summary.loc[rng, "instances"] == row["Range Instances"], rng

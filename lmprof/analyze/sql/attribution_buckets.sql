@@ -1,20 +1,21 @@
--- Time buckets over the attribution timeline (attribution_timeline.sql or
--- attribution_timeline_one.sql), for the equality join that attributes each op in attribution.sql.
+-- Time buckets over the attribution timeline (attribution_timeline.sql), for the equality join
+-- that finds each op's state (attribution_keys.sql, attribution_members.sql).
 --
 --   _attr_grid      (key, t0, width, last_bucket, crowded)
 --   _attr_buckets   (key, bucket, v: STRUCT(t, t_next, range_id, phase, phase_range_id,
 --                    step_range_id)); a STRUCT: no distinct-value statistics to keep (see
---                    attribution.sql's _gpu_ops)
+--                    attribution_keys.sql's _gpu_ops)
 --
 
--- The timeline in equal time buckets, for the equality join that attributes each op in
--- attribution.sql (an ASOF join of 480k ops with the timeline measured 4x slower on 2 cores).
+-- The timeline in equal time buckets, for the equality join that attributes each op (an ASOF
+-- join of 480k ops with the timeline measured 4x slower on 2 cores).
 -- Per key a grid from its first state, as many buckets as it has states (width = span / states,
 -- rounded up); each state with ranges open is listed in every bucket its interval [t, next t)
 -- overlaps: about two rows per state. An op looks in its launch's bucket only (the last bucket
 -- stands for every later instant); one row's interval contains the launch, or none does and no
 -- range was open. A key whose states crowd into one bucket (more than $max_bucket_rows rows) is
--- left out here and keeps the ASOF join (attribution.sql): its ops would each meet that many rows.
+-- left out here and keeps the ASOF join (attribution_crowded.sql, attribution_members.sql): its
+-- ops would each meet that many rows.
 CREATE OR REPLACE TABLE _attr_grid AS
 SELECT key, min(t) AS t0, (max(t) - min(t)) // count(*) + 1 AS width,
        (max(t) - min(t)) // ((max(t) - min(t)) // count(*) + 1) AS last_bucket,

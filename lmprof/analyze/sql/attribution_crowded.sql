@@ -1,8 +1,9 @@
 -- Ops of crowded keys (attribution_buckets.sql: keys whose states put more than
--- $max_bucket_rows rows into one time bucket) have no bucket rows, so attribution.sql left them
--- unattributed: their last state at or before the launch comes from an ASOF join instead
--- (the key as attribution.sql makes it: global_tid >> $key_shift).
--- trace.attribute runs this only where a key is crowded (none in the traces seen).
+-- $max_bucket_rows rows into one time bucket) have no bucket rows, so attribution_keys.sql left
+-- them unattributed: their last state at or before the launch comes from an ASOF join instead
+-- (the key as attribution_launches.sql makes it: global_tid >> $key_shift).
+-- trace.attribute runs this only after attribution_keys.sql and where a key is crowded (none in
+-- the traces seen); attribution_members.sql makes the same ASOF join itself, per thread.
 UPDATE _gpu_ops  -- (gpu_ops is a view over its STRUCT column o)
 SET o = struct_update(o, range_id := x.range_id, phase := x.phase,
                       phase_range_id := x.phase_range_id, step_range_id := x.step_range_id)

@@ -64,4 +64,5 @@ WITH labelled AS (
 SELECT r.range, r.style, r.pid, r.tid, r.range_instances, r.instances, r.total_ns, r.avg_ns,
        r.med_ns, r.min_ns, r.max_ns, r.std_ns, n.name
 FROM rows r JOIN (SELECT DISTINCT nkey, name FROM name_keys) n USING (nkey)
-ORDER BY r.range, r.total_ns DESC, n.name;
+-- (style, pid, tid last: one range text with one kernel can take the same time in two processes)
+ORDER BY r.range, r.total_ns DESC, n.name, r.style, r.pid, r.tid;

@@ -36,4 +36,4 @@ SELECT r.range, r.style, r.instances, r.cpu_total_ns, r.cpu_mean_ns, r.avg_level
        coalesce(o.gpu_ops, 0) AS gpu_ops, coalesce(o.kernels, 0) AS kernels,
        coalesce(o.kernel_ns, 0) AS kernel_ns
 FROM ranges r LEFT JOIN ops o USING (range, style)
-ORDER BY r.cpu_total_ns DESC, r.range;
+ORDER BY r.cpu_total_ns DESC, r.range, r.style;
