@@ -89,6 +89,21 @@ def make_export(factor: int, out: Path, source: Path = FIXTURE) -> Path:
     return out
 
 
+def source_export(name: str, workdir: Path) -> tuple[Path, str, list[str]]:
+    """The export to repeat for ``--source name`` (fixture, ddp, emit; the two user traces
+    decompressed into ``workdir``), the prefix of its repeats' names, and the options that name
+    its phase ranges."""
+    if name == "fixture":
+        return FIXTURE, "", []
+    import lzma
+
+    packed = DDP_FIXTURE if name == "ddp" else EMIT_FIXTURE
+    source = workdir / f"{name}.sqlite"
+    if not source.is_file() or source.stat().st_mtime < packed.stat().st_mtime:
+        source.write_bytes(lzma.decompress(packed.read_bytes()))
+    return source, f"{name}-", DDP_PHASES
+
+
 def run_child(cmd: list[str]) -> tuple[float, int, str]:
     env = child_env()
     t0 = time.perf_counter()
@@ -151,15 +166,7 @@ def main() -> None:
                          "threads of one process)")
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
-    source, prefix, extra = FIXTURE, "", []
-    if args.source in ("ddp", "emit"):
-        import lzma
-
-        packed = DDP_FIXTURE if args.source == "ddp" else EMIT_FIXTURE
-        source, prefix, extra = (args.workdir / f"{args.source}.sqlite", f"{args.source}-",
-                                 DDP_PHASES)
-        if not source.is_file() or source.stat().st_mtime < packed.stat().st_mtime:
-            source.write_bytes(lzma.decompress(packed.read_bytes()))
+    source, prefix, extra = source_export(args.source, args.workdir)
     env = environment()
     if not RESULTS.exists():
         RESULTS.write_text(

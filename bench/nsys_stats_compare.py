@@ -8,6 +8,11 @@ in fresh processes:
 2. ``analyze kernels --attribution thread`` producing the same three summaries (top_kernels,
    range_kernels, ranges), and ``analyze kernels`` with every default table (a)-(f).
 
+``--source emit`` (or ``ddp``) repeats the emit_nvtx (DDP) user trace instead of the fixture, as
+bench_kernels.py does (its phase-range names passed to ``analyze kernels``; for emit the same 3
+keep every range text apart, ``--full-range-names``, as nsys does): emit_nvtx puts a range on
+every aten op and autograd node, 1.5M ranges at x100.
+
 Each command runs ``--repeat`` times (median kept), after one discarded run of each that warms
 the file cache and writes the interpreter's bytecode caches. It also checks that the numbers agree (kernel totals and instances, per-range kernel counts and
 times, per-range GPU-op counts). Target: analyze >= 10x faster than nsys stats. Prints and
@@ -31,7 +36,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_kernels import FIXTURE, ROOT, environment, make_export  # noqa: E402
+from bench_kernels import ROOT, environment, make_export, source_export  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "nsys_stats_compare.md"
 REPORTS = ("cuda_gpu_kern_sum", "nvtx_kern_sum", "nvtx_gpu_proj_sum")
@@ -78,6 +83,9 @@ def main() -> None:
     ap.add_argument("--no-warm-up", dest="warm_up", action="store_false",
                     help="time the first run too (for exports too large to run twice)")
     ap.add_argument("--nsys", default=shutil.which("nsys"), help="nsys executable")
+    ap.add_argument("--source", choices=("fixture", "ddp", "emit"), default="fixture",
+                    help="the export repeated: the one-GPU fixture, the DDP or the emit_nvtx "
+                         "user trace")
     args = ap.parse_args()
     if not args.nsys:
         raise SystemExit("nsys not found: source .gpu/nsys-env.sh first (or pass --nsys)")
@@ -93,21 +101,26 @@ def main() -> None:
             "| date | machine | nsys | export | nsys stats (s) | analyze same 3 (s) | speed-up | "
             "analyze all (s) | speed-up | results agree |\n"
             "|---|---|---|---|---|---|---|---|---|---|\n")
+    source, prefix, phases = source_export(args.source, args.workdir)
+    names = ["--full-range-names"] if args.source == "emit" else []
     for factor in args.factors:
-        src = FIXTURE if factor == 1 else make_export(factor, args.workdir / f"x{factor}.sqlite")
-        copy = args.workdir / f"nsys-stats-x{factor}.sqlite"
+        label = f"{prefix}x{factor}"
+        src = source if factor == 1 else make_export(factor, args.workdir / f"{label}.sqlite",
+                                                     source)
+        copy = args.workdir / f"nsys-stats-{label}.sqlite"
         shutil.copyfile(src, copy)
-        nsys_dir = args.workdir / f"nsys-stats-x{factor}"
+        nsys_dir = args.workdir / f"nsys-stats-{label}"
         nsys_dir.mkdir(exist_ok=True)
-        ours = args.workdir / f"ours-x{factor}"
+        ours = args.workdir / f"ours-{label}"
         cmds = {
             "nsys": [args.nsys, "stats", "-q", "--force-export=false", "-r", ",".join(REPORTS),
                      "-f", "csv", "--force-overwrite=true", "-o", str(nsys_dir / "s"), str(copy)],
             "same": [sys.executable, "-m", "lmprof.analyze", "kernels", str(src), "--attribution",
                      "thread", "--table", "top_kernels", "--table", "range_kernels", "--table",
-                     "ranges", "--top", "1000000", "--format", "csv", "--out", str(ours)],
+                     "ranges", "--top", "1000000", "--format", "csv", "--out", str(ours),
+                     *phases, *names],
             "all": [sys.executable, "-m", "lmprof.analyze", "kernels", str(src), "--format", "csv",
-                    "--out", str(args.workdir / f"all-x{factor}")],
+                    "--out", str(args.workdir / f"all-{label}"), *phases],
         }
         times: dict[str, list[float]] = {k: [] for k in cmds}
         first = 0 if args.warm_up else 1
@@ -118,7 +131,7 @@ def main() -> None:
                     times[name].append(t)
         t_nsys, t_same, t_all = (statistics.median(times[k]) for k in ("nsys", "same", "all"))
         agree = check(nsys_dir, ours)
-        line = (f"| {dt.date.today()} | {environment()} | {version} | x{factor} | {t_nsys:.2f} | "
+        line = (f"| {dt.date.today()} | {environment()} | {version} | {label} | {t_nsys:.2f} | "
                 f"{t_same:.2f} | {t_nsys / t_same:.1f}x | {t_all:.2f} | {t_nsys / t_all:.1f}x | "
                 f"{agree} |")
         print(line, flush=True)
