@@ -32,8 +32,8 @@
 -- (key, instant of such an edge): ranges x 2 rows, not millions (attribution_timeline.sql). Each
 -- op then needs the last state at or before its launch, found by an equality join on time
 -- buckets (attribution_buckets.sql's _attr_buckets; an ASOF join for crowded keys): no join of
--- every op with every range. Where a key has push/pop ranges on one thread at most and no
--- start/end range is open anywhere, that state is the op's one member (its innermost open
+-- every op with every range. Where every key has push/pop ranges on one thread at most and no
+-- start/end range has a positive length, that state is the op's one member (its innermost open
 -- range): attribution_keys.sql, no aggregate. Otherwise the timelines are per thread, and an op
 -- has a member per thread of its key with a range open at its launch, plus each open start/end
 -- range of its key: attribution_members.sql keeps those pairs (_op_members) and takes the
@@ -77,3 +77,5 @@ SELECT * FROM _op_ranges_more;
 CREATE OR REPLACE VIEW op_ranges AS SELECT op_id, range_id FROM _op_ranges_wide;
 
 DROP TABLE IF EXISTS _kernel_groups;  -- kernel_groups.sql's cache, of the previous gpu_ops
+
+DROP VIEW _launched;  -- attribution_launches.sql's, read by now
