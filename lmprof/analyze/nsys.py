@@ -362,6 +362,30 @@ def load(duck: duckdb.DuckDBPyConnection, path: str | Path,
     return export
 
 
+def gpu_op_rows(path: str | Path) -> int | None:
+    """About how many GPU ops (kernels, memcpys, memsets, graph launches) the export at ``path``
+    holds, read in microseconds: the largest row id of each table (the export numbers its rows
+    1..n). An estimate for choosing a way to attribute them, never a result: None where it
+    cannot be read (``load`` reports what is wrong with the file)."""
+    try:
+        sq = open_readonly(Path(path))
+    except UserError:
+        return None
+    try:
+        names = {r[0] for r in sq.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        total = 0
+        for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
+                      "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"):
+            if table in names:
+                row = sq.execute(f"SELECT max(rowid) FROM {table}").fetchone()
+                total += row[0] if row and isinstance(row[0], int) else 0
+        return total
+    except sqlite3.DatabaseError:
+        return None
+    finally:
+        sq.close()
+
+
 def _load_session(sq: sqlite3.Connection, duck: duckdb.DuckDBPyConnection, present: set[str],
                   types: dict[str, int], path: Path) -> None:
     """One row: where the export came from, its session start (UTC epoch ns), trace span."""

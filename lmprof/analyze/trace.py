@@ -197,12 +197,15 @@ _TIMELINE_TABLES = ("_attr_timeline", "_attr_buckets", "_attr_grid", "_range_pha
 
 
 def timeline(con: duckdb.DuckDBPyConnection, thread_rule: bool,
-             max_bucket_rows: int = MAX_BUCKET_ROWS, one_member: bool | None = None) -> bool:
+             max_bucket_rows: int = MAX_BUCKET_ROWS, one_member: bool | None = None,
+             gpu_ops: int | None = None) -> bool:
     """The attribution timeline from the NVTX ranges alone: ``sql/range_chain.sql``,
     ``sql/attribution_timeline.sql`` — keyed by the attribution key where every op can have one
     member at most, else by thread, with ``sql/attribution_threads.sql`` — and the timeline's
     time buckets (``sql/attribution_buckets.sql``). ``one_member`` forces either way (for
-    tests; the per-thread way is right for every trace). Returns the way taken, for
+    tests; the per-thread way is right for every trace). ``gpu_ops``, about how many GPU ops the
+    export has (``nsys.gpu_op_rows``): a per-thread timeline with more states than that gets no
+    buckets, its ops an ASOF join (``attribution_members.sql``). Returns the way taken, for
     ``attribute``: whether it was keyed by the attribution key."""
     shift = _key_shift(thread_rule)
     sqlfile.run(con, "range_chain")
@@ -210,9 +213,15 @@ def timeline(con: duckdb.DuckDBPyConnection, thread_rule: bool,
         one_member = bool(con.execute(_ONE_MEMBER_SQL.format(key_shift=int(shift))
                                       ).fetchall()[0][0])
     sqlfile.run(con, "attribution_timeline", key_shift=shift if one_member else 0)
+    bucketed = True
     if not one_member:
         sqlfile.run(con, "attribution_threads", key_shift=shift)
-    sqlfile.run(con, "attribution_buckets", max_bucket_rows=max_bucket_rows)
+        if gpu_ops is not None:
+            states = con.execute("SELECT count(*) FROM _attr_timeline").fetchall()[0][0]
+            bucketed = states <= gpu_ops
+    # (the one-member way keeps its buckets: its ASOF fallback, attribution_crowded.sql, updates
+    # _gpu_ops row by row, 5.5 s for emit_nvtx x100's 178k kernels under the thread rule)
+    sqlfile.run(con, "attribution_buckets", max_bucket_rows=max_bucket_rows, bucketed=bucketed)
     return one_member
 
 
@@ -260,7 +269,7 @@ def prepare(con: duckdb.DuckDBPyConnection, path: Path | str, options: Options,
             sqlfile.run(cur, "ranges")
             if options.skip_steps:
                 skip_steps(cur, options.skip_steps)
-            one_member.append(timeline(cur, thread_rule))
+            one_member.append(timeline(cur, thread_rule, gpu_ops=nsys.gpu_op_rows(path)))
 
     export = nsys.load(con, path, beside=ranges_and_timeline)
 

@@ -223,3 +223,22 @@ def test_op_ids_follow_the_exports_row_ids(tmp_path):
     assert got == sorted(memcpy) + sorted(memset)
     ids = con.execute("SELECT count(*), count(DISTINCT op_id) FROM gpu_ops").fetchall()[0]
     assert ids == (len(kernels) + len(memcpy) + len(memset),) * 2
+
+
+def test_gpu_op_rows_estimates_the_ops_without_changing_the_file(tmp_path):
+    """The size trace.timeline compares its states with: the fixture's kernels, memcpys and
+    memsets (its rows are numbered 1..n); None, not an error, for what load will refuse."""
+    expected = sum(source_count(t) for t in ("CUPTI_ACTIVITY_KIND_KERNEL",
+                                             "CUPTI_ACTIVITY_KIND_MEMCPY",
+                                             "CUPTI_ACTIVITY_KIND_MEMSET"))
+    path = writable_copy(tmp_path)
+    before = sha256(path)
+    assert nsys.gpu_op_rows(path) == expected > 1000
+    assert sha256(path) == before
+    edit(path, "DROP TABLE CUPTI_ACTIVITY_KIND_MEMSET")
+    assert nsys.gpu_op_rows(path) == expected - source_count("CUPTI_ACTIVITY_KIND_MEMSET")
+    assert nsys.gpu_op_rows(tmp_path / "missing.sqlite") is None
+    (tmp_path / "x.txt").write_text("hello")
+    assert nsys.gpu_op_rows(tmp_path / "x.txt") is None
+    (tmp_path / "c").mkdir()
+    assert nsys.gpu_op_rows(_corrupt_table(tmp_path / "c")) is None
