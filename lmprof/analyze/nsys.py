@@ -364,8 +364,8 @@ def load(duck: duckdb.DuckDBPyConnection, path: str | Path,
 
 def gpu_op_rows(path: str | Path) -> int | None:
     """About how many GPU ops (kernels, memcpys, memsets, graph launches) the export at ``path``
-    holds, read in microseconds: the largest row id of each table (the export numbers its rows
-    1..n). An estimate for choosing a way to attribute them, never a result: None where it
+    holds, read in milliseconds (2-8 ms up to 4.8M rows): the largest row id of each table (the
+    export numbers its rows 1..n). An estimate for choosing a way to attribute them, never a result: None where it
     cannot be read (``load`` reports what is wrong with the file)."""
     try:
         sq = open_readonly(Path(path))

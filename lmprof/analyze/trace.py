@@ -220,7 +220,7 @@ def timeline(con: duckdb.DuckDBPyConnection, thread_rule: bool,
             states = con.execute("SELECT count(*) FROM _attr_timeline").fetchall()[0][0]
             bucketed = states <= gpu_ops
     # (the one-member way keeps its buckets: its ASOF fallback, attribution_crowded.sql, updates
-    # _gpu_ops row by row, 5.5 s for emit_nvtx x100's 178k kernels under the thread rule)
+    # _gpu_ops after it is written, 5.5 s for emit_nvtx x100's 178k kernels, thread rule)
     sqlfile.run(con, "attribution_buckets", max_bucket_rows=max_bucket_rows, bucketed=bucketed)
     return one_member
 
