@@ -34,22 +34,16 @@ def runs_cmd(run_dirs: tuple[str, ...], fmt: str, out: str | None) -> None:
     in ms and leaves out what no run measured; csv and json keep every raw column."""
     from lmprof.render import emit
     from lmprof.reports.report import load_runs
-    from lmprof.reports.tables import (benchmark_note, benchmark_table, benchmark_view,
-                                       failed_runs)
+    from lmprof.reports.tables import benchmark_markdown, benchmark_table
 
     runs = load_runs(list(run_dirs))
     df = benchmark_table(runs)
     if fmt != "md" or df.empty:
         click.echo(emit({"benchmark": df}, fmt, out))
         return
-    view = benchmark_view(df)
-    note = benchmark_note(view)
-    failed = failed_runs(runs)
-    if failed:
-        note += f"\n\n{failed}"
-    # rendered as the report renders it (its numbers as tabulate prints them by default)
-    click.echo(emit({"benchmark": view.to_markdown(index=False)}, fmt, out,
-                    notes={"benchmark": note}))
+    # the report's very table (its numbers as tabulate prints them by default)
+    note, body = benchmark_markdown(runs, df)
+    click.echo(emit({"benchmark": body}, fmt, out, notes={"benchmark": note}))
 
 
 def _register() -> None:

@@ -138,12 +138,10 @@ def softmax_vs_matmul(trace: Trace) -> Result:
     rows = [(n, "softmax") for n in trace.options.softmax_ranges] + \
            [(n, "matmul") for n in trace.options.matmul_ranges]
     sqlfile.insert_rows(con, "_attention_ranges", [("name", "VARCHAR"), ("part", "VARCHAR")], rows)
-    sqlfile.run(con, "attention_parts")
-    has_parts = bool(con.execute("SELECT count(*) FROM _attention_parts").fetchall()[0][0])
     shapes = attention_shapes(trace.record)
     keys = ("softmax_flops", "matmul_flops", "softmax_bytes", "matmul_bytes")
     params = {k: (shapes[k] if shapes else _NO_SHAPE) for k in keys}
-    return trace.execute("attention", has_parts=has_parts, **params)
+    return trace.execute("attention", **params)
 
 
 # name -> (function, what the trace must hold for the table to have rows — NVTX "ranges",

@@ -159,6 +159,8 @@ class Export:
     tables: set[str]
     load_s: dict[str, float] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
+    # about how many GPU ops it holds, known before the GPU tables load (``_gpu_op_rows``)
+    gpu_op_rows: int | None = None
 
 
 def _check_file(path: Path) -> None:
@@ -309,13 +311,14 @@ _LANES = (("_kernels",),
 
 
 def load(duck: duckdb.DuckDBPyConnection, path: str | Path,
-         beside: Callable[[], None] | None = None) -> Export:
+         beside: Callable[[Export], None] | None = None) -> Export:
     """Load the columns the analyses need from the export at ``path`` into ``duck``.
 
     The NVTX events, strings and the ``session`` row load first; then the kernels on one
     connection and the other GPU-side tables (runtime calls, memcpy, memset, ...) on a second
-    load at once, and ``beside`` (if given) runs in a third thread meanwhile. It must use its own
-    connection (``duck.cursor()``) and read only those first tables. ``load`` returns after
+    load at once, and ``beside`` (if given) runs in a third thread meanwhile, given the
+    ``Export`` (its ``gpu_op_rows`` already known). It must use its own connection
+    (``duck.cursor()``) and read only those first tables. ``load`` returns after
     everything has finished; it raises the load's first error (by table order), else what
     ``beside`` raised. Tables go into ``duck``'s current schema. ``_kernel_short_names`` is
     grouped from ``_kernels`` at the end (the export's kernel table is read once).
@@ -325,7 +328,7 @@ def load(duck: duckdb.DuckDBPyConnection, path: str | Path,
     try:
         present = _tables(sq, path)
         _required(present, path)
-        export = Export(path=path, tables=present)
+        export = Export(path=path, tables=present, gpu_op_rows=_gpu_op_rows(sq, present))
         types = _nvtx_types(sq, present)
         nvtx_types = ", ".join(str(int(types[k])) for k in sorted(types))
         # every statement is written here, with sqlite3 on this thread; the lanes only run them
@@ -351,7 +354,8 @@ def load(duck: duckdb.DuckDBPyConnection, path: str | Path,
 
             # the load's own error first, then what beside raised
             db.at_once([functools.partial(lane, targets) for targets in _LANES]
-                       + ([beside] if beside is not None else []), "load")
+                       + ([functools.partial(beside, export)] if beside is not None else []),
+                       "load")
             export.rows["_kernel_short_names"] = duck.execute(_SHORT_NAMES_FROM_KERNELS
                                                               ).fetchall()[0][0]
         finally:
@@ -362,28 +366,25 @@ def load(duck: duckdb.DuckDBPyConnection, path: str | Path,
     return export
 
 
-def gpu_op_rows(path: str | Path) -> int | None:
-    """About how many GPU ops (kernels, memcpys, memsets, graph launches) the export at ``path``
-    holds, read in milliseconds (2-8 ms up to 4.8M rows): the largest row id of each table (the
-    export numbers its rows 1..n). An estimate for choosing a way to attribute them, never a result: None where it
-    cannot be read (``load`` reports what is wrong with the file)."""
+# The tables whose rows become GPU ops (attribution_launches.sql numbers them by row id).
+_OP_TABLES = ("_kernels", "_memcpy", "_memset", "_graph_execs")
+
+
+def _gpu_op_rows(sq: sqlite3.Connection, present: set[str]) -> int | None:
+    """About how many GPU ops (kernels, memcpys, memsets, graph launches) the export holds, in
+    milliseconds (2-8 ms up to 4.8M rows): the largest row id of each table (the export numbers
+    its rows 1..n). An estimate for choosing a way to attribute them, never a result: None
+    where a table cannot be read (its load reports why)."""
+    total = 0
     try:
-        sq = open_readonly(Path(path))
-    except UserError:
-        return None
-    try:
-        names = {r[0] for r in sq.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        total = 0
-        for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
-                      "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"):
-            if table in names:
-                row = sq.execute(f"SELECT max(rowid) FROM {table}").fetchone()
-                total += row[0] if row and isinstance(row[0], int) else 0
-        return total
+        for target in _OP_TABLES:
+            source = TABLES[target][0]
+            if source in present:
+                (largest,) = sq.execute(f'SELECT max(rowid) FROM "{source}"').fetchone()
+                total += largest if isinstance(largest, int) else 0
     except sqlite3.DatabaseError:
         return None
-    finally:
-        sq.close()
+    return total
 
 
 def _load_session(sq: sqlite3.Connection, duck: duckdb.DuckDBPyConnection, present: set[str],

@@ -204,8 +204,8 @@ def timeline(con: duckdb.DuckDBPyConnection, thread_rule: bool,
     member at most, else by thread, with ``sql/attribution_threads.sql`` — and the timeline's
     time buckets (``sql/attribution_buckets.sql``). ``one_member`` forces either way (for
     tests; the per-thread way is right for every trace). ``gpu_ops``, about how many GPU ops the
-    export has (``nsys.gpu_op_rows``): a per-thread timeline with more states than that gets no
-    buckets, its ops an ASOF join (``attribution_members.sql``). Returns the way taken, for
+    export has (``nsys.Export.gpu_op_rows``): a per-thread timeline with more states than that
+    gets no buckets, its ops an ASOF join (``attribution_members.sql``). Returns the way taken, for
     ``attribute``: whether it was keyed by the attribution key."""
     shift = _key_shift(thread_rule)
     sqlfile.run(con, "range_chain")
@@ -261,7 +261,7 @@ def prepare(con: duckdb.DuckDBPyConnection, path: Path | str, options: Options,
 
     one_member = []  # the way timeline took, for attribute
 
-    def ranges_and_timeline() -> None:
+    def ranges_and_timeline(export: nsys.Export) -> None:
         # beside the load of kernels and runtime calls, on a cursor of its own; reads only what
         # loads first
         with db.cursor(con, schema) as cur:
@@ -269,7 +269,7 @@ def prepare(con: duckdb.DuckDBPyConnection, path: Path | str, options: Options,
             sqlfile.run(cur, "ranges")
             if options.skip_steps:
                 skip_steps(cur, options.skip_steps)
-            one_member.append(timeline(cur, thread_rule, gpu_ops=nsys.gpu_op_rows(path)))
+            one_member.append(timeline(cur, thread_rule, gpu_ops=export.gpu_op_rows))
 
     export = nsys.load(con, path, beside=ranges_and_timeline)
 

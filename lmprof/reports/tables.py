@@ -144,3 +144,13 @@ def failed_runs(records: list[dict[str, Any]]) -> str:
     errors = [f"- `{r['run_id']}`: {r['status']} — {r['error']}" for r in records
               if r.get("error")]
     return ("Failed runs:\n" + "\n".join(errors)) if errors else ""
+
+
+def benchmark_markdown(records: list[dict[str, Any]], df: pd.DataFrame) -> tuple[str, str]:
+    """The report's benchmark table of ``records`` (``df = benchmark_table(records)``, not empty)
+    as the report and ``analyze runs`` print it: (its note, the table with the failed runs
+    listed below it)."""
+    view = benchmark_view(df)
+    failed = failed_runs(records)
+    body = view.to_markdown(index=False) + (f"\n\n{failed}" if failed else "")
+    return benchmark_note(view), body

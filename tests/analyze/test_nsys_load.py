@@ -165,7 +165,8 @@ def test_beside_runs_after_the_nvtx_tables_and_before_load_returns():
     duck = duckdb.connect()
     seen = {}
 
-    def beside():
+    def beside(export):
+        seen["gpu_op_rows"] = export.gpu_op_rows
         cur = duck.cursor()
         seen["nvtx"] = cur.execute("SELECT count(*) FROM _nvtx_events").fetchall()[0][0]
         seen["strings"] = cur.execute("SELECT count(*) FROM _strings").fetchall()[0][0]
@@ -174,12 +175,12 @@ def test_beside_runs_after_the_nvtx_tables_and_before_load_returns():
 
     export = nsys.load(duck, REPORT, beside=beside)
     assert seen == {"nvtx": export.rows["_nvtx_events"], "strings": export.rows["_strings"],
-                    "session": 1}
+                    "session": 1, "gpu_op_rows": export.gpu_op_rows}
     assert seen["nvtx"] > 0 and seen["strings"] > 0
 
 
 def test_beside_errors_reach_the_caller():
-    def beside():
+    def beside(_export):
         raise ValueError("from beside")
 
     with pytest.raises(ValueError, match="from beside"):
@@ -188,7 +189,7 @@ def test_beside_errors_reach_the_caller():
 
 def test_a_load_error_wins_over_beside(tmp_path):
     """A kernel table that cannot be read is the error reported, even when ``beside`` failed."""
-    def beside():
+    def beside(_export):
         raise ValueError("from beside")
 
     with pytest.raises(UserError, match="malformed|corrupt|not a readable"):
@@ -227,18 +228,21 @@ def test_op_ids_follow_the_exports_row_ids(tmp_path):
 
 def test_gpu_op_rows_estimates_the_ops_without_changing_the_file(tmp_path):
     """The size trace.timeline compares its states with: the fixture's kernels, memcpys and
-    memsets (its rows are numbered 1..n); None, not an error, for what load will refuse."""
+    memsets (its rows are numbered 1..n), known to ``beside`` before the GPU tables load; None,
+    not an error, for a table that cannot be read (its load says why)."""
     expected = sum(source_count(t) for t in ("CUPTI_ACTIVITY_KIND_KERNEL",
                                              "CUPTI_ACTIVITY_KIND_MEMCPY",
                                              "CUPTI_ACTIVITY_KIND_MEMSET"))
     path = writable_copy(tmp_path)
     before = sha256(path)
-    assert nsys.gpu_op_rows(path) == expected > 1000
+    assert nsys.load(duckdb.connect(), path).gpu_op_rows == expected > 1000
     assert sha256(path) == before
     edit(path, "DROP TABLE CUPTI_ACTIVITY_KIND_MEMSET")
-    assert nsys.gpu_op_rows(path) == expected - source_count("CUPTI_ACTIVITY_KIND_MEMSET")
-    assert nsys.gpu_op_rows(tmp_path / "missing.sqlite") is None
-    (tmp_path / "x.txt").write_text("hello")
-    assert nsys.gpu_op_rows(tmp_path / "x.txt") is None
+    assert nsys.load(duckdb.connect(), path).gpu_op_rows == \
+        expected - source_count("CUPTI_ACTIVITY_KIND_MEMSET")
     (tmp_path / "c").mkdir()
-    assert nsys.gpu_op_rows(_corrupt_table(tmp_path / "c")) is None
+    corrupt = nsys.open_readonly(_corrupt_table(tmp_path / "c"))
+    try:
+        assert nsys._gpu_op_rows(corrupt, {"CUPTI_ACTIVITY_KIND_KERNEL"}) is None
+    finally:
+        corrupt.close()

@@ -123,7 +123,7 @@ def test_emit_nvtx_ranges_grouped_by_op(exports):
 def test_attention_parts_reached_through_another_threads_range(exports):
     """softmax_vs_matmul counts a kernel under a part range open on another thread of the process
     (here 'bwd', pushed on the main thread while the autograd thread launches the backward): those
-    pairs come only from states with several members. Checked against op_ranges, the documented
+    pairs come only from an op's other members (_op_members). Checked against op_ranges, the documented
     view of every (op, enclosing range) pair; and a trace without the parts' names gives no rows."""
     tr = _trace(exports, "emit", softmax_ranges=("bwd",), matmul_ranges=("fwd",))
     con = tr.use()

@@ -1,8 +1,7 @@
 -- Softmax against the two attention matmuls: GPU time of the kernels launched inside the
 -- softmax range(s) and inside the matmul ranges, per phase. The range names come from
--- _attention_ranges (name, part), filled as data (sqlfile.insert_rows); the ranges so named are
--- _attention_parts (attention_parts.sql). Kernels attributed to several such ranges count once
--- per part.
+-- _attention_ranges (name, part), filled as data (sqlfile.insert_rows); a name matches with an
+-- optional _<digits> suffix. Kernels attributed to several such ranges count once per part.
 --
 --   phase            VARCHAR  forward | inference | ... (phase of the ranges' kernels)
 --   softmax_ranges   BIGINT   softmax range instances that launched kernels
@@ -18,13 +17,13 @@
 --   softmax_bw_pct, matmul_bw_pct   DOUBLE   bytes/s against the GPU's memory bandwidth (%)
 --
 -- $softmax_flops, $matmul_flops, $softmax_bytes, $matmul_bytes: per range instance, from
--- run.json (lmprof.analyze.kernel_tables), or typed NULLs. $has_parts: whether
--- _attention_parts has rows; without, the pairs of ops of states with several members
--- (_op_ranges_more, an ASOF join of every such op) are not looked up. The arithmetic is the one pandas did
+-- run.json (lmprof.analyze.kernel_tables), or typed NULLs. The arithmetic is the one pandas did
 -- before (same operations in the same order, in DOUBLE); NULL where it gave NaN.
 
 WITH part_ranges AS (
-    SELECT range_id, part FROM _attention_parts  -- attention_parts.sql
+    SELECT r.range_id, a.part
+    FROM nvtx_ranges r
+    JOIN _attention_ranges a ON a.name = regexp_replace(r.name, '_[0-9]+$', '')
 ), part_chain AS (
     -- the ranges at or under a part range (with it): the (op, range) pairs of _op_ranges_wide
     -- whose range is a part range, without pairing every op with all its enclosing ranges first
@@ -38,7 +37,7 @@ WITH part_ranges AS (
     UNION ALL
     SELECT p.part, o.op_id, o.range_id, o.phase, o.dur_ns
     FROM _op_ranges_more o JOIN part_ranges p USING (range_id)
-    WHERE o.kind = 'kernel' AND $has_parts  -- (FALSE: the optimizer drops this branch whole)
+    WHERE o.kind = 'kernel'
 ), part_ops AS (
     SELECT part, op_id, min(range_id) AS range_id, any_value(phase) AS phase,
            any_value(dur_ns) AS dur_ns
