@@ -104,8 +104,11 @@ def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: st
             if db:
                 _forget_previous(con)
                 before = _catalog(con)
-            yield con, _prepare_all(con, resolved, options, defer)
+            traces = _prepare_all(con, resolved, options, defer)
+            yield con, traces
             if db:
+                for t in traces:  # a kept database holds the range chain's rows (Trace.chain)
+                    t.chain()
                 _remember(con, _catalog(con) - before)
         finally:
             con.close()

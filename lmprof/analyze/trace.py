@@ -67,8 +67,9 @@ class Options:
 
 
 class Deferred:
-    """Work that ``prepare`` left for later (``defer_phase_instances``): done once, by the first
-    caller of ``Trace.ready``, whichever connection (cursor) of the database it passes."""
+    """Work that ``prepare`` left for later (``phase_instances`` with ``defer_phase_instances``,
+    the rows of ``_range_chain``): done once, by the first caller of ``Trace.ready`` or
+    ``Trace.chain``, whichever connection (cursor) of the database it passes."""
 
     def __init__(self, fn: Callable[[duckdb.DuckDBPyConnection], None]) -> None:
         self._fn: Callable[[duckdb.DuckDBPyConnection], None] | None = fn
@@ -93,12 +94,24 @@ class Trace:
     export: nsys.Export
     label: str = field(default="")
     deferred: Deferred | None = None  # phase_instances, when prepare was told to defer it
+    # _range_chain's rows kept in a table (sql/range_chain_rows.sql), by the first reader that
+    # wants it
+    chain_rows: Deferred | None = None
 
     def ready(self) -> duckdb.DuckDBPyConnection:
         """``use()``, after building what ``prepare`` deferred (``phase_instances``)."""
         con = self.use()
         if self.deferred is not None:
             self.deferred(con)
+        return con
+
+    def chain(self) -> duckdb.DuckDBPyConnection:
+        """``use()``, with the rows of the ``_range_chain`` view kept in a table: for queries
+        that read it more than once (the per-range tables) and for a database that is kept.
+        Before, the view computes the chain where it is read."""
+        con = self.use()
+        if self.chain_rows is not None:
+            self.chain_rows(con)
         return con
 
     def use(self) -> duckdb.DuckDBPyConnection:
@@ -297,7 +310,8 @@ def prepare(con: duckdb.DuckDBPyConnection, path: Path | str, options: Options,
         path.stem if not re.fullmatch(r"report[0-9]*", path.stem) else path.parent.name
     ) or path.name
     return Trace(con=con, schema=schema, path=path, options=options, record=record,
-                 export=export, label=label, deferred=deferred)
+                 export=export, label=label, deferred=deferred,
+                 chain_rows=Deferred(lambda c: sqlfile.run(c, "range_chain_rows")))
 
 
 def tell_apart(traces: list[Trace]) -> None:

@@ -242,6 +242,11 @@ def test_attribution_matches_containment_on_random_nesting(seed, max_bucket_rows
             got_pairs = con.execute("SELECT op_id, range_id FROM op_ranges").fetchall()
             assert len(got_pairs) == len(set(got_pairs))
             assert set(got_pairs) == pairs
+            # the same with the chain's rows kept in a table (Trace.chain); the next round's
+            # range_chain.sql puts the view back
+            sqlfile.run(con, "range_chain_rows")
+            assert sorted(con.execute("SELECT op_id, range_id FROM op_ranges").fetchall()) == \
+                sorted(got_pairs)
             got = {op: (r, p, s) for op, r, p, s in con.execute(
                 "SELECT op_id, range_id, phase_range_id, step_range_id FROM gpu_ops").fetchall()}
             assert got == attrib

@@ -198,6 +198,19 @@ def test_db_persists_and_sql_queries_it(tmp_path):
                          "sum(gpu_busy_ns) AS b FROM phase_instances", "--format", "csv")
     assert code == 0, err
     assert kept.equals(pd.read_csv(io.StringIO(out))) and kept["n"][0] > 0
+    # op_ranges: from the chain's rows kept in the database, and from the export (the chain
+    # computed by the view), the same pairs
+    pairs = "SELECT count(*) AS n, sum(op_id * 7 + range_id) AS s FROM op_ranges"
+    code, out, err = run("sql", str(db), pairs, "--format", "csv")
+    assert code == 0, err
+    kept = pd.read_csv(io.StringIO(out))
+    code, out, err = run("sql", str(REPORT), pairs, "--format", "csv")
+    assert code == 0, err
+    assert kept.equals(pd.read_csv(io.StringIO(out))) and kept["n"][0] > 0
+    code, out, err = run("sql", str(db), "SELECT count(*) AS n FROM duckdb_tables() "
+                         "WHERE table_name = '_range_chain_rows'", "--format", "csv")
+    assert code == 0, err
+    assert pd.read_csv(io.StringIO(out))["n"][0] == 1
     code, out, _ = run("sql", str(REPORT), "--schema", "--format", "csv")
     names = set(pd.read_csv(io.StringIO(out))["name"])
     assert {"kernels", "memops", "runtime", "nvtx_ranges", "op_ranges", "gpu_ops"} <= names

@@ -20,24 +20,47 @@
 -- run.json (lmprof.analyze.kernel_tables), or typed NULLs. The arithmetic is the one pandas did
 -- before (same operations in the same order, in DOUBLE); NULL where it gave NaN.
 
-WITH part_ranges AS (
+-- _part_chain (TEMP: this connection's), the ranges at or under a part range (with it), walked
+-- down from the part ranges: the rows of _range_chain whose ancestor is a part range, without
+-- the chain of every range (range_chain.sql); ranges with a positive length only, as there (their
+-- ancestors have one). A table of its own: the join below then knows its size (a recursive CTE
+-- is estimated at millions of rows, and the join hashed the 435k ops instead: x100, 0.06 -> 0.09 s).
+CREATE OR REPLACE TEMP TABLE _part_chain AS
+WITH RECURSIVE part_ranges AS (
+    -- the base name (less a _<digits> suffix) only of ranges whose first characters are those of
+    -- a part's name: a regular expression on every range costs 0.3 s at emit_nvtx x100's 1.5M
     SELECT r.range_id, a.part
-    FROM nvtx_ranges r
-    JOIN _attention_ranges a ON a.name = regexp_replace(r.name, '_[0-9]+$', '')
-), part_chain AS (
-    -- the ranges at or under a part range (with it): the (op, range) pairs of _op_ranges_wide
-    -- whose range is a part range, without pairing every op with all its enclosing ranges first
-    SELECT c.range_id, c.anc_id, c.anc_start_ns, c.anc_end_ns, p.part
-    FROM _range_chain c JOIN part_ranges p ON p.range_id = c.anc_id
-), part_pairs AS (
+    FROM (SELECT range_id, regexp_replace(name, '_[0-9]+$', '') AS base
+          FROM nvtx_ranges
+          WHERE left(name, (SELECT min(length(name)) FROM _attention_ranges))
+                IN (SELECT left(name, (SELECT min(length(name)) FROM _attention_ranges))
+                    FROM _attention_ranges)) r
+    JOIN _attention_ranges a ON a.name = r.base
+), part_chain(range_id, anc_id, anc_start_ns, anc_end_ns, part) AS (
+    SELECT n.range_id, n.range_id, n.start_ns, n.end_ns, p.part
+    FROM part_ranges p JOIN nvtx_ranges n USING (range_id)
+    WHERE n.end_ns > n.start_ns
+    UNION ALL
+    SELECT c.range_id, d.anc_id, d.anc_start_ns, d.anc_end_ns, d.part
+    FROM part_chain d JOIN nvtx_ranges c ON c.parent_id = d.range_id
+    WHERE c.end_ns > c.start_ns
+)
+SELECT * FROM part_chain;
+
+WITH part_pairs AS (
+    -- (op, part range) for each of the op's members (its range_id, and its other members in
+    -- _op_members: attribution.sql's _op_ranges_more) under a part range open at its launch
     SELECT p.part, g.op_id, p.anc_id AS range_id, g.phase, g.dur_ns
-    FROM gpu_ops g JOIN part_chain p ON p.range_id = g.range_id
+    FROM gpu_ops g JOIN _part_chain p ON p.range_id = g.range_id
     WHERE g.kind = 'kernel'
       AND p.anc_start_ns <= g.launch_start_ns AND p.anc_end_ns > g.launch_start_ns
     UNION ALL
-    SELECT p.part, o.op_id, o.range_id, o.phase, o.dur_ns
-    FROM _op_ranges_more o JOIN part_ranges p USING (range_id)
-    WHERE o.kind = 'kernel'
+    SELECT p.part, g.op_id, p.anc_id, g.phase, g.dur_ns
+    FROM _op_members m
+    JOIN gpu_ops g ON g.op_id = m.op_id AND m.range_id <> g.range_id
+    JOIN _part_chain p ON p.range_id = m.range_id
+    WHERE g.kind = 'kernel'
+      AND p.anc_start_ns <= g.launch_start_ns AND p.anc_end_ns > g.launch_start_ns
 ), part_ops AS (
     SELECT part, op_id, min(range_id) AS range_id, any_value(phase) AS phase,
            any_value(dur_ns) AS dur_ns
