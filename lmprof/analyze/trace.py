@@ -212,7 +212,7 @@ _TIMELINE_TABLES = ("_attr_timeline", "_attr_buckets", "_attr_grid", "_range_pha
 def timeline(con: duckdb.DuckDBPyConnection, thread_rule: bool,
              max_bucket_rows: int = MAX_BUCKET_ROWS, one_member: bool | None = None,
              gpu_ops: int | None = None) -> bool:
-    """The attribution timeline from the NVTX ranges alone: ``sql/range_chain.sql``,
+    """The attribution timeline from the NVTX ranges alone: ``sql/range_phase.sql``,
     ``sql/attribution_timeline.sql`` — keyed by the attribution key where every op can have one
     member at most, else by thread, with ``sql/attribution_threads.sql`` — and the timeline's
     time buckets (``sql/attribution_buckets.sql``). ``one_member`` forces either way (for
@@ -221,7 +221,7 @@ def timeline(con: duckdb.DuckDBPyConnection, thread_rule: bool,
     gets no buckets, its ops an ASOF join (``attribution_members.sql``). Returns the way taken, for
     ``attribute``: whether it was keyed by the attribution key."""
     shift = _key_shift(thread_rule)
-    sqlfile.run(con, "range_chain")
+    sqlfile.run(con, "range_phase")
     if one_member is None:
         one_member = bool(con.execute(_ONE_MEMBER_SQL.format(key_shift=int(shift))
                                       ).fetchall()[0][0])

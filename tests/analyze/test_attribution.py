@@ -243,7 +243,7 @@ def test_attribution_matches_containment_on_random_nesting(seed, max_bucket_rows
             assert len(got_pairs) == len(set(got_pairs))
             assert set(got_pairs) == pairs
             # the same with the chain's rows kept in a table (Trace.chain); the next round's
-            # range_chain.sql puts the view back
+            # attribution.sql puts the view back
             sqlfile.run(con, "range_chain_rows")
             assert sorted(con.execute("SELECT op_id, range_id FROM op_ranges").fetchall()) == \
                 sorted(got_pairs)

@@ -51,6 +51,37 @@ SELECT o.op_id AS op_id, o.kind AS kind, o.name_id AS name_id, o.start_ns AS sta
        o.phase_range_id AS phase_range_id, o.step_range_id AS step_range_id
 FROM _gpu_ops;
 
+-- _range_chain (range_id, anc_id, anc_start_ns, anc_end_ns, anc_phase): every range an op is
+-- attributed to (its range_id, or one of its other members in _op_members) x its
+-- ancestors-or-self, the only ranges the views below ask for. Push/pop ranges of one thread form
+-- a stack: every range open at a launch is an ancestor-or-self of the innermost one, so
+-- (innermost, ancestors) stands for all of them; start/end ranges have no parent (themselves
+-- only); zero-length ranges contain no instant and are left out. A VIEW: computed where it is
+-- read (the per-range tables, a user's query); range_chain_rows.sql keeps its rows in a table
+-- (_range_chain_rows) and points the view at it, for the per-range tables and a kept database
+-- (--db), once (Trace.chain). The default tables do not read it (attention.sql walks down from
+-- its few part ranges). emit_nvtx x100: the chain of all 1.5M ranges was 5.6M rows, 1.9-2.0 s on
+-- 2 threads; of the 178k ops' ranges it is 0.74M, 0.4-0.5 s.
+DROP TABLE IF EXISTS _range_chain_rows;  -- range_chain_rows.sql's, of an earlier attribution
+
+CREATE OR REPLACE VIEW _range_chain AS
+WITH RECURSIVE members AS (
+    SELECT DISTINCT range_id
+    FROM (SELECT o.range_id AS range_id FROM _gpu_ops UNION ALL SELECT range_id FROM _op_members)
+    WHERE range_id IS NOT NULL
+), chain(range_id, anc_id) AS (
+    SELECT n.range_id, n.range_id
+    FROM nvtx_ranges n SEMI JOIN members m ON m.range_id = n.range_id
+    WHERE n.end_ns > n.start_ns
+    UNION ALL
+    SELECT c.range_id, n.parent_id
+    FROM chain c JOIN nvtx_ranges n ON n.range_id = c.anc_id
+    WHERE n.parent_id IS NOT NULL
+)
+SELECT c.range_id, c.anc_id, a.start_ns AS anc_start_ns, a.end_ns AS anc_end_ns,
+       a.phase AS anc_phase
+FROM chain c JOIN nvtx_ranges a ON a.range_id = c.anc_id;
+
 -- Views: the per-range tables and softmax_vs_matmul read _op_ranges_wide (each pair with the
 -- op's kind, kernel name, duration and phase: no second join with gpu_ops). The ranges open at an
 -- op's launch are the ancestors-or-self of its members. One member is the op's range_id (the

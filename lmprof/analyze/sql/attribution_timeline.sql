@@ -1,6 +1,6 @@
 -- The attribution timeline: per key (global_tid >> $key_shift), the innermost open push/pop
 -- range after each push or pop of the key's thread, with its nearest phase and step ranges.
--- trace.timeline runs range_chain.sql, this file, (attribution_threads.sql,) then
+-- trace.timeline runs range_phase.sql, this file, (attribution_threads.sql,) then
 -- attribution_buckets.sql, beside the load of the export's kernels and runtime calls, on a second
 -- connection: so every table here is a plain table of the schema (a TEMP table would be visible
 -- to that connection only); attribution.sql and the files it names use them.
@@ -21,7 +21,7 @@
 
 -- Per thread and instant of a push or pop: the innermost open range after all of them (-1:
 -- none; pops before pushes at equal times, outer pushes before inner ones), with that range's
--- nearest phase and step ranges (_range_phase: range_chain.sql) and the phase range's phase.
+-- nearest phase and step ranges (_range_phase: range_phase.sql) and the phase range's phase.
 CREATE OR REPLACE TABLE _attr_timeline AS
 WITH edges AS (
     -- the order of edges at one instant as one integer: pushes (2^32 + level) after pops

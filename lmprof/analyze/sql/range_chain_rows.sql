@@ -1,4 +1,4 @@
--- The chain of the _range_chain view (range_chain.sql) kept in a table, _range_chain_rows, and
+-- The chain of the _range_chain view (attribution.sql) kept in a table, _range_chain_rows, and
 -- the view pointed at it, so that the queries that read it (the per-range tables ranges and
 -- range_kernels, whose _op_ranges_wide reads it twice; a kept database's op_ranges) compute the
 -- chain once. Run once per trace, by Trace.chain; the views that read _range_chain bind to it by
