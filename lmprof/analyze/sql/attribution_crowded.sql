@@ -8,7 +8,9 @@ UPDATE _gpu_ops  -- (gpu_ops is a view over its STRUCT column o)
 SET o = struct_update(o, range_id := x.range_id, phase := x.phase,
                       phase_range_id := x.phase_range_id, step_range_id := x.step_range_id)
 FROM (
-    SELECT c.op_id, s.range_id, s.phase, s.phase_range_id, s.step_range_id
+    SELECT c.op_id, s.range_id,
+           CAST(n.phase AS ENUM('forward', 'backward', 'optimizer', 'inference')) AS phase,
+           p.phase_range_id, p.step_range_id
     FROM (
         SELECT op_id, launch_start_ns, key
         FROM (SELECT op_id, launch_start_ns,
@@ -16,5 +18,7 @@ FROM (
         WHERE key IN (SELECT key FROM _attr_grid WHERE crowded)
     ) c
     ASOF JOIN _attr_timeline s ON s.key = c.key AND s.t <= c.launch_start_ns
+    LEFT JOIN _range_phase p ON p.range_id = s.range_id
+    LEFT JOIN nvtx_ranges n ON n.range_id = p.phase_range_id
 ) x
 WHERE _gpu_ops.o.op_id = x.op_id;

@@ -45,11 +45,12 @@ JOIN _attr_buckets s
 UNION ALL
 -- threads whose states crowd into one bucket (none bucketed): an ASOF join, both sides filtered
 -- (the join sorts its right side whole, even for no op)
-SELECT o.op_id, s.range_id, s.phase_range_id, s.step_range_id
+SELECT o.op_id, s.range_id, p.phase_range_id, p.step_range_id
 FROM (SELECT * FROM op_threads WHERE crowded) o
 ASOF JOIN (SELECT * FROM _attr_timeline
            WHERE key IN (SELECT key FROM _attr_grid WHERE crowded)) s
   ON s.key = o.tkey AND s.t <= o.launch_start_ns
+LEFT JOIN _range_phase p ON p.range_id = s.range_id  -- the state's phase and step, found here
 WHERE s.members > 0
 UNION ALL
 SELECT op_id, range_id, phase_range_id, step_range_id

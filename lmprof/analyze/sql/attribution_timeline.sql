@@ -1,12 +1,16 @@
 -- The attribution timeline: per key (global_tid >> $key_shift), the innermost open push/pop
--- range after each push or pop of the key's thread, with its nearest phase and step ranges.
+-- range after each push or pop of the key's thread.
 -- trace.timeline runs range_phase.sql, this file, (attribution_threads.sql,) then
 -- attribution_buckets.sql, beside the load of the export's kernels and runtime calls, on a second
 -- connection: so every table here is a plain table of the schema (a TEMP table would be visible
 -- to that connection only); attribution.sql and the files it names use them.
 --
---   _attr_timeline  (key, t, members, range_id, phase_range_id, step_range_id, phase)
+--   _attr_timeline  (key, t, members, range_id)
 --                   members: 1 where a range is open after the instant, else 0
+--   The state's nearest phase and step range (_range_phase: range_phase.sql) are joined where
+--   states are used: to the bucket rows (attribution_buckets.sql, a state in about two), or to
+--   the ops' lookups without buckets (attribution_members.sql, attribution_crowded.sql) — not
+--   to every state (emit_nvtx x100: 3M states, two joins of 0.4 s, for 178k kernels).
 --
 -- Two ways, chosen by trace.timeline (what a state is, and why: attribution.sql):
 -- - where every key (the process, or the thread under the thread rule) has push/pop ranges on
@@ -20,8 +24,7 @@
 --   3M pushes and pops), so no timeline of the threads combined is built.
 
 -- Per thread and instant of a push or pop: the innermost open range after all of them (-1:
--- none; pops before pushes at equal times, outer pushes before inner ones), with that range's
--- nearest phase and step ranges (_range_phase: range_phase.sql) and the phase range's phase.
+-- none; pops before pushes at equal times, outer pushes before inner ones).
 CREATE OR REPLACE TABLE _attr_timeline AS
 WITH edges AS (
     -- the order of edges at one instant as one integer: pushes (2^32 + level) after pops
@@ -35,10 +38,6 @@ WITH edges AS (
     SELECT global_tid, t, arg_max(state, edge_order) AS range_id
     FROM edges GROUP BY global_tid, t
 )
-SELECT s.global_tid >> $key_shift AS key, s.t,
-       CAST(s.range_id >= 0 AS BIGINT) AS members, nullif(s.range_id, -1) AS range_id,
-       p.phase_range_id, p.step_range_id,
-       CAST(n.phase AS ENUM('forward', 'backward', 'optimizer', 'inference')) AS phase
-FROM states s
-LEFT JOIN _range_phase p ON p.range_id = s.range_id
-LEFT JOIN nvtx_ranges n ON n.range_id = p.phase_range_id;
+SELECT global_tid >> $key_shift AS key, t, CAST(range_id >= 0 AS BIGINT) AS members,
+       nullif(range_id, -1) AS range_id
+FROM states;
