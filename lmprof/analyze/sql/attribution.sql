@@ -82,15 +82,15 @@ SELECT c.range_id, c.anc_id, a.start_ns AS anc_start_ns, a.end_ns AS anc_end_ns,
        a.phase AS anc_phase
 FROM chain c JOIN nvtx_ranges a ON a.range_id = c.anc_id;
 
--- Views: the per-range tables and softmax_vs_matmul read _op_ranges_wide (each pair with the
+-- Views: the per-range tables read _op_ranges_wide (each pair with the
 -- op's kind, kernel name, duration and phase: no second join with gpu_ops). The ranges open at an
 -- op's launch are the ancestors-or-self of its members. One member is the op's range_id (the
 -- largest); the others are in _op_members (attribution_members.sql; empty after
 -- attribution_keys.sql). Different members have disjoint ancestor chains (a push/pop range's
 -- ancestors are on its thread; a start/end range has none): no pair comes twice. The
 -- containment test is a safeguard.
--- _op_ranges_more: the pairs of those other members alone (attention.sql joins the op's own
--- chain with the few ranges it wants first, then adds these).
+-- _op_ranges_more: the pairs of those other members alone (the second half of
+-- _op_ranges_wide; attention.sql pairs the same members with its part ranges itself).
 CREATE OR REPLACE VIEW _op_ranges_more AS
 SELECT g.op_id, c.anc_id AS range_id, g.kind, g.name_id, g.dur_ns, g.phase
 FROM _op_members m
