@@ -22,8 +22,9 @@
 
 -- _part_chain (TEMP: this connection's), the ranges at or under a part range (with it), walked
 -- down from the few part ranges rather than up from every attributed range (_range_chain:
--- attribution.sql); ranges with a positive length only, as there (their ancestors have one). A table of its own: the join below then knows its size (a recursive CTE
--- is estimated at millions of rows, and the join hashed the 435k ops instead: x100, 0.06 -> 0.09 s).
+-- attribution.sql); ranges with a positive length only, as there (their ancestors have one). A
+-- table of its own: the join below then knows its size (a recursive CTE is estimated at
+-- millions of rows, and the join hashed the 435k ops instead: x100, 0.06 -> 0.09 s).
 CREATE OR REPLACE TEMP TABLE _part_chain AS
 WITH RECURSIVE part_ranges AS (
     -- the base name (less a _<digits> suffix) only of ranges whose first characters are those of

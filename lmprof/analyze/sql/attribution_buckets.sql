@@ -31,17 +31,15 @@ CREATE OR REPLACE TABLE _attr_buckets AS
 WITH s AS (
     SELECT *, lead(t) OVER (PARTITION BY key ORDER BY t) AS t_next FROM _attr_timeline
 )
--- each state with its range's nearest phase and step range (_range_phase) and that phase
--- range's phase
+-- each state with its range's nearest phase and step range and that phase (_range_phase)
 SELECT s.key,
        unnest(range((s.t - g.t0) // g.width,
                     coalesce((s.t_next - 1 - g.t0) // g.width, g.last_bucket) + 1)) AS bucket,
        {'t': s.t, 't_next': coalesce(s.t_next, 9223372036854775807), 'range_id': s.range_id,
-        'phase': CAST(n.phase AS ENUM('forward', 'backward', 'optimizer', 'inference')),
-        'phase_range_id': p.phase_range_id, 'step_range_id': p.step_range_id} AS v
+        'phase': p.phase, 'phase_range_id': p.phase_range_id,
+        'step_range_id': p.step_range_id} AS v
 FROM s JOIN _attr_grid g USING (key)
 LEFT JOIN _range_phase p ON p.range_id = s.range_id
-LEFT JOIN nvtx_ranges n ON n.range_id = p.phase_range_id
 WHERE s.members > 0 AND $bucketed;  -- (FALSE: the optimizer leaves the whole query out)
 
 UPDATE _attr_grid SET crowded = TRUE

@@ -8,9 +8,7 @@ UPDATE _gpu_ops  -- (gpu_ops is a view over its STRUCT column o)
 SET o = struct_update(o, range_id := x.range_id, phase := x.phase,
                       phase_range_id := x.phase_range_id, step_range_id := x.step_range_id)
 FROM (
-    SELECT c.op_id, s.range_id,
-           CAST(n.phase AS ENUM('forward', 'backward', 'optimizer', 'inference')) AS phase,
-           p.phase_range_id, p.step_range_id
+    SELECT c.op_id, s.range_id, p.phase, p.phase_range_id, p.step_range_id
     FROM (
         SELECT op_id, launch_start_ns, key
         FROM (SELECT op_id, launch_start_ns,
@@ -19,6 +17,5 @@ FROM (
     ) c
     ASOF JOIN _attr_timeline s ON s.key = c.key AND s.t <= c.launch_start_ns
     LEFT JOIN _range_phase p ON p.range_id = s.range_id
-    LEFT JOIN nvtx_ranges n ON n.range_id = p.phase_range_id
 ) x
 WHERE _gpu_ops.o.op_id = x.op_id;

@@ -1,6 +1,7 @@
--- _range_phase (range_id, phase_range_id, step_range_id): each NVTX range with a positive length,
--- its nearest phase (not step) and step range among itself and its ancestors, which both ways of
--- building the timeline read; dropped after attribution (trace.attribute).
+-- _range_phase (range_id, phase_range_id, step_range_id, phase): each NVTX range with a positive
+-- length, its nearest phase (not step) and step range among itself and its ancestors, and the
+-- phase that phase range marks, which both ways of building the timeline read; dropped after
+-- attribution (trace.attribute).
 -- Built beside the load, on a second connection: a plain table of the schema (see
 -- attribution_timeline.sql).
 
@@ -10,16 +11,20 @@
 -- chain and its aggregate, 2 threads). Kept for the ranges with a positive length (a zero-length
 -- range contains no instant).
 CREATE OR REPLACE TABLE _range_phase AS
-WITH RECURSIVE down(range_id, timed, phase_range_id, step_range_id) AS (
+WITH RECURSIVE down(range_id, timed, phase_range_id, step_range_id, phase) AS (
     SELECT range_id, end_ns > start_ns,
            CASE WHEN phase <> 'step' THEN range_id END,
-           CASE WHEN phase = 'step' THEN range_id END
+           CASE WHEN phase = 'step' THEN range_id END,
+           CASE WHEN phase <> 'step' THEN phase END
     FROM nvtx_ranges
     WHERE parent_id IS NULL
     UNION ALL
     SELECT c.range_id, c.end_ns > c.start_ns,
            CASE WHEN c.phase <> 'step' THEN c.range_id ELSE d.phase_range_id END,
-           CASE WHEN c.phase = 'step' THEN c.range_id ELSE d.step_range_id END
+           CASE WHEN c.phase = 'step' THEN c.range_id ELSE d.step_range_id END,
+           CASE WHEN c.phase <> 'step' THEN c.phase ELSE d.phase END
     FROM down d JOIN nvtx_ranges c ON c.parent_id = d.range_id
 )
-SELECT range_id, phase_range_id, step_range_id FROM down WHERE timed;
+SELECT range_id, phase_range_id, step_range_id,
+       CAST(phase AS ENUM('forward', 'backward', 'optimizer', 'inference')) AS phase
+FROM down WHERE timed;

@@ -39,13 +39,11 @@ WHERE g.kind = 'kernel';
 
 CREATE OR REPLACE VIEW memops AS
 WITH m AS (
-    SELECT export_row - 1 + (SELECT memcpy_offset FROM _op_offsets) AS op_id, bytes, copy_kind,
-           correlation_id, global_pid
-    FROM _memcpy
-    UNION ALL
-    SELECT export_row - 1 + (SELECT memset_offset FROM _op_offsets), bytes, NULL,
-           correlation_id, global_pid
-    FROM _memset
+    SELECT m.export_row - 1 + f.op_offset AS op_id, m.bytes, m.copy_kind, m.correlation_id,
+           m.global_pid
+    FROM (SELECT *, 'memcpy' AS kind FROM _memcpy
+          UNION ALL BY NAME SELECT *, 'memset' AS kind FROM _memset) m
+    JOIN _op_offsets f USING (kind)
 )
 SELECT g.op_id, CAST(g.kind AS VARCHAR) AS kind,
        CASE WHEN g.kind = 'memset' THEN '[CUDA memset]'
