@@ -225,7 +225,8 @@ def _columns(sq: sqlite3.Connection, table: str) -> set[str]:
 
 def _nvtx_types(sq: sqlite3.Connection, tables: set[str]) -> dict[str, int]:
     types = dict(_NVTX_TYPES_DEFAULT)
-    if "ENUM_NSYS_EVENT_TYPE" in tables:
+    if "ENUM_NSYS_EVENT_TYPE" in tables and \
+            {"id", "name"} <= _columns(sq, "ENUM_NSYS_EVENT_TYPE"):
         for id_, name in sq.execute(_ENUM_SQL):
             if name in types:
                 if not isinstance(id_, int) or isinstance(id_, bool):
@@ -395,9 +396,12 @@ def _load_session(sq: sqlite3.Connection, duck: duckdb.DuckDBPyConnection, prese
             "utcEpochNs" in _columns(sq, "TARGET_INFO_SESSION_START_TIME"):
         row = sq.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
         utc = row[0] if row else None
-    row = sq.execute("SELECT min(startTime), max(stopTime) FROM ANALYSIS_DETAILS").fetchone()
-    start, stop = row if row else (None, None)
-    if "META_DATA_EXPORT" in present:
+    # (a column missing from a metadata table reads as NULL, like a missing column of the loaded
+    # tables)
+    if {"startTime", "stopTime"} <= _columns(sq, "ANALYSIS_DETAILS"):
+        row = sq.execute("SELECT min(startTime), max(stopTime) FROM ANALYSIS_DETAILS").fetchone()
+        start, stop = row if row else (None, None)
+    if "META_DATA_EXPORT" in present and {"name", "value"} <= _columns(sq, "META_DATA_EXPORT"):
         row = sq.execute("SELECT value FROM META_DATA_EXPORT "
                          "WHERE name = 'EXPORT_PRODUCT_VERSION'").fetchone()
         version = row[0] if row else None

@@ -65,6 +65,23 @@ def test_older_schema_without_optional_columns(tmp_path):
     assert tr.count("nvtx_ranges") == source_count("NVTX_EVENTS WHERE eventType = 59")
 
 
+@pytest.mark.parametrize("table, column", [
+    ("ANALYSIS_DETAILS", "startTime"), ("ANALYSIS_DETAILS", "stopTime"),
+    ("META_DATA_EXPORT", "name"), ("META_DATA_EXPORT", "value"),
+    ("ENUM_NSYS_EVENT_TYPE", "name"),  # (its id, the primary key, cannot be dropped)
+])
+def test_metadata_tables_without_a_column_load(tmp_path, table, column):
+    """A metadata table lacking a column reads as if that column were NULL (found by mutating the
+    fixture: each of these was an sqlite3 traceback): the session row has NULL there, or the
+    default NVTX event types are used, and the ranges still load."""
+    path = edit(writable_copy(tmp_path), f"ALTER TABLE {table} DROP COLUMN {column}")
+    tr = trace.prepare(duckdb.connect(), path, trace.Options())
+    assert tr.count("nvtx_ranges") == source_count("NVTX_EVENTS WHERE eventType = 59")
+    row = tr.df("SELECT nsys_version, trace_start_ns, trace_end_ns FROM session").iloc[0]
+    assert row.isna().tolist() == [table == "META_DATA_EXPORT", table == "ANALYSIS_DETAILS",
+                                   table == "ANALYSIS_DETAILS"]
+
+
 def test_absent_tables_are_empty_not_errors(tmp_path):
     path = edit(writable_copy(tmp_path), "DROP TABLE CUPTI_ACTIVITY_KIND_MEMSET",
                 "DROP TABLE CUPTI_ACTIVITY_KIND_MEMCPY", "DROP TABLE TARGET_INFO_GPU")

@@ -15,7 +15,7 @@ import pytest
 
 from lmprof.analyze import kernel_names, kernels, trace
 from lmprof.render import to_markdown
-from nsys_data import DATA, REPORT, run, sha256, stats, write_run_json
+from nsys_data import DATA, REPORT, edit, run, sha256, stats, write_run_json
 
 ROOT = Path(__file__).resolve().parents[2]
 USER = ROOT / "tests" / "data" / "h200x2-user-traces"
@@ -129,9 +129,13 @@ def test_a_file_its_run_names_is_that_run(tmp_path):
     ("trace.nsys-rep", "nsys is not available"),
     ("empty-dir", "no run.json"),
     ("bad.pickle", "is truncated"),
+    ("overflow.sqlite", "numbers in the input overflow 64-bit arithmetic"),
 ])
 def test_bad_input_exits_2_before_writing(tmp_path, arg, message):
     (tmp_path / "notes.txt").write_text("not a database")
+    shutil.copyfile(REPORT, tmp_path / "overflow.sqlite")
+    edit(tmp_path / "overflow.sqlite", "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET end = "
+         "9223372036854775807 WHERE rowid % 11 = 2")
     (tmp_path / "truncated.sqlite").write_bytes(REPORT.read_bytes()[:3000])
     (tmp_path / "trace.nsys-rep").write_bytes(b"\0" * 64)
     (tmp_path / "bad.pickle").write_bytes(b"\x80\x04garbage")
