@@ -113,10 +113,13 @@ def attention_shapes(record: dict[str, Any] | None) -> dict[str, Any] | None:
             "vocab_size", "d_model", "d_ff", "num_layers", "num_heads") if k in model},
             context_length=int(config.get("context_length") or model["context_length"]))
         batch = int(config["batch_size"])
-    except (KeyError, TypeError, ValueError, Exception):  # noqa: BLE001 — run.json of any age
+        d_head = int(model.get("d_head") or cfg.d_head)
+        flops = attention_flops(cfg, batch, cfg.context_length)
+    except Exception:  # noqa: BLE001 — a run.json of any age or state: no shapes, no FLOP columns
         return None
-    flops = attention_flops(cfg, batch, cfg.context_length)
-    t, d_head = cfg.context_length, int(model.get("d_head") or cfg.d_head)
+    if batch <= 0 or d_head <= 0:
+        return None
+    t = cfg.context_length
     bh = batch * cfg.num_heads
     elem = _DTYPE_BYTES.get(str(config.get("dtype")), 4)
     return {

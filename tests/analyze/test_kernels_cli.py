@@ -100,6 +100,23 @@ def test_softmax_vs_matmul_uses_run_json_flops(tmp_path):
     assert np.isnan(timing.loc["backward", "runner_mean_ns"])
 
 
+@pytest.mark.parametrize("d_head", ["x", -64, [64]])
+def test_softmax_vs_matmul_without_a_usable_d_head_has_no_flop_columns(tmp_path, d_head):
+    """A run.json whose model.d_head is not a positive integer (hand-edited, damaged) gives the
+    times and no FLOP figures, as a run.json without a model does (it was a ValueError
+    traceback, found by mutating run.json)."""
+    report = writable_copy(tmp_path)
+    record = json.loads(write_run_json(tmp_path).joinpath("run.json").read_text())
+    record["model"]["d_head"] = d_head
+    (tmp_path / "run.json").write_text(json.dumps(record))
+    code, _, err = run("kernels", str(report), "--format", "csv", "--out", str(tmp_path / "o"),
+                       "--table", "softmax_vs_matmul")
+    assert code == 0, err
+    fwd = table(tmp_path / "o", "softmax_vs_matmul").set_index("phase").loc["forward"]
+    assert fwd["softmax_ns"] > 0 and fwd["time_ratio"] > 0
+    assert np.isnan(fwd["flop_ratio"]) and np.isnan(fwd["matmul_tflops"])
+
+
 @pytest.mark.parametrize("attention", ["naive", "flash"])
 def test_softmax_vs_matmul_says_why_a_fused_attention_run_has_no_rows(tmp_path, attention):
     # a flash or sdpa run opens no softmax / matmul ranges (ranges that match nothing stand in
