@@ -175,6 +175,12 @@ _RUN_CONFIG = {**dict.fromkeys(("batch_size", "context_length", "warmup", "steps
                                 "d_ff", "num_layers", "num_heads", "vocab_size"), int),
                **dict.fromkeys(("size", "mode", "dtype", "attention", "device"), str),
                **dict.fromkeys(("compile", "nsys", "memory"), bool)}
+# environment of any record: the keys the reports read or match on (the GPU's name picks its
+# peak FLOP/s); any other key is a scalar
+_ENVIRONMENT = {**dict.fromkeys(("hostname", "platform", "python", "torch", "triton", "cuda",
+                                 "driver", "device", "gpu_name", "git_commit"), str),
+                **dict.fromkeys(("gpu_count", "gpu_memory_bytes", "cudnn"), int),
+                "git_dirty": bool}
 _WINDOW = {"step": int, "phase": str, "start_ns": int, "end_ns": int}
 _SUMMARY_KEYS = {"mean_s", "std_s", "median_s", "min_s", "max_s", "n"}
 
@@ -205,6 +211,11 @@ def _shape_problem(record: dict[str, Any]) -> str | None:
         for name, value in record.get(key, {}).items():
             if not json_is(value, kind):
                 return f"'{key}.{name}' is {type(value).__name__}"
+    environment = record.get("environment", {})
+    for name, kind in _ENVIRONMENT.items():
+        if not json_is(environment.get(name), kind):
+            return (f"'environment.{name}' is {type(environment[name]).__name__}, "
+                    f"not {kind.__name__}")
     if record.get("kind", "run") == "run":
         config = record.get("config", {})
         for name, kind in _RUN_CONFIG.items():

@@ -44,6 +44,9 @@ def _edit(path: list, value):
     (["status"], 5, "'status' is int, not a string"),
     (["error"], {"why": 1}, "'error' is not a string or null"),
     (["environment", "torch"], ["2.11"], "'environment.torch' is list"),
+    # the GPU's name picks its peak FLOP/s in the benchmark table (a TypeError there before)
+    (["environment", "gpu_name"], 100, "'environment.gpu_name' is int, not str"),
+    (["environment", "gpu_count"], "two", "'environment.gpu_count' is str, not int"),
     (["flops", "forward_flops"], "many", "'flops.forward_flops' is str"),
     (["artifacts", "memory_snapshot"], 3, "'artifacts.memory_snapshot' is int"),
     (["config", "context_length"], "long", "'config.context_length' is str, not int"),
