@@ -96,6 +96,23 @@ def test_malformed_results_are_named_in_the_report(tmp_path, edit, message):
     assert "its results could not be read" in text and message in text
 
 
+@pytest.mark.parametrize("key", ["dtype", "d", "seq"])
+def test_part_c_rows_with_nulls_report_without_their_points(tmp_path, key):
+    """Nulls pass the shape check (a failed row has null times); rows whose null leaves them no
+    place on the plot are left off it, and with every row so, there is no plot (was a
+    ZeroDivisionError: no panels; found by mutating attention.json)."""
+    results = _results()
+    for row in results["part_c"]:
+        row[key] = None
+    text = _report_of(tmp_path, results)
+    assert "### Sweep against SDPA (part c)" in text
+    assert "fwd+bwd TFLOP/s against sequence length" not in text
+    assert not list((tmp_path / "report" / "img").glob("attention_tflops_*.png"))
+    results = _results()
+    results["part_c"][0][key] = None
+    assert "fwd+bwd TFLOP/s against sequence length" in _report_of(tmp_path / "one", results)
+
+
 def test_no_attention_runs_no_section(tmp_path):
     assert section.section(report.ReportContext(runs=[], out_dir=tmp_path)) is None
 

@@ -135,7 +135,10 @@ def plot_tflops(rows: list[dict], path) -> bool:
     df = pd.DataFrame(rows)
     if df.empty or "e2e_tflops" not in df:
         return False
-    df = df[df["status"] == "OK"]
+    if not {"status", "dtype", "d", "seq", "impl"} <= set(df.columns):
+        return False
+    # (a row with a null in what places it — a hand-edited file — has no point on the plot)
+    df = df[df["status"] == "OK"].dropna(subset=["dtype", "d", "seq", "impl", "e2e_tflops"])
     if df.empty:
         return False
     import matplotlib
