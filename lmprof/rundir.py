@@ -16,12 +16,13 @@ run.json (schema_version 1)::
     error           str|null message for OOM/ERROR/TIMEOUT
     config          dict     every capture option (model size and dims, batch_size, context_length,
                              warmup, steps, mode, dtype, compile, attention, device, seed, ...)
-    model           dict     resolved dims: d_model, d_ff, num_layers, num_heads, vocab_size,
-                             context_length, n_params
+    model           dict     resolved dims (int): d_model, d_ff, num_layers, num_heads, d_head,
+                             vocab_size, context_length, n_params; rope_theta, norm_eps (numbers)
     flops           dict     forward_flops, backward_flops, optimizer_flops (per step, whole batch)
-    environment     dict     hostname, python, torch, triton, cuda, driver, gpu_name, gpu_count,
-                             device, git_commit, git_dirty (tracked files changed), ... (null
-                             when unknown)
+    environment     dict     strings hostname, platform, python, torch, triton, cuda, driver,
+                             device, gpu_name, git_commit; integers gpu_count, gpu_memory_bytes,
+                             cudnn; git_dirty (tracked files changed, bool); ... (null when
+                             unknown)
     timings         dict     see below
     phase_windows   list     [{step, phase, start_ns, end_ns}] on CLOCK_REALTIME (epoch ns), the
                              clock of nsys's session start and of memory snapshots' time_us; a
@@ -175,6 +176,11 @@ _RUN_CONFIG = {**dict.fromkeys(("batch_size", "context_length", "warmup", "steps
                                 "d_ff", "num_layers", "num_heads", "vocab_size"), int),
                **dict.fromkeys(("size", "mode", "dtype", "attention", "device"), str),
                **dict.fromkeys(("compile", "nsys", "memory"), bool)}
+# model of a record (the resolved config, ``lmprof.model.flops.model_summary``): the sizes the
+# memory and FLOP tables read; any other key is a scalar
+_MODEL = {**dict.fromkeys(("vocab_size", "context_length", "d_model", "d_ff", "num_layers",
+                           "num_heads", "d_head", "n_params"), int),
+          **dict.fromkeys(("rope_theta", "norm_eps"), _NUMBER), "attention": str}
 # environment of any record: the keys the reports read or match on (the GPU's name picks its
 # peak FLOP/s); any other key is a scalar
 _ENVIRONMENT = {**dict.fromkeys(("hostname", "platform", "python", "torch", "triton", "cuda",
@@ -196,6 +202,10 @@ def json_is(value: Any, kind) -> bool:
     return isinstance(value, kinds)
 
 
+def _kind_name(kind) -> str:
+    return "a number" if kind == _NUMBER else kind.__name__
+
+
 def _shape_problem(record: dict[str, Any]) -> str | None:
     """What is of the wrong type in a run.json, or None."""
     for key in _DICT_KEYS:
@@ -211,11 +221,11 @@ def _shape_problem(record: dict[str, Any]) -> str | None:
         for name, value in record.get(key, {}).items():
             if not json_is(value, kind):
                 return f"'{key}.{name}' is {type(value).__name__}"
-    environment = record.get("environment", {})
-    for name, kind in _ENVIRONMENT.items():
-        if not json_is(environment.get(name), kind):
-            return (f"'environment.{name}' is {type(environment[name]).__name__}, "
-                    f"not {kind.__name__}")
+    for key, kinds in (("model", _MODEL), ("environment", _ENVIRONMENT)):
+        part = record.get(key, {})
+        for name, kind in kinds.items():
+            if not json_is(part.get(name), kind):
+                return f"'{key}.{name}' is {type(part[name]).__name__}, not {_kind_name(kind)}"
     if record.get("kind", "run") == "run":
         config = record.get("config", {})
         for name, kind in _RUN_CONFIG.items():

@@ -47,6 +47,10 @@ def _edit(path: list, value):
     # the GPU's name picks its peak FLOP/s in the benchmark table (a TypeError there before)
     (["environment", "gpu_name"], 100, "'environment.gpu_name' is int, not str"),
     (["environment", "gpu_count"], "two", "'environment.gpu_count' is str, not int"),
+    # the model sizes go into the memory tables' integer columns (an Arrow error before)
+    (["model", "d_model"], float("nan"), "'model.d_model' is float, not int"),
+    (["model", "n_params"], True, "'model.n_params' is bool, not int"),
+    (["model", "norm_eps"], "small", "'model.norm_eps' is str, not a number"),
     (["flops", "forward_flops"], "many", "'flops.forward_flops' is str"),
     (["artifacts", "memory_snapshot"], 3, "'artifacts.memory_snapshot' is int"),
     (["config", "context_length"], "long", "'config.context_length' is str, not int"),
