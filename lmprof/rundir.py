@@ -199,7 +199,16 @@ def json_is(value: Any, kind) -> bool:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if isinstance(value, bool):
         return bool in kinds
+    if isinstance(value, int) and not -2**63 <= value < 2**63:
+        return False  # (JSON has no bound; the tables' integer columns are 64-bit)
     return isinstance(value, kinds)
+
+
+def _described(value: Any) -> str:
+    """A value's JSON type as a shape problem names it."""
+    if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63:
+        return "an integer beyond 64 bits"
+    return type(value).__name__
 
 
 def _kind_name(kind) -> str:
@@ -210,27 +219,27 @@ def _shape_problem(record: dict[str, Any]) -> str | None:
     """What is of the wrong type in a run.json, or None."""
     for key in _DICT_KEYS:
         if key in record and not isinstance(record[key], dict):
-            return f"{key!r} is {type(record[key]).__name__}, not an object"
+            return f"{key!r} is {_described(record[key])}, not an object"
     for key in _STR_KEYS:
         if key in record and not isinstance(record[key], str):
-            return f"{key!r} is {type(record[key]).__name__}, not a string"
+            return f"{key!r} is {_described(record[key])}, not a string"
     if not json_is(record.get("error"), str):
         return "'error' is not a string or null"
     for key, kind in (("environment", _SCALAR), ("sweep", _SCALAR), ("artifacts", str),
                       ("model", _SCALAR), ("flops", _NUMBER), ("peak_memory", _NUMBER)):
         for name, value in record.get(key, {}).items():
             if not json_is(value, kind):
-                return f"'{key}.{name}' is {type(value).__name__}"
+                return f"'{key}.{name}' is {_described(value)}"
     for key, kinds in (("model", _MODEL), ("environment", _ENVIRONMENT)):
         part = record.get(key, {})
         for name, kind in kinds.items():
             if not json_is(part.get(name), kind):
-                return f"'{key}.{name}' is {type(part[name]).__name__}, not {_kind_name(kind)}"
+                return f"'{key}.{name}' is {_described(part[name])}, not {_kind_name(kind)}"
     if record.get("kind", "run") == "run":
         config = record.get("config", {})
         for name, kind in _RUN_CONFIG.items():
             if not json_is(config.get(name), kind):
-                return f"'config.{name}' is {type(config[name]).__name__}, not {kind.__name__}"
+                return f"'config.{name}' is {_described(config[name])}, not {kind.__name__}"
     timings = record.get("timings", {})
     for name in ("total_s", "warmup_s"):
         if not json_is(timings.get(name), _NUMBER):

@@ -51,6 +51,8 @@ def _edit(path: list, value):
     (["model", "d_model"], float("nan"), "'model.d_model' is float, not int"),
     (["model", "n_params"], True, "'model.n_params' is bool, not int"),
     (["model", "norm_eps"], "small", "'model.norm_eps' is str, not a number"),
+    (["config", "batch_size"], 2**64, "'config.batch_size' is an integer beyond 64 bits"),
+    (["model", "n_params"], -2**70, "'model.n_params' is an integer beyond 64 bits"),
     (["flops", "forward_flops"], "many", "'flops.forward_flops' is str"),
     (["artifacts", "memory_snapshot"], 3, "'artifacts.memory_snapshot' is int"),
     (["config", "context_length"], "long", "'config.context_length' is str, not int"),
