@@ -199,16 +199,18 @@ def json_is(value: Any, kind) -> bool:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if isinstance(value, bool):
         return bool in kinds
-    if isinstance(value, int) and not -2**63 <= value < 2**63:
+    if _beyond_64_bits(value):
         return False  # (JSON has no bound; the tables' integer columns are 64-bit)
     return isinstance(value, kinds)
 
 
+def _beyond_64_bits(value: Any) -> bool:
+    return isinstance(value, int) and not -2**63 <= value < 2**63
+
+
 def _described(value: Any) -> str:
     """A value's JSON type as a shape problem names it."""
-    if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63:
-        return "an integer beyond 64 bits"
-    return type(value).__name__
+    return "an integer beyond 64 bits" if _beyond_64_bits(value) else type(value).__name__
 
 
 def _kind_name(kind) -> str:
