@@ -1,8 +1,8 @@
 """The one error type for mistakes of the user's making (bad paths, bad options, bad files).
 
-The CLIs turn it into a single line on stderr and exit status 2; so too DuckDB's numeric overflow
-(only a damaged input makes 64-bit nanosecond or byte counts overflow); anything else is a bug and
-keeps its traceback.
+The CLIs turn it into a single line on stderr and exit status 2; so too the two DuckDB errors only
+a damaged input causes (an integer overflow: 64-bit nanosecond or byte counts; a corrupt database
+file); anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -44,26 +44,31 @@ def run_cli(group: click.Group, argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except BrokenPipeError:
         sys.exit(0)
-    except Exception as exc:  # noqa: BLE001 - only DuckDB's numeric overflow is turned into a line
-        if not is_overflow(exc):
+    except Exception as exc:  # noqa: BLE001 - only DuckDB's two input errors become a line
+        message = damaged_input(exc)
+        if message is None:
             raise
-        first = (str(exc).strip().splitlines() or [""])[0][:200]  # not the SQL it quotes
-        click.echo("error: numbers in the input overflow 64-bit arithmetic "
-                   f"({first}): timestamps, durations or sizes out of any real range "
-                   "(a damaged or hand-edited file?)", err=True)
+        click.echo(f"error: {message}", err=True)
         sys.exit(EXIT_USAGE)
 
 
-def is_overflow(exc: BaseException) -> bool:
-    """Whether ``exc`` is DuckDB's error for an integer that overflows its type (a sum of
-    durations cast back to BIGINT, a difference of two timestamps): real traces and snapshots
-    stay far below 2^63 ns or bytes, so only a damaged file gets there."""
+def damaged_input(exc: BaseException) -> str | None:
+    """The one-line message for a DuckDB error that only a damaged input causes, else None:
+    an integer that overflows its type (a sum of durations cast back to BIGINT, a difference of
+    two timestamps: real traces and snapshots stay far below 2^63 ns or bytes), or a corrupt
+    database file (a block whose checksum fails, in a kept ``--db`` file)."""
     kind = type(exc)
-    if not kind.__module__.lstrip("_").startswith("duckdb") or \
-            kind.__name__ not in ("OutOfRangeException", "ConversionException"):
-        return False
-    text = str(exc).lower()
-    return "out of range" in text or "overflow" in text
+    if not kind.__module__.lstrip("_").startswith("duckdb"):
+        return None
+    line = (str(exc).strip().splitlines() or [""])[0]  # not the SQL it quotes
+    text, first = line.lower(), line[:200]
+    if kind.__name__ in ("OutOfRangeException", "ConversionException") and \
+            ("out of range" in text or "overflow" in text):
+        return (f"numbers in the input overflow 64-bit arithmetic ({first}): timestamps, "
+                "durations or sizes out of any real range (a damaged or hand-edited file?)")
+    if kind.__name__ == "IOException" and "corrupt database file" in text:
+        return f"a DuckDB database file is damaged ({first}): give --db a new file"
+    return None
 
 
 def user_errors(fn: F) -> F:

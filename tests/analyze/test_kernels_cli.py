@@ -307,6 +307,29 @@ def test_db_that_is_not_duckdb_is_refused_untouched(tmp_path):
     assert sha256(report) == before and notes.read_text() == "mine"
 
 
+def test_damaged_db_is_a_one_line_error(tmp_path):
+    """A kept database with one 256 KiB block failing DuckDB's checksum, each block in turn: one
+    line and exit 2 for `kernels --db` and `sql`, whether DuckDB finds it on opening the file or
+    at a later read (that was an IOException traceback; found by mutating a kept database)."""
+    report, kept = writable_copy(tmp_path), tmp_path / "kept.duckdb"
+    assert run("kernels", str(report), "--db", str(kept), "--table", "gemm_fraction")[0] == 0
+    good = kept.read_bytes()
+    errors = set()
+    for at in range(3 * 4096 + 1000, len(good), 256 * 1024):  # after the file's three headers
+        damaged = tmp_path / f"damaged-{at}.duckdb"
+        damaged.write_bytes(good[:at] + bytes([good[at] ^ 0xFF]) + good[at + 1:])
+        for args in (["kernels", str(report), "--db", str(damaged), "--table", "gemm_fraction"],
+                     ["sql", str(damaged), "SELECT count(*) FROM kernels"]):
+            code, _, err = run(*args)
+            assert code in (0, 2), (at, args, err)
+            if code == 2:
+                assert err.startswith("error: ") and err.count("\n") == 1, (at, args, err)
+                errors.add(err)
+    # found after opening the file, at least once (the others: "cannot open DuckDB ...")
+    assert any(e.startswith("error: a DuckDB database file is damaged (IO Error: Corrupt database "
+                            "file") for e in errors), errors
+
+
 @pytest.mark.parametrize("query, message", [
     # the sqlite scanner that read the export opens SQLite files itself: ATTACH would get past
     # DuckDB's external-access switch and the DELETE would change the export
