@@ -223,10 +223,15 @@ def _columns(sq: sqlite3.Connection, table: str) -> set[str]:
     return {r[1] for r in sq.execute(f'PRAGMA table_info("{table}")')}
 
 
+def _readable(sq: sqlite3.Connection, present: set[str], table: str, *columns: str) -> bool:
+    """Whether a metadata table is there with these columns (else what it holds reads as NULL,
+    like a missing column of the loaded tables)."""
+    return table in present and set(columns) <= _columns(sq, table)
+
+
 def _nvtx_types(sq: sqlite3.Connection, tables: set[str]) -> dict[str, int]:
     types = dict(_NVTX_TYPES_DEFAULT)
-    if "ENUM_NSYS_EVENT_TYPE" in tables and \
-            {"id", "name"} <= _columns(sq, "ENUM_NSYS_EVENT_TYPE"):
+    if _readable(sq, tables, "ENUM_NSYS_EVENT_TYPE", "id", "name"):
         for id_, name in sq.execute(_ENUM_SQL):
             if name in types:
                 if not isinstance(id_, int) or isinstance(id_, bool):
@@ -392,16 +397,13 @@ def _load_session(sq: sqlite3.Connection, duck: duckdb.DuckDBPyConnection, prese
                   types: dict[str, int], path: Path) -> None:
     """One row: where the export came from, its session start (UTC epoch ns), trace span."""
     utc = start = stop = version = None
-    if "TARGET_INFO_SESSION_START_TIME" in present and \
-            "utcEpochNs" in _columns(sq, "TARGET_INFO_SESSION_START_TIME"):
+    if _readable(sq, present, "TARGET_INFO_SESSION_START_TIME", "utcEpochNs"):
         row = sq.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
         utc = row[0] if row else None
-    # (a column missing from a metadata table reads as NULL, like a missing column of the loaded
-    # tables)
-    if {"startTime", "stopTime"} <= _columns(sq, "ANALYSIS_DETAILS"):
+    if _readable(sq, present, "ANALYSIS_DETAILS", "startTime", "stopTime"):
         row = sq.execute("SELECT min(startTime), max(stopTime) FROM ANALYSIS_DETAILS").fetchone()
         start, stop = row if row else (None, None)
-    if "META_DATA_EXPORT" in present and {"name", "value"} <= _columns(sq, "META_DATA_EXPORT"):
+    if _readable(sq, present, "META_DATA_EXPORT", "name", "value"):
         row = sq.execute("SELECT value FROM META_DATA_EXPORT "
                          "WHERE name = 'EXPORT_PRODUCT_VERSION'").fetchone()
         version = row[0] if row else None

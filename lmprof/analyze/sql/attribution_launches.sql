@@ -32,7 +32,8 @@ WITH o AS (
     -- memcpy, memset and whole-graph ops alike (the same columns): numbered from their kind's
     -- offset
     SELECT m.export_row - 1 + f.op_offset,
-           CAST(kind AS ENUM('kernel', 'memcpy', 'memset', 'graph')), NULL, m.start_ns, m.end_ns, m.device_id, m.stream_id, m.correlation_id, m.global_pid
+           CAST(kind AS ENUM('kernel', 'memcpy', 'memset', 'graph')), NULL, m.start_ns,
+           m.end_ns, m.device_id, m.stream_id, m.correlation_id, m.global_pid
     FROM (SELECT *, 'memcpy' AS kind FROM _memcpy
           UNION ALL BY NAME SELECT *, 'memset' AS kind FROM _memset
           UNION ALL BY NAME SELECT *, 'graph' AS kind FROM _graph_execs) m
