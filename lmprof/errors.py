@@ -7,9 +7,10 @@ file); anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 import click
 
@@ -54,21 +55,49 @@ def run_cli(group: click.Group, argv: list[str] | None = None) -> None:
 
 def damaged_input(exc: BaseException) -> str | None:
     """The one-line message for a DuckDB error that only a damaged input causes, else None:
-    an integer that overflows its type (a sum of durations cast back to BIGINT, a difference of
-    two timestamps: real traces and snapshots stay far below 2^63 ns or bytes), or a corrupt
-    database file (a block whose checksum fails, in a kept ``--db`` file)."""
-    kind = type(exc)
-    if not kind.__module__.lstrip("_").startswith("duckdb"):
-        return None
-    line = (str(exc).strip().splitlines() or [""])[0]  # not the SQL it quotes
-    text, first = line.lower(), line[:200]
-    if kind.__name__ in ("OutOfRangeException", "ConversionException") and \
+    an integer that overflows its type (``overflow``), or a corrupt database file (a block whose
+    checksum fails, in a kept ``--db`` file)."""
+    message = overflow(exc)
+    if message is None and _duckdb_error(exc, "IOException") and \
+            "corrupt database file" in _first_line(exc).lower():
+        message = f"a DuckDB database file is damaged ({_first_line(exc)}): give --db a new file"
+    return message
+
+
+def overflow(exc: BaseException) -> str | None:
+    """The one-line message for DuckDB's integer overflow (a sum of durations cast back to
+    BIGINT, a difference of two timestamps: real traces and snapshots stay far below 2^63 ns or
+    bytes), else None."""
+    text = _first_line(exc).lower()
+    if _duckdb_error(exc, "OutOfRangeException", "ConversionException") and \
             ("out of range" in text or "overflow" in text):
-        return (f"numbers in the input overflow 64-bit arithmetic ({first}): timestamps, "
-                "durations or sizes out of any real range (a damaged or hand-edited file?)")
-    if kind.__name__ == "IOException" and "corrupt database file" in text:
-        return f"a DuckDB database file is damaged ({first}): give --db a new file"
+        return (f"numbers in the input overflow 64-bit arithmetic ({_first_line(exc)}): "
+                "timestamps, durations or sizes out of any real range (a damaged or hand-edited "
+                "file?)")
     return None
+
+
+@contextlib.contextmanager
+def reading(path: object) -> Iterator[None]:
+    """Inside, DuckDB's overflow on a damaged input (``overflow``) is a ``UserError`` that names
+    ``path``, the input being read: with several reports the line says which one."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - only the overflow is turned into a UserError
+        message = overflow(exc)
+        if message is None:
+            raise
+        raise UserError(f"{path}: {message}") from exc
+
+
+def _duckdb_error(exc: BaseException, *names: str) -> bool:
+    kind = type(exc)
+    return kind.__module__.lstrip("_").startswith("duckdb") and kind.__name__ in names
+
+
+def _first_line(exc: BaseException) -> str:
+    """The error's first line (not the SQL DuckDB quotes after it), at most 200 characters."""
+    return (str(exc).strip().splitlines() or [""])[0][:200]
 
 
 def user_errors(fn: F) -> F:

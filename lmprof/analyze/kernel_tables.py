@@ -16,6 +16,7 @@ import duckdb
 
 from lmprof.analyze import db, sqlfile
 from lmprof.analyze.trace import CALL_SUFFIX, Trace
+from lmprof.errors import reading
 from lmprof.model.config import ModelConfig
 from lmprof.model.flops import attention_flops
 
@@ -244,7 +245,14 @@ def results(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | No
 
     Independent tables are computed at once on separate cursors (``_LANES``): a table's query
     reads a few hundred thousand rows, which DuckDB splits into few tasks, so on a machine with
-    many cores one query at a time leaves most of them idle."""
+    many cores one query at a time leaves most of them idle. Numbers of a damaged export that
+    overflow DuckDB's arithmetic are a UserError naming the export."""
+    with reading(trace.path):
+        return _results(trace, names, top, fetch)
+
+
+def _results(trace: Trace, names: tuple[str, ...], top: int | None,
+             fetch: Callable[[Result], Any] | None) -> tuple[dict[str, Any], dict[str, str]]:
     if fetch is None:
         from lmprof.render import Table
 

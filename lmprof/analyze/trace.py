@@ -20,7 +20,7 @@ import duckdb
 
 from lmprof import phases, rundir
 from lmprof.analyze import db, nsys, sqlfile
-from lmprof.errors import UserError
+from lmprof.errors import UserError, reading
 
 if TYPE_CHECKING:  # imported on use (DuckDB's .df()) by the Python API; the CLI never imports it
     import pandas as pd
@@ -264,8 +264,14 @@ def prepare(con: duckdb.DuckDBPyConnection, path: Path | str, options: Options,
     With ``defer_phase_instances`` the ``phase_instances`` table is built by the first
     ``Trace.ready()`` instead (``kernel_tables.results`` builds it on one cursor while other
     tables are computed on others); a caller that defers must call ``ready()`` before the
-    database is used otherwise."""
-    path = Path(path)
+    database is used otherwise. Numbers of a damaged export that overflow DuckDB's arithmetic
+    are a UserError naming ``path``."""
+    with reading(path):
+        return _prepare(con, Path(path), options, schema, record, defer_phase_instances)
+
+
+def _prepare(con: duckdb.DuckDBPyConnection, path: Path, options: Options, schema: str,
+             record: dict[str, Any] | None, defer_phase_instances: bool) -> Trace:
     if not _SCHEMA_NAME.match(schema):
         raise ValueError(f"bad schema name {schema!r}")
     con.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")

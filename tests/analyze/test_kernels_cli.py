@@ -277,9 +277,27 @@ def test_timestamps_that_overflow_are_one_line_errors(tmp_path, statement):
         code, _, err = run("kernels", str(path), *extra)
         if extra and code == 0:  # (the per-range sums of a memset's end need not overflow)
             continue
-        assert code == 2 and err.startswith("error: numbers in the input overflow 64-bit "
-                                            "arithmetic (") and err.count("\n") == 1, err
+        assert code == 2 and err.startswith(f"error: {path}: numbers in the input overflow "
+                                            "64-bit arithmetic (") and err.count("\n") == 1, err
         assert "LINE" not in err  # DuckDB's message, without the SQL it quotes
+
+
+def test_overflow_names_the_report_it_came_from(tmp_path):
+    """With several reports, the overflow's line names the damaged one, whether it overflows
+    while loading and attributing (NVTX starts near -2^63: a range's duration) or in a table's
+    sum (kernel ends near 2^63), and whatever its place among the reports."""
+    good = writable_copy(tmp_path, "good.sqlite")
+    for name, statement in [
+        ("ranges", "UPDATE NVTX_EVENTS SET start = -9223372036854775807 WHERE rowid % 11 = 2"),
+        ("sums", "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET end = 9223372036854775807 "
+                 "WHERE rowid % 11 = 2"),
+    ]:
+        bad = edit(writable_copy(tmp_path, f"{name}.sqlite"), statement)
+        for order in ([good, bad], [bad, good]):
+            code, _, err = run("kernels", *map(str, order))
+            assert code == 2 and err.count("\n") == 1, err
+            assert err.startswith(f"error: {bad}: numbers in the input overflow"), err
+            assert str(good) not in err
 
 
 def test_export_without_kernels(tmp_path):

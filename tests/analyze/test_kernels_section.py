@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lmprof.reports.report import build
-from nsys_data import stats, write_run_json, writable_copy
+from nsys_data import edit, stats, write_run_json, writable_copy
 
 
 def _run_dir(tmp_path, size, ctx):
@@ -41,3 +41,32 @@ def test_unreadable_export_is_reported_not_raised(tmp_path):
     write_run_json(d)
     text = build([str(d)], tmp_path / "out").read_text()
     assert "could not be read" in text and "not an SQLite file" in text
+
+
+def test_run_whose_export_overflows_is_reported_not_raised(tmp_path):
+    """A run's export whose kernel ends sit near 2^63 ns (damaged) overflows the tables' sums:
+    that run is listed as unreadable, naming its export, and the other run is reported."""
+    good = _run_dir(tmp_path, "small", 128)
+    bad = _run_dir(tmp_path, "medium", 256)
+    edit(bad / "report.sqlite", "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET end = "
+         "9223372036854775807 WHERE rowid % 11 = 2")
+    text = build([str(good), str(bad)], tmp_path / "out").read_text()
+    unreadable = text[text.index("could not be read"):]
+    assert f"{bad / 'report.sqlite'}: numbers in the input overflow" in unreadable
+    assert "Top kernels per phase" in text and "Across runs" not in text
+
+
+def test_gemm_fraction_of_a_sweep_run_reads_the_export_or_gives_none(tmp_path):
+    """The sweep grid's GEMM fractions: per phase from a real export; None (the grid leaves the
+    run out) for a damaged one, whether it fails to load or its sums overflow."""
+    from lmprof.reports.comparisons import gemm_fraction_by_phase
+
+    good = writable_copy(tmp_path, "good.sqlite")
+    fractions = gemm_fraction_by_phase(good)
+    assert set(fractions) >= {"forward", "backward", "optimizer"}
+    assert all(0 <= v <= 100 for v in fractions.values()) and fractions["backward"] > 50, fractions
+    bad = edit(writable_copy(tmp_path, "bad.sqlite"), "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "
+               "end = 9223372036854775807 WHERE rowid % 11 = 2")
+    assert gemm_fraction_by_phase(bad) is None
+    (tmp_path / "garbage.sqlite").write_text("garbage")
+    assert gemm_fraction_by_phase(tmp_path / "garbage.sqlite") is None

@@ -129,7 +129,7 @@ def test_a_file_its_run_names_is_that_run(tmp_path):
     ("trace.nsys-rep", "nsys is not available"),
     ("empty-dir", "no run.json"),
     ("bad.pickle", "is truncated"),
-    ("overflow.sqlite", "numbers in the input overflow 64-bit arithmetic"),
+    ("overflow.sqlite", "overflow.sqlite: numbers in the input overflow 64-bit arithmetic"),
 ])
 def test_bad_input_exits_2_before_writing(tmp_path, arg, message):
     (tmp_path / "notes.txt").write_text("not a database")

@@ -64,13 +64,13 @@ def section(ctx: ReportContext) -> str | None:
         for i, (path, record, named) in enumerate(exports, 1):
             try:
                 tr = prepare(con, path, options, schema=f"r{i}", record=record)
-            except UserError as exc:
+                tables, notes = kernels.tables(tr, tuple(name for name, _ in _TABLES), top=_TOP)
+            except UserError as exc:  # (an export's numbers that overflow come here too)
                 if named:
                     raise
                 problems.append(f"- `{record.get('run_id')}`: {exc}")
                 continue
             traces.append(tr)
-            tables, notes = kernels.tables(tr, tuple(name for name, _ in _TABLES), top=_TOP)
             # one process, no NCCL kernels: left out, as analyze kernels leaves them out
             tables = kernel_tables.without_empty_multi_rank(tables)
             source = f"`{path}`" if named else f"`{record.get('run_id')}`"
