@@ -36,7 +36,8 @@ attribution_option = click.option(
 phase_option = click.option(
     "--phase-range", "phase_ranges", multiple=True, metavar="PHASE=NAME",
     help="Range NAME (optionally with a _N suffix) marks PHASE (step, forward, backward, "
-         "optimizer, inference); replaces the default name of that phase. Repeatable.")
+         "optimizer, inference); replaces the default name of that phase, except in the export "
+         "of an lmprof run (run.json beside it), which keeps lmprof's names too. Repeatable.")
 skip_option = click.option(
     "--skip-steps", type=click.IntRange(min=0), default=0, show_default=True,
     help="Leave each process's first N step ranges, and the phase ranges before their end, out "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +64,21 @@ class Options:
                                 f"{', '.join((STEP, *PHASES))}")
         if not isinstance(self.skip_steps, int) or self.skip_steps < 0:
             raise UserError(f"skip_steps must be a whole number >= 0, not {self.skip_steps!r}")
+
+    def with_runner_names(self) -> Options:
+        """These options for the export of an lmprof run (a run.json beside it): the names
+        lmprof's runner gives its ranges (phases, attention's parts) mark what they always mark,
+        beside the names given, which name the ranges of traces of other code — in a report or
+        a cross-run table that holds both, the options keep lmprof's runs whole. A runner's name
+        given for another phase keeps the phase given."""
+        runner = Options()
+        named = {name for name, _ in self.phase_ranges}
+        return replace(
+            self,
+            phase_ranges=self.phase_ranges + tuple(
+                (name, phase) for name, phase in runner.phase_ranges if name not in named),
+            softmax_ranges=tuple(dict.fromkeys(self.softmax_ranges + runner.softmax_ranges)),
+            matmul_ranges=tuple(dict.fromkeys(self.matmul_ranges + runner.matmul_ranges)))
 
 
 class Deferred:
@@ -277,6 +292,10 @@ def _prepare(con: duckdb.DuckDBPyConnection, path: Path, options: Options, schem
     con.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
     con.execute(f"USE {schema}")
     thread_rule = options.attribution == "thread"
+    if record is None:
+        record = rundir.find_run_for(path)
+    if record is not None:  # an lmprof run: its runner's range names hold whatever was given
+        options = options.with_runner_names()
 
     one_member = []  # the way timeline took, for attribute
 
@@ -308,8 +327,6 @@ def _prepare(con: duckdb.DuckDBPyConnection, path: Path, options: Options, schem
     else:
         sqlfile.run(con, "phase_instances")
     sqlfile.run(con, "views")
-    if record is None:
-        record = rundir.find_run_for(path)
     # without a run.json: the export's own name, or its folder's for nsys-default / lmprof names
     # (report.sqlite, report1.sqlite, ...)
     label = rundir.run_label(record) if record else (

@@ -269,3 +269,17 @@ def test_text_from_users_goes_in_as_data_not_sql():
     with pytest.raises(ValueError):
         sqlfile.insert_rows(con, "t; DROP TABLE t", [("name", "VARCHAR")], [("a",)])
     assert con.execute("SELECT count(*) FROM t").fetchone()[0] == len(rows)
+
+
+def test_an_lmprof_runs_options_keep_its_runner_names():
+    """For the export of an lmprof run the runner's names join the given ones; a runner name
+    given for another phase keeps the phase given; lmprof's own options are unchanged."""
+    given = trace.Options(phase_ranges=(("fwd", "forward"), ("forward", "inference")),
+                          softmax_ranges=("sm",))
+    both = given.with_runner_names()
+    names = dict(both.phase_ranges)
+    assert names["fwd"] == "forward" and names["forward"] == "inference"
+    assert names["backward"] == "backward" and names["step"] == "step"
+    assert both.softmax_ranges == ("sm", "computing softmax")
+    assert both.matmul_ranges == trace.Options().matmul_ranges
+    assert trace.Options().with_runner_names() == trace.Options()

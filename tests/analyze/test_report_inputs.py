@@ -178,3 +178,24 @@ def test_exports_without_a_run_are_labelled_by_their_name(tmp_path):
     text = _report(tmp_path, str(tmp_path / "traces" / "MYTRACE" / "mytrace.sqlite"),
                    str(tmp_path / "traces" / "REPORT1" / "report1.sqlite"))
     assert "\n### mytrace (`" in text and "\n### REPORT1 (`" in text
+
+
+def test_range_options_name_other_code_and_keep_lmprof_runs_whole(tmp_path, ddp):
+    """One report of an lmprof run and a trace of other code with its own phase names: the
+    options name the other trace's phases, and the lmprof run keeps its runner's names (the same
+    phase timing as reported alone); the export of that run given bare loses them."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    shutil.copyfile(REPORT, run_dir / "report.sqlite")
+    write_run_json(run_dir)
+    alone = _block(_report(tmp_path / "alone", str(run_dir)), "Phase timing (CPU wall time of "
+                   "the NVTX range vs GPU time of its kernels)")
+    assert "| forward " in alone and "| backward " in alone
+    both = _report(tmp_path / "both", str(run_dir), str(ddp), *PHASE_ARGS)
+    assert _block(both, "Phase timing (CPU wall time of the NVTX range vs GPU time of its "
+                  "kernels)") == alone
+    assert len(_block(both, "Phase timing per process").splitlines()) >= 6  # the other trace's
+    bare = tmp_path / "bare.sqlite"
+    shutil.copyfile(REPORT, bare)
+    code, out, err = run("kernels", str(bare), *PHASE_ARGS, "--table", "phase_timing")
+    assert code == 0 and "| forward " not in out and "| inference " in out, err  # (not named)
