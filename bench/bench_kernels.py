@@ -104,7 +104,8 @@ def source_export(name: str, workdir: Path) -> tuple[Path, str, list[str]]:
     return source, f"{name}-", DDP_PHASES
 
 
-def run_child(cmd: list[str]) -> tuple[float, int, str]:
+def run_child(cmd: list[str]) -> tuple[float, int, float]:
+    """Wall seconds, peak RSS bytes and CPU seconds (user + system) of one child process."""
     env = child_env()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
@@ -115,7 +116,7 @@ def run_child(cmd: list[str]) -> tuple[float, int, str]:
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {err.strip()[-500:]}")
-    return wall, usage.ru_maxrss * 1024, err
+    return wall, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
 
 
 _LOAD = ("import sys, duckdb; from lmprof.analyze import nsys; "
@@ -140,8 +141,10 @@ def measure(path: Path, repeat: int, scratch: Path, extra: list[str] | None = No
                                   "--format", "csv", "--out", str(scratch), *(extra or [])]))
     return {"load_s": statistics.median(w for w, _, _ in load),
             "load_rss": max(r for _, r, _ in load),
+            "load_cpu_s": statistics.median(c for _, _, c in load),
             "analyze_s": statistics.median(w for w, _, _ in analyze),
             "analyze_rss": max(r for _, r, _ in analyze),
+            "analyze_cpu_s": statistics.median(c for _, _, c in analyze),
             "loadavg": os.getloadavg()[0]}
 
 
@@ -187,7 +190,9 @@ def main() -> None:
         scale = f"; {m['analyze_s'] / base:.1f}x the x{args.factors[0]} time" if base else ""
         base = base or m["analyze_s"]
         print(f"x{factor}: {n} load {m['load_s']:.2f} s, analyze {m['analyze_s']:.2f} s "
-              f"({ratio:.2f}x load{scale}), peak {m['analyze_rss'] / 2**20:.0f} MB, "
+              f"({ratio:.2f}x load{scale}), peak {m['analyze_rss'] / 2**20:.0f} MB, CPU (user + "
+              f"system) load {m['load_cpu_s']:.2f} s, analyze {m['analyze_cpu_s']:.2f} s "
+              f"({m['analyze_cpu_s'] / m['load_cpu_s']:.2f}x), "
               f"load average {m['loadavg']:.2f}", flush=True)
         with RESULTS.open("a") as fh:
             fh.write(f"| {dt.date.today()} | {env} | {prefix}x{factor} | {n['kernels']} "
