@@ -232,16 +232,14 @@ def _shape_problem(record: dict[str, Any]) -> str | None:
         for name, value in record.get(key, {}).items():
             if not json_is(value, kind):
                 return f"'{key}.{name}' is {_described(value)}"
-    for key, kinds in (("model", _MODEL), ("environment", _ENVIRONMENT)):
+    typed = [("model", _MODEL), ("environment", _ENVIRONMENT)]
+    if record.get("kind", "run") == "run":
+        typed.append(("config", _RUN_CONFIG))
+    for key, kinds in typed:
         part = record.get(key, {})
         for name, kind in kinds.items():
             if not json_is(part.get(name), kind):
                 return f"'{key}.{name}' is {_described(part[name])}, not {_kind_name(kind)}"
-    if record.get("kind", "run") == "run":
-        config = record.get("config", {})
-        for name, kind in _RUN_CONFIG.items():
-            if not json_is(config.get(name), kind):
-                return f"'config.{name}' is {_described(config[name])}, not {kind.__name__}"
     timings = record.get("timings", {})
     for name in ("total_s", "warmup_s"):
         if not json_is(timings.get(name), _NUMBER):
