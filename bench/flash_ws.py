@@ -1,0 +1,304 @@
+"""Experiment: Triton's automatic warp specialisation (``tl.range(..., warp_specialize=True)``)
+on Hopper for the three flash-attention kernels, against the same kernels without it and the
+committed kernels of ``lmprof.kernels.flash``.
+
+    python bench/flash_ws.py [--shape B,H,T,D] [--out FILE]        # driver: every group
+    python bench/flash_ws.py --group fwd --ws 1 [--shape ...]       # one group, JSON on stdout
+
+Why: the committed kernels are within 15% of cuDNN at the leaderboard shape (bench/notes,
+v11); what cuDNN and FlashAttention-3 have that they lack is warp specialisation (producer
+warps that issue the loads while consumer warps run the products and the softmax). Earlier
+sessions read Triton's documentation of ``tl.range(warp_specialize=...)`` as Blackwell-only;
+Triton's issue tracker shows the Hopper pass (Meta's autoWS) merged into open-source Triton by
+3.5, with descriptor (TMA) loads and not with pointer loads. So the kernels here load Q, K, V,
+dO through host-side ``TensorDescriptor``s of the (B·h·T, d) views, and each loop is a
+``tl.range`` whose ``warp_specialize`` is the experiment's switch; everything else is the
+committed algorithm (split backward; D = rowsum(O∘dO) computed with torch here, outside the
+kernels' times). Causal, T a multiple of the tiles, 16-bit inputs, contiguous (B, h, T, d).
+
+Each (kernel, switch) group runs in its own process: a compiler assertion (as reported for the
+Hopper pass) aborts the process, and the driver records that instead of dying with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+from triton.testing import do_bench
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError as exc:  # pragma: no cover - an older Triton
+    sys.exit(f"flash_ws: needs triton.tools.tensor_descriptor (Triton 3.3 or newer): {exc}")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from lmprof.kernels import flash  # noqa: E402
+
+LOG2E = 1.4426950408889634
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages): query rows x key rows of one tile pair. The loops'
+# bounds assume that the held tile's size is a multiple of the streamed one's (forward and dQ:
+# BLOCK_M % BLOCK_N == 0; dK/dV: BLOCK_N % BLOCK_M == 0), as in every configuration here.
+CONFIGS = {
+    "fwd": [(128, 64, 4, 2), (128, 64, 4, 3), (128, 128, 8, 2), (128, 64, 8, 3),
+            (128, 128, 4, 2)],
+    "dkdv": [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 8, 3), (64, 64, 4, 3),
+             (64, 128, 4, 2)],
+    "dq": [(128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2),
+           (128, 64, 4, 2)],
+}
+
+
+@triton.jit
+def _fwd_kernel(desc_q, desc_k, desc_v, desc_o, LSE2, T, qk_scale,
+                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WS: tl.constexpr):
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest first
+    bh = tl.program_id(1)
+    row0 = bh * T
+    m0 = tile * BM
+    offs_m = m0 + tl.arange(0, BM)
+    offs_n = tl.arange(0, BN)
+    q = desc_q.load([row0 + m0, 0])
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, D], tl.float32)
+    # every key tile before the diagonal block, unmasked
+    for start_n in tl.range(0, m0, BN, warp_specialize=WS):
+        k = desc_k.load([row0 + start_n, 0])
+        s = tl.dot(q, k.T)
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = desc_v.load([row0 + start_n, 0])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    # the diagonal block, masked
+    for start_n in tl.range(m0, m0 + BM, BN, warp_specialize=WS):
+        k = desc_k.load([row0 + start_n, 0])
+        s = tl.dot(q, k.T)
+        s = tl.where(start_n + offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = desc_v.load([row0 + start_n, 0])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    desc_o.store([row0 + m0, 0], (acc / l_i[:, None]).to(desc_o.dtype))
+    tl.store(LSE2 + row0 + offs_m, m_i + tl.math.log2(l_i))  # log2 units
+
+
+@triton.jit
+def _dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE2, DELTA, T, qk_scale,
+                 sm_scale, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                 WS: tl.constexpr):
+    bh = tl.program_id(1)
+    row0 = bh * T
+    n0 = tl.program_id(0) * BN  # key tile 0 sees the most query tiles: launched first
+    offs_n = n0 + tl.arange(0, BN)
+    offs_m = tl.arange(0, BM)
+    k = desc_k.load([row0 + n0, 0])
+    v = desc_v.load([row0 + n0, 0])
+    dk = tl.zeros([BN, D], tl.float32)
+    dv = tl.zeros([BN, D], tl.float32)
+    # query tiles crossing the diagonal (masked), then every later one
+    for start_m in tl.range(n0, n0 + BN, BM, warp_specialize=WS):
+        rows = start_m + offs_m
+        q = desc_q.load([row0 + start_m, 0])
+        do = desc_do.load([row0 + start_m, 0])
+        lse2 = tl.load(LSE2 + row0 + rows)
+        delta = tl.load(DELTA + row0 + rows)
+        p_t = tl.math.exp2(tl.dot(k, q.T) * qk_scale - lse2[None, :])
+        p_t = tl.where(offs_n[:, None] <= rows[None, :], p_t, 0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, dv)
+        dp_t = tl.dot(v, do.T)
+        dk = tl.dot((p_t * (dp_t - delta[None, :])).to(q.dtype), q, dk)
+    for start_m in tl.range(n0 + BN, T, BM, warp_specialize=WS):
+        rows = start_m + offs_m
+        q = desc_q.load([row0 + start_m, 0])
+        do = desc_do.load([row0 + start_m, 0])
+        lse2 = tl.load(LSE2 + row0 + rows)
+        delta = tl.load(DELTA + row0 + rows)
+        p_t = tl.math.exp2(tl.dot(k, q.T) * qk_scale - lse2[None, :])
+        dv = tl.dot(p_t.to(do.dtype), do, dv)
+        dp_t = tl.dot(v, do.T)
+        dk = tl.dot((p_t * (dp_t - delta[None, :])).to(q.dtype), q, dk)
+    desc_dk.store([row0 + n0, 0], (dk * sm_scale).to(desc_dk.dtype))
+    desc_dv.store([row0 + n0, 0], dv.to(desc_dv.dtype))
+
+
+@triton.jit
+def _dq_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, LSE2, DELTA, T, qk_scale, sm_scale,
+               D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WS: tl.constexpr):
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest first
+    bh = tl.program_id(1)
+    row0 = bh * T
+    m0 = tile * BM
+    offs_m = m0 + tl.arange(0, BM)
+    offs_n = tl.arange(0, BN)
+    q = desc_q.load([row0 + m0, 0])
+    do = desc_do.load([row0 + m0, 0])
+    lse2 = tl.load(LSE2 + row0 + offs_m)
+    delta = tl.load(DELTA + row0 + offs_m)
+    dq = tl.zeros([BM, D], tl.float32)
+    for start_n in tl.range(0, m0, BN, warp_specialize=WS):
+        k = desc_k.load([row0 + start_n, 0])
+        v = desc_v.load([row0 + start_n, 0])
+        p = tl.math.exp2(tl.dot(q, k.T) * qk_scale - lse2[:, None])
+        dp = tl.dot(do, v.T)
+        dq = tl.dot((p * (dp - delta[:, None])).to(k.dtype), k, dq)
+    for start_n in tl.range(m0, m0 + BM, BN, warp_specialize=WS):
+        k = desc_k.load([row0 + start_n, 0])
+        v = desc_v.load([row0 + start_n, 0])
+        p = tl.math.exp2(tl.dot(q, k.T) * qk_scale - lse2[:, None])
+        p = tl.where(start_n + offs_n[None, :] <= offs_m[:, None], p, 0.0)
+        dp = tl.dot(do, v.T)
+        dq = tl.dot((p * (dp - delta[:, None])).to(k.dtype), k, dq)
+    desc_dq.store([row0 + m0, 0], (dq * sm_scale).to(desc_dq.dtype))
+
+
+def _inputs(shape, dtype, seed=0):
+    b, h, t, d = shape
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, do = (torch.randn(b, h, t, d, device="cuda", dtype=dtype, generator=g)
+                   for _ in range(4))
+    return q, k, v, do
+
+
+def _desc(x: torch.Tensor, rows: int) -> TensorDescriptor:
+    flat = x.reshape(-1, x.shape[-1])
+    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, x.shape[-1]])
+
+
+def run_group(kernel: str, ws: bool, shape) -> list[dict]:
+    """Compile and time every configuration of one kernel with the switch set; compare its
+    outputs with the committed kernels' (max |difference|)."""
+    b, h, t, d = shape
+    dtype = torch.bfloat16
+    q, k, v, do = _inputs(shape, dtype)
+    scale = 1.0 / math.sqrt(d)
+    qk_scale = scale * LOG2E
+    o_ref, lse_ref = flash.flash_forward(q, k, v, is_causal=True)
+    dq_ref, dk_ref, dv_ref = flash.flash_backward(q, k, v, o_ref, lse_ref, do, is_causal=True)
+    lse2 = (lse_ref.float() * LOG2E).reshape(-1).contiguous()
+    delta = (o_ref.float() * do.float()).sum(-1).reshape(-1).contiguous()
+    rows = []
+    for bm, bn, warps, stages in CONFIGS[kernel]:
+        row = {"kernel": kernel, "ws": ws, "block_m": bm, "block_n": bn, "warps": warps,
+               "stages": stages}
+        held, streamed = (bn, bm) if kernel == "dkdv" else (bm, bn)
+        assert held % streamed == 0 and t % held == 0, (kernel, bm, bn, t)
+        try:
+            if kernel == "fwd":
+                o = torch.empty_like(q)
+                lse_out = torch.empty(b * h * t, device="cuda", dtype=torch.float32)
+                args = (_desc(q, bm), _desc(k, bn), _desc(v, bn), _desc(o, bm), lse_out, t,
+                        qk_scale)
+                grid = (t // bm, b * h)
+                fn = _fwd_kernel
+                check = lambda: {"o": (o - o_ref).abs().max().item(),  # noqa: E731
+                                 "lse2": (lse_out - lse2).abs().max().item()}
+            elif kernel == "dkdv":
+                dk = torch.empty_like(k)
+                dv = torch.empty_like(v)
+                args = (_desc(q, bm), _desc(k, bn), _desc(v, bn), _desc(do, bm), _desc(dk, bn),
+                        _desc(dv, bn), lse2, delta, t, qk_scale, scale)
+                grid = (t // bn, b * h)
+                fn = _dkdv_kernel
+                check = lambda: {"dk": (dk - dk_ref).abs().max().item(),  # noqa: E731
+                                 "dv": (dv - dv_ref).abs().max().item()}
+            else:
+                dq = torch.empty_like(q)
+                args = (_desc(q, bm), _desc(k, bn), _desc(v, bn), _desc(do, bm), _desc(dq, bm),
+                        lse2, delta, t, qk_scale, scale)
+                grid = (t // bm, b * h)
+                fn = _dq_kernel
+                check = lambda: {"dq": (dq - dq_ref).abs().max().item()}  # noqa: E731
+
+            def launch():
+                return fn[grid](*args, D=d, BM=bm, BN=bn, WS=ws, num_warps=warps,
+                                num_stages=stages)
+
+            compiled = launch()
+            torch.cuda.synchronize()
+            row["max_abs_diff"] = check()
+            row["ms"] = do_bench(launch, warmup=50, rep=300)
+            row["registers"] = getattr(compiled, "n_regs", None)
+            row["spills"] = getattr(compiled, "n_spills", None)
+            asm = getattr(compiled, "asm", {}) or {}
+            ptx = asm.get("ptx", "")
+            row["wgmma"] = ptx.count("wgmma.mma_async")
+            row["setmaxnreg"] = ptx.count("setmaxnreg")  # register split between warp groups
+        except Exception as exc:  # noqa: BLE001 - an experiment: record and go on
+            row["error"] = " ".join(str(exc).split())[:400]
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    return rows
+
+
+def committed(shape) -> dict:
+    """The committed kernels at the same shape: forward, backward (split) and end to end."""
+    q, k, v, do = _inputs(shape, torch.bfloat16)
+    qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
+    fwd = do_bench(lambda: flash.flash_forward(q, k, v, is_causal=True), warmup=50, rep=300)
+    o, lse = flash.flash_forward(q, k, v, is_causal=True)
+    bwd = do_bench(lambda: flash.flash_backward(q, k, v, o, lse, do, is_causal=True),
+                   warmup=50, rep=300)
+
+    def step():
+        out = flash.flash_attention(qr, kr, vr, True)
+        out.backward(do)
+
+    e2e = do_bench(step, warmup=50, rep=300, grad_to_none=[qr, kr, vr])
+    return {"fwd_ms": fwd, "bwd_ms": bwd, "e2e_ms": e2e}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="1,16,16384,64", help="B,H,T,D (default: leaderboard)")
+    ap.add_argument("--group", choices=sorted(CONFIGS))
+    ap.add_argument("--ws", type=int, choices=(0, 1))
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "flash_ws.json")
+    args = ap.parse_args()
+    shape = tuple(int(x) for x in args.shape.split(","))
+    if args.group is not None:
+        print(json.dumps(run_group(args.group, bool(args.ws), shape)))
+        return
+    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "triton": triton.__version__, "shape": shape, "committed": committed(shape),
+              "groups": []}
+    print(json.dumps(result["committed"]), flush=True)
+    # the groups' reference outputs come from the committed kernels untuned (correctness only)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), "LMPROF_FLASH_AUTOTUNE": "0"}
+    for kernel in ("fwd", "dkdv", "dq"):
+        for ws in (0, 1):
+            proc = subprocess.run([sys.executable, __file__, "--group", kernel, "--ws", str(ws),
+                                   "--shape", args.shape], capture_output=True, text=True,
+                                  env=env)
+            entry = {"kernel": kernel, "ws": bool(ws), "returncode": proc.returncode}
+            try:
+                entry["rows"] = json.loads(proc.stdout.strip().splitlines()[-1])
+            except (IndexError, json.JSONDecodeError):
+                entry["rows"] = []
+                entry["stderr_tail"] = proc.stderr[-1500:]
+            result["groups"].append(entry)
+            print(json.dumps(entry), flush=True)
+            args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
