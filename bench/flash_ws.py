@@ -18,6 +18,11 @@ kernels' times). Causal, T a multiple of the tiles, 16-bit inputs, contiguous (B
 
 Each (kernel, switch) group runs in its own process: a compiler assertion (as reported for the
 Hopper pass) aborts the process, and the driver records that instead of dying with it.
+
+Outcome (H200, Triton 3.6, 2026-11-27; bench/notes/flash_attention.md, twenty-second session):
+with the switch on, every 4-warp configuration fails to compile ("PassManager::run failed")
+and every 8-warp one compiles to the same kernel as without it (same registers and time). Not
+used by the product.
 """
 
 from __future__ import annotations
