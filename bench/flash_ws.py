@@ -65,52 +65,76 @@ CONFIGS = {
 }
 
 
+# Each kernel runs its loop twice: over the tiles before the diagonal block (no mask), then over
+# the diagonal block (masked) — the committed kernels' split. The loop bodies are helpers that
+# Triton inlines (the kernels measured on the GPU had these bodies and the prologue helper
+# written out in place: the same program).
+
+@triton.jit
+def _query_tile(T, BM: tl.constexpr, BN: tl.constexpr):
+    """A forward or dQ program's first row of its head, first query row and row offsets (the
+    last query tile first: heaviest first under the causal mask)."""
+    m0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BM
+    return tl.program_id(1) * T, m0, m0 + tl.arange(0, BM), tl.arange(0, BN)
+
+
+@triton.jit
+def _fwd_loop(acc, l_i, m_i, q, desc_k, desc_v, row0, lo, hi, offs_m, offs_n, qk_scale,
+              BN: tl.constexpr, MASKED: tl.constexpr, WS: tl.constexpr):
+    for start_n in tl.range(lo, hi, BN, warp_specialize=WS):
+        k = desc_k.load([row0 + start_n, 0])
+        s = tl.dot(q, k.T)
+        if MASKED:
+            s = tl.where(start_n + offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = desc_v.load([row0 + start_n, 0])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    return acc, l_i, m_i
+
+
 @triton.jit
 def _fwd_kernel(desc_q, desc_k, desc_v, desc_o, LSE2, T, qk_scale,
                 D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WS: tl.constexpr):
-    tile = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest first
-    bh = tl.program_id(1)
-    row0 = bh * T
-    m0 = tile * BM
-    offs_m = m0 + tl.arange(0, BM)
-    offs_n = tl.arange(0, BN)
+    row0, m0, offs_m, offs_n = _query_tile(T, BM, BN)
     q = desc_q.load([row0 + m0, 0])
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
-    # every key tile before the diagonal block, unmasked
-    for start_n in tl.range(0, m0, BN, warp_specialize=WS):
-        k = desc_k.load([row0 + start_n, 0])
-        s = tl.dot(q, k.T)
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        p = tl.math.exp2(s * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = desc_v.load([row0 + start_n, 0])
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
-    # the diagonal block, masked
-    for start_n in tl.range(m0, m0 + BM, BN, warp_specialize=WS):
-        k = desc_k.load([row0 + start_n, 0])
-        s = tl.dot(q, k.T)
-        s = tl.where(start_n + offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        p = tl.math.exp2(s * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = desc_v.load([row0 + start_n, 0])
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
+    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, desc_k, desc_v, row0, 0, m0, offs_m, offs_n,
+                              qk_scale, BN, False, WS)
+    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, desc_k, desc_v, row0, m0, m0 + BM, offs_m,
+                              offs_n, qk_scale, BN, True, WS)
     desc_o.store([row0 + m0, 0], (acc / l_i[:, None]).to(desc_o.dtype))
     tl.store(LSE2 + row0 + offs_m, m_i + tl.math.log2(l_i))  # log2 units
+
+
+@triton.jit
+def _dkdv_loop(dk, dv, k, v, desc_q, desc_do, LSE2, DELTA, row0, lo, hi, offs_m, offs_n,
+               qk_scale, BM: tl.constexpr, MASKED: tl.constexpr, WS: tl.constexpr):
+    for start_m in tl.range(lo, hi, BM, warp_specialize=WS):
+        rows = start_m + offs_m
+        q = desc_q.load([row0 + start_m, 0])
+        do = desc_do.load([row0 + start_m, 0])
+        lse2 = tl.load(LSE2 + row0 + rows)
+        delta = tl.load(DELTA + row0 + rows)
+        p_t = tl.math.exp2(tl.dot(k, q.T) * qk_scale - lse2[None, :])
+        if MASKED:
+            p_t = tl.where(offs_n[:, None] <= rows[None, :], p_t, 0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, dv)
+        dp_t = tl.dot(v, do.T)
+        dk = tl.dot((p_t * (dp_t - delta[None, :])).to(q.dtype), q, dk)
+    return dk, dv
 
 
 @triton.jit
 def _dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE2, DELTA, T, qk_scale,
                  sm_scale, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  WS: tl.constexpr):
-    bh = tl.program_id(1)
-    row0 = bh * T
+    row0 = tl.program_id(1) * T
     n0 = tl.program_id(0) * BN  # key tile 0 sees the most query tiles: launched first
     offs_n = n0 + tl.arange(0, BN)
     offs_m = tl.arange(0, BM)
@@ -119,58 +143,41 @@ def _dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE2, DELTA,
     dk = tl.zeros([BN, D], tl.float32)
     dv = tl.zeros([BN, D], tl.float32)
     # query tiles crossing the diagonal (masked), then every later one
-    for start_m in tl.range(n0, n0 + BN, BM, warp_specialize=WS):
-        rows = start_m + offs_m
-        q = desc_q.load([row0 + start_m, 0])
-        do = desc_do.load([row0 + start_m, 0])
-        lse2 = tl.load(LSE2 + row0 + rows)
-        delta = tl.load(DELTA + row0 + rows)
-        p_t = tl.math.exp2(tl.dot(k, q.T) * qk_scale - lse2[None, :])
-        p_t = tl.where(offs_n[:, None] <= rows[None, :], p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv)
-        dp_t = tl.dot(v, do.T)
-        dk = tl.dot((p_t * (dp_t - delta[None, :])).to(q.dtype), q, dk)
-    for start_m in tl.range(n0 + BN, T, BM, warp_specialize=WS):
-        rows = start_m + offs_m
-        q = desc_q.load([row0 + start_m, 0])
-        do = desc_do.load([row0 + start_m, 0])
-        lse2 = tl.load(LSE2 + row0 + rows)
-        delta = tl.load(DELTA + row0 + rows)
-        p_t = tl.math.exp2(tl.dot(k, q.T) * qk_scale - lse2[None, :])
-        dv = tl.dot(p_t.to(do.dtype), do, dv)
-        dp_t = tl.dot(v, do.T)
-        dk = tl.dot((p_t * (dp_t - delta[None, :])).to(q.dtype), q, dk)
+    dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, LSE2, DELTA, row0, n0, n0 + BN, offs_m,
+                        offs_n, qk_scale, BM, True, WS)
+    dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, LSE2, DELTA, row0, n0 + BN, T, offs_m,
+                        offs_n, qk_scale, BM, False, WS)
     desc_dk.store([row0 + n0, 0], (dk * sm_scale).to(desc_dk.dtype))
     desc_dv.store([row0 + n0, 0], dv.to(desc_dv.dtype))
 
 
 @triton.jit
+def _dq_loop(dq, q, do, lse2, delta, desc_k, desc_v, row0, lo, hi, offs_m, offs_n, qk_scale,
+             BN: tl.constexpr, MASKED: tl.constexpr, WS: tl.constexpr):
+    for start_n in tl.range(lo, hi, BN, warp_specialize=WS):
+        k = desc_k.load([row0 + start_n, 0])
+        v = desc_v.load([row0 + start_n, 0])
+        p = tl.math.exp2(tl.dot(q, k.T) * qk_scale - lse2[:, None])
+        if MASKED:
+            p = tl.where(start_n + offs_n[None, :] <= offs_m[:, None], p, 0.0)
+        dp = tl.dot(do, v.T)
+        dq = tl.dot((p * (dp - delta[:, None])).to(k.dtype), k, dq)
+    return dq
+
+
+@triton.jit
 def _dq_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, LSE2, DELTA, T, qk_scale, sm_scale,
                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WS: tl.constexpr):
-    tile = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest first
-    bh = tl.program_id(1)
-    row0 = bh * T
-    m0 = tile * BM
-    offs_m = m0 + tl.arange(0, BM)
-    offs_n = tl.arange(0, BN)
+    row0, m0, offs_m, offs_n = _query_tile(T, BM, BN)
     q = desc_q.load([row0 + m0, 0])
     do = desc_do.load([row0 + m0, 0])
     lse2 = tl.load(LSE2 + row0 + offs_m)
     delta = tl.load(DELTA + row0 + offs_m)
     dq = tl.zeros([BM, D], tl.float32)
-    for start_n in tl.range(0, m0, BN, warp_specialize=WS):
-        k = desc_k.load([row0 + start_n, 0])
-        v = desc_v.load([row0 + start_n, 0])
-        p = tl.math.exp2(tl.dot(q, k.T) * qk_scale - lse2[:, None])
-        dp = tl.dot(do, v.T)
-        dq = tl.dot((p * (dp - delta[:, None])).to(k.dtype), k, dq)
-    for start_n in tl.range(m0, m0 + BM, BN, warp_specialize=WS):
-        k = desc_k.load([row0 + start_n, 0])
-        v = desc_v.load([row0 + start_n, 0])
-        p = tl.math.exp2(tl.dot(q, k.T) * qk_scale - lse2[:, None])
-        p = tl.where(start_n + offs_n[None, :] <= offs_m[:, None], p, 0.0)
-        dp = tl.dot(do, v.T)
-        dq = tl.dot((p * (dp - delta[:, None])).to(k.dtype), k, dq)
+    dq = _dq_loop(dq, q, do, lse2, delta, desc_k, desc_v, row0, 0, m0, offs_m, offs_n, qk_scale,
+                  BN, False, WS)
+    dq = _dq_loop(dq, q, do, lse2, delta, desc_k, desc_v, row0, m0, m0 + BM, offs_m, offs_n,
+                  qk_scale, BN, True, WS)
     desc_dq.store([row0 + m0, 0], (dq * sm_scale).to(desc_dq.dtype))
 
 
