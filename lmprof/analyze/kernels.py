@@ -8,6 +8,7 @@ renders without pandas); the SQL lives in ``lmprof/analyze/sql/<table>.sql``.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import numpy as np
@@ -15,67 +16,71 @@ import pandas as pd
 
 from lmprof.analyze import kernel_tables as kt
 from lmprof.analyze.trace import Trace
+from lmprof.errors import reading
+
+
+def _frame(fn: Callable[..., kt.Result], trace: Trace, *args, **kwargs) -> pd.DataFrame:
+    """One table's DataFrame; a damaged export's numbers that overflow are a UserError naming
+    the export, as in ``kt.results``."""
+    with reading(trace.path):
+        return fn(trace, *args, **kwargs).df()
 
 
 def phase_timing(trace: Trace) -> pd.DataFrame:
     """(a) Per phase: NVTX wall time, GPU kernel time and span, busy %, launch rate, runner."""
-    return kt.phase_timing(trace).df()
+    return _frame(kt.phase_timing, trace)
 
 
 def process_timing(trace: Trace) -> pd.DataFrame:
     """Phase timing per process, with each process's lag in starting a phase (several ranks)."""
-    return kt.process_timing(trace).df()
+    return _frame(kt.process_timing, trace)
 
 
 def top_kernels(trace: Trace, top: int | None = 10, exclude_class: str | None = None
                 ) -> pd.DataFrame:
     """(b, c) Top kernels per phase (phase 'all' = the whole export), optionally without a class."""
-    return kt.top_kernels(trace, top, exclude_class).df()
+    return _frame(kt.top_kernels, trace, top, exclude_class)
 
 
 def gemm_fraction(trace: Trace) -> pd.DataFrame:
     """(d) Share of kernel time in GEMMs: inference, forward, backward, optimizer, step, all."""
-    return kt.gemm_fraction(trace).df()
+    return _frame(kt.gemm_fraction, trace)
 
 
 def class_breakdown(trace: Trace) -> pd.DataFrame:
     """(f) Kernel time by class per phase."""
-    return kt.class_breakdown(trace).df()
+    return _frame(kt.class_breakdown, trace)
 
 
 def gpu_idle(trace: Trace) -> pd.DataFrame:
     """(f) Idle gaps between GPU operations inside each phase's GPU span."""
-    return kt.gpu_idle(trace).df()
+    return _frame(kt.gpu_idle, trace)
 
 
 def communication(trace: Trace) -> pd.DataFrame:
     """Communication kernels per phase and device: time, overlap with compute, exposed time."""
-    return kt.communication(trace).df()
+    return _frame(kt.communication, trace)
 
 
 def range_summary(trace: Trace) -> pd.DataFrame:
     """Per NVTX range name: instances, wall time, attributed GPU ops and kernel time."""
-    return kt.range_summary(trace).df()
+    return _frame(kt.range_summary, trace)
 
 
 def range_kernels(trace: Trace) -> pd.DataFrame:
     """Per NVTX range name and kernel, like nsys's nvtx_kern_sum."""
-    return kt.range_kernels(trace).df()
+    return _frame(kt.range_kernels, trace)
 
 
 def softmax_vs_matmul(trace: Trace) -> pd.DataFrame:
     """(e) GPU time under the softmax range vs the attention matmul ranges, time and FLOP ratios,
     achieved FLOP/s and bytes/s of each (FLOPs and bytes need run.json beside the report)."""
-    return kt.softmax_vs_matmul(trace).df()
-
-
-def _as_frame(fn: Callable[..., kt.Result]) -> Callable[..., pd.DataFrame]:
-    return lambda trace, **kwargs: fn(trace, **kwargs).df()
+    return _frame(kt.softmax_vs_matmul, trace)
 
 
 # name -> (function, what the trace must hold for rows, note for markdown), as kt.TABLES.
 TABLES: dict[str, tuple[Callable[..., pd.DataFrame], str | None, str]] = {
-    name: (_as_frame(fn), needs, note) for name, (fn, needs, note) in kt.TABLES.items()}
+    name: (functools.partial(_frame, fn), needs, note) for name, (fn, needs, note) in kt.TABLES.items()}
 # (a)-(f) of the kernel analysis; the nsys-style per-range tables are asked for by name.
 DEFAULT_TABLES = kt.DEFAULT_TABLES
 

@@ -170,12 +170,11 @@ def gemm_fraction_by_phase(sqlite: str | Path) -> dict[str, float] | None:
     kernel analysis; None when the export cannot be read (the GPU kernels section says why)."""
     from lmprof.analyze import kernels, trace
     from lmprof.analyze.db import connect
-    from lmprof.errors import UserError, reading
+    from lmprof.errors import UserError
 
     con = connect()
-    try:
-        with reading(sqlite):  # (a damaged export's sums that overflow: a UserError too)
-            df = kernels.gemm_fraction(trace.prepare(con, Path(sqlite), trace.Options()))
+    try:  # (a damaged export's numbers that overflow: a UserError too)
+        df = kernels.gemm_fraction(trace.prepare(con, Path(sqlite), trace.Options()))
     except UserError:
         return None
     finally:
