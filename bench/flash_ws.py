@@ -21,8 +21,10 @@ Hopper pass) aborts the process, and the driver records that instead of dying wi
 
 Outcome (H200, Triton 3.6, 2026-11-27; bench/notes/flash_attention.md, twenty-second session):
 with the switch on, every 4-warp configuration fails to compile ("PassManager::run failed")
-and every 8-warp one compiles to the same kernel as without it (same registers and time). Not
-used by the product.
+and every 8-warp one compiles to the same kernel as without it (same registers and time).
+``--loops 1`` (twenty-third session, H100, Triton 3.6 and 3.9): with one loop per kernel the
+pass applies to 64-row tiles at 4 warps (12 warps, setmaxnreg) and every kernel runs about twice
+as long as without it (Triton 3.6 also gives NaN at 3 stages). Not used by the product.
 """
 
 from __future__ import annotations
@@ -63,6 +65,15 @@ CONFIGS = {
     "dq": [(128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2),
            (128, 64, 4, 2)],
 }
+# --loops 1: each kernel one loop over its whole causal range, every tile masked. Compiled for
+# sm_90 here (Triton 3.9, no GPU), the switch then applies to 64-row tiles at 4 warps (the
+# kernel becomes 12 warps, with setmaxnreg); with two loops in a kernel, or 128-row held tiles,
+# the pass fails. The 8-warp configurations are the references without it.
+CONFIGS_ONE_LOOP = {
+    "fwd": [(64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (128, 64, 8, 3), (128, 128, 8, 2)],
+    "dkdv": [(64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 2), (32, 64, 4, 3), (64, 128, 8, 2)],
+    "dq": [(64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (128, 64, 8, 3)],
+}
 
 
 # Each kernel runs its loop twice: over the tiles before the diagonal block (no mask), then over
@@ -98,16 +109,21 @@ def _fwd_loop(acc, l_i, m_i, q, desc_k, desc_v, row0, lo, hi, offs_m, offs_n, qk
 
 @triton.jit
 def _fwd_kernel(desc_q, desc_k, desc_v, desc_o, LSE2, T, qk_scale,
-                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WS: tl.constexpr):
+                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WS: tl.constexpr,
+                ONE: tl.constexpr):
     row0, m0, offs_m, offs_n = _query_tile(T, BM, BN)
     q = desc_q.load([row0 + m0, 0])
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
-    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, desc_k, desc_v, row0, 0, m0, offs_m, offs_n,
-                              qk_scale, BN, False, WS)
-    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, desc_k, desc_v, row0, m0, m0 + BM, offs_m,
-                              offs_n, qk_scale, BN, True, WS)
+    if ONE:  # one loop, every tile masked
+        acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, desc_k, desc_v, row0, 0, m0 + BM, offs_m,
+                                  offs_n, qk_scale, BN, True, WS)
+    else:
+        acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, desc_k, desc_v, row0, 0, m0, offs_m, offs_n,
+                                  qk_scale, BN, False, WS)
+        acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, desc_k, desc_v, row0, m0, m0 + BM, offs_m,
+                                  offs_n, qk_scale, BN, True, WS)
     desc_o.store([row0 + m0, 0], (acc / l_i[:, None]).to(desc_o.dtype))
     tl.store(LSE2 + row0 + offs_m, m_i + tl.math.log2(l_i))  # log2 units
 
@@ -133,7 +149,7 @@ def _dkdv_loop(dk, dv, k, v, desc_q, desc_do, LSE2, DELTA, row0, lo, hi, offs_m,
 @triton.jit
 def _dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE2, DELTA, T, qk_scale,
                  sm_scale, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                 WS: tl.constexpr):
+                 WS: tl.constexpr, ONE: tl.constexpr):
     row0 = tl.program_id(1) * T
     n0 = tl.program_id(0) * BN  # key tile 0 sees the most query tiles: launched first
     offs_n = n0 + tl.arange(0, BN)
@@ -142,11 +158,15 @@ def _dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, LSE2, DELTA,
     v = desc_v.load([row0 + n0, 0])
     dk = tl.zeros([BN, D], tl.float32)
     dv = tl.zeros([BN, D], tl.float32)
-    # query tiles crossing the diagonal (masked), then every later one
-    dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, LSE2, DELTA, row0, n0, n0 + BN, offs_m,
-                        offs_n, qk_scale, BM, True, WS)
-    dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, LSE2, DELTA, row0, n0 + BN, T, offs_m,
-                        offs_n, qk_scale, BM, False, WS)
+    if ONE:  # one loop, every tile masked
+        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, LSE2, DELTA, row0, n0, T, offs_m,
+                            offs_n, qk_scale, BM, True, WS)
+    else:
+        # query tiles crossing the diagonal (masked), then every later one
+        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, LSE2, DELTA, row0, n0, n0 + BN,
+                            offs_m, offs_n, qk_scale, BM, True, WS)
+        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, LSE2, DELTA, row0, n0 + BN, T,
+                            offs_m, offs_n, qk_scale, BM, False, WS)
     desc_dk.store([row0 + n0, 0], (dk * sm_scale).to(desc_dk.dtype))
     desc_dv.store([row0 + n0, 0], dv.to(desc_dv.dtype))
 
@@ -167,17 +187,22 @@ def _dq_loop(dq, q, do, lse2, delta, desc_k, desc_v, row0, lo, hi, offs_m, offs_
 
 @triton.jit
 def _dq_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, LSE2, DELTA, T, qk_scale, sm_scale,
-               D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WS: tl.constexpr):
+               D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, WS: tl.constexpr,
+               ONE: tl.constexpr):
     row0, m0, offs_m, offs_n = _query_tile(T, BM, BN)
     q = desc_q.load([row0 + m0, 0])
     do = desc_do.load([row0 + m0, 0])
     lse2 = tl.load(LSE2 + row0 + offs_m)
     delta = tl.load(DELTA + row0 + offs_m)
     dq = tl.zeros([BM, D], tl.float32)
-    dq = _dq_loop(dq, q, do, lse2, delta, desc_k, desc_v, row0, 0, m0, offs_m, offs_n, qk_scale,
-                  BN, False, WS)
-    dq = _dq_loop(dq, q, do, lse2, delta, desc_k, desc_v, row0, m0, m0 + BM, offs_m, offs_n,
-                  qk_scale, BN, True, WS)
+    if ONE:  # one loop, every tile masked
+        dq = _dq_loop(dq, q, do, lse2, delta, desc_k, desc_v, row0, 0, m0 + BM, offs_m, offs_n,
+                      qk_scale, BN, True, WS)
+    else:
+        dq = _dq_loop(dq, q, do, lse2, delta, desc_k, desc_v, row0, 0, m0, offs_m, offs_n,
+                      qk_scale, BN, False, WS)
+        dq = _dq_loop(dq, q, do, lse2, delta, desc_k, desc_v, row0, m0, m0 + BM, offs_m, offs_n,
+                      qk_scale, BN, True, WS)
     desc_dq.store([row0 + m0, 0], (dq * sm_scale).to(desc_dq.dtype))
 
 
@@ -194,7 +219,7 @@ def _desc(x: torch.Tensor, rows: int) -> TensorDescriptor:
     return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, x.shape[-1]])
 
 
-def run_group(kernel: str, ws: bool, shape) -> list[dict]:
+def run_group(kernel: str, ws: bool, shape, one: bool = False) -> list[dict]:
     """Compile and time every configuration of one kernel with the switch set; compare its
     outputs with the committed kernels' (max |difference|)."""
     b, h, t, d = shape
@@ -207,11 +232,11 @@ def run_group(kernel: str, ws: bool, shape) -> list[dict]:
     lse2 = (lse_ref.float() * LOG2E).reshape(-1).contiguous()
     delta = (o_ref.float() * do.float()).sum(-1).reshape(-1).contiguous()
     rows = []
-    for bm, bn, warps, stages in CONFIGS[kernel]:
-        row = {"kernel": kernel, "ws": ws, "block_m": bm, "block_n": bn, "warps": warps,
-               "stages": stages}
+    for bm, bn, warps, stages in (CONFIGS_ONE_LOOP if one else CONFIGS)[kernel]:
+        row = {"kernel": kernel, "ws": ws, "loops": 1 if one else 2, "block_m": bm,
+               "block_n": bn, "warps": warps, "stages": stages}
         held, streamed = (bn, bm) if kernel == "dkdv" else (bm, bn)
-        assert held % streamed == 0 and t % held == 0, (kernel, bm, bn, t)
+        assert (one or held % streamed == 0) and t % held == 0, (kernel, bm, bn, t)
         try:
             if kernel == "fwd":
                 o = torch.empty_like(q)
@@ -240,7 +265,7 @@ def run_group(kernel: str, ws: bool, shape) -> list[dict]:
                 check = lambda: {"dq": (dq - dq_ref).abs().max().item()}  # noqa: E731
 
             def launch():
-                return fn[grid](*args, D=d, BM=bm, BN=bn, WS=ws, num_warps=warps,
+                return fn[grid](*args, D=d, BM=bm, BN=bn, WS=ws, ONE=one, num_warps=warps,
                                 num_stages=stages)
 
             compiled = launch()
@@ -253,6 +278,7 @@ def run_group(kernel: str, ws: bool, shape) -> list[dict]:
             ptx = asm.get("ptx", "")
             row["wgmma"] = ptx.count("wgmma.mma_async")
             row["setmaxnreg"] = ptx.count("setmaxnreg")  # register split between warp groups
+            row["kernel_warps"] = getattr(getattr(compiled, "metadata", None), "num_warps", None)
         except Exception as exc:  # noqa: BLE001 - an experiment: record and go on
             row["error"] = " ".join(str(exc).split())[:400]
         rows.append(row)
@@ -276,15 +302,25 @@ def main() -> None:
     ap.add_argument("--shape", default="1,16,16384,64", help="B,H,T,D (default: leaderboard)")
     ap.add_argument("--group", choices=sorted(CONFIGS))
     ap.add_argument("--ws", type=int, choices=(0, 1))
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "flash_ws.json")
+    ap.add_argument("--loops", type=int, choices=(1, 2), default=2,
+                    help="2: the committed split (unmasked tiles, then the diagonal); 1: one "
+                         "loop, every tile masked")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default bench/results/flash_ws.json (--loops 2), "
+                         "flash_ws_one_loop_triton<version>.json (--loops 1)")
     args = ap.parse_args()
     shape = tuple(int(x) for x in args.shape.split(","))
+    one = args.loops == 1
     if args.group is not None:
-        print(json.dumps(run_group(args.group, bool(args.ws), shape)))
+        print(json.dumps(run_group(args.group, bool(args.ws), shape, one)))
         return
+    if args.out is None:
+        args.out = ROOT / "bench" / "results" / (
+            f"flash_ws_one_loop_triton{triton.__version__}.json" if one else "flash_ws.json")
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "triton": triton.__version__, "shape": shape, "committed": committed(shape),
+              "triton": triton.__version__, "loops": args.loops, "shape": shape,
+              "committed": committed(shape),
               "groups": []}
     print(json.dumps(result["committed"]), flush=True)
     # the groups' reference outputs come from the committed kernels untuned (correctness only)
@@ -293,8 +329,8 @@ def main() -> None:
     for kernel in ("fwd", "dkdv", "dq"):
         for ws in (0, 1):
             proc = subprocess.run([sys.executable, __file__, "--group", kernel, "--ws", str(ws),
-                                   "--shape", args.shape], capture_output=True, text=True,
-                                  env=env)
+                                   "--shape", args.shape, "--loops", str(args.loops)],
+                                  capture_output=True, text=True, env=env)
             entry = {"kernel": kernel, "ws": bool(ws), "returncode": proc.returncode}
             try:
                 entry["rows"] = json.loads(proc.stdout.strip().splitlines()[-1])
