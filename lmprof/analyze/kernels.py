@@ -80,7 +80,8 @@ def softmax_vs_matmul(trace: Trace) -> pd.DataFrame:
 
 # name -> (function, what the trace must hold for rows, note for markdown), as kt.TABLES.
 TABLES: dict[str, tuple[Callable[..., pd.DataFrame], str | None, str]] = {
-    name: (functools.partial(_frame, fn), needs, note) for name, (fn, needs, note) in kt.TABLES.items()}
+    name: (functools.partial(_frame, fn), needs, note)
+    for name, (fn, needs, note) in kt.TABLES.items()}
 # (a)-(f) of the kernel analysis; the nsys-style per-range tables are asked for by name.
 DEFAULT_TABLES = kt.DEFAULT_TABLES
 
