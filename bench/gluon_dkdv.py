@@ -3,8 +3,8 @@ dialect) with asynchronous wgmma, against the Triton dK/dV kernel of ``lmprof.ke
 
     python bench/gluon_dkdv.py [--shape B,H,T,D ...] [--out FILE]
 
-Why: the Triton dK/dV kernel reaches ~430 TFLOP/s on an H100 against ~580 for the dQ kernel; in
-its loop every product is waited for before the exponentials or dS are computed, so the tensor
+Why: the Triton dK/dV kernel reaches ~430 TFLOP/s on an H100 against ~580 for the dQ kernel;
+in its loop every product is waited for before the exponentials or dS are computed, so the tensor
 cores idle while the warps work. Here each product is issued asynchronously and waited for one
 step later (``warpgroup_mma_wait(1)``): dPᵀ runs while the warps compute P = exp2(Sᵀ − L), dV's
 product runs while they compute dS, and the next tile's Sᵀ is issued before this tile's dK/dV
@@ -14,9 +14,12 @@ contiguous (B, h, T, d) tensors; rows past this head's end are zeroed in P, so t
 and under a causal mask only tiles crossing the diagonal or the end are masked.
 
 Not used by the product: on the H100 it computes the same dK, dV bit for bit as the Triton kernel
-but is not faster (bench/notes/flash_attention.md, v6). It stays as a measured starting point
-(warp specialisation, which Gluon offers, would be the next step). Needs a Hopper GPU and a
-Triton with ``triton.experimental.gluon`` (3.6 has it); contiguous 16-bit inputs, d 64 or 128.
+but was not faster (bench/notes/flash_attention.md, v6). The twenty-fourth session found why: the
+next tile's Sᵀ still running across the loop's back edge makes ptxas serialise every wgmma of the
+kernel (its warning C7514). Each config now runs twice, as written and with ``DRAIN`` (that Sᵀ
+waited for at the end of the iteration): 2.74 → 2.30 ms at the leaderboard shape (64 keys, 4
+warps; Triton 3.9). Needs a Hopper GPU and a Triton with ``triton.experimental.gluon`` (3.6 or
+3.9: the renamed calls are looked up); contiguous 16-bit inputs, d 64 or 128.
 """
 
 from __future__ import annotations
@@ -47,13 +50,16 @@ import bench_attention as ba  # noqa: E402
 from lmprof.kernels import flash  # noqa: E402
 
 LOG2E = gl.constexpr(1.4426950408889634)
+# renamed after Triton 3.6
+_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 
 @gluon.jit
 def _gl_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA,
                     seq_q, seq_k, qk_scale, sm_scale,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+                    STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DRAIN: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
     num_warps: gl.constexpr = gl.num_warps()
     # Sᵀ and dPᵀ: (BLOCK_N keys, BLOCK_M queries); dK, dV: (BLOCK_N, HEAD_DIM)
@@ -81,8 +87,8 @@ def _gl_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA,
         mbarrier.init(bars.index(i), count=1)
 
     mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [k_row0 + n0, 0], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [k_row0 + n0, 0], kv_bar, v_smem)
+    _tma_load(k_desc, [k_row0 + n0, 0], kv_bar, k_smem)
+    _tma_load(v_desc, [k_row0 + n0, 0], kv_bar, v_smem)
 
     if IS_CAUSAL:
         m_lo = n0 // BLOCK_M * BLOCK_M
@@ -93,9 +99,9 @@ def _gl_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA,
     for i in gl.static_range(STAGES):
         ok = i < n_iter
         mbarrier.expect(bars.index(i), tile_bytes, pred=ok)
-        tma.async_copy_global_to_shared(q_desc, [q_row0 + m_lo + i * BLOCK_M, 0], bars.index(i),
+        _tma_load(q_desc, [q_row0 + m_lo + i * BLOCK_M, 0], bars.index(i),
                                         q_smem.index(i), pred=ok)
-        tma.async_copy_global_to_shared(do_desc, [q_row0 + m_lo + i * BLOCK_M, 0], bars.index(i),
+        _tma_load(do_desc, [q_row0 + m_lo + i * BLOCK_M, 0], bars.index(i),
                                         do_smem.index(i), pred=ok)
 
     offs_n = n0 + gl.arange(0, BLOCK_N, layout=rows_l)
@@ -145,14 +151,19 @@ def _gl_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA,
         mbarrier.wait(bars.index(nbuf), (nxt // STAGES) & 1)
         s_tok = warpgroup_mma(k_smem, q_smem.index(nbuf).permute((1, 0)), zero_s, use_acc=False,
                               is_async=True)
-        dv, dk = warpgroup_mma_wait(num_outstanding=1, deps=[dv_tok, dk_tok])
+        if DRAIN:
+            # the next Sᵀ too: with it running across the loop's back edge ptxas (12.9, Triton
+            # 3.9's) serialises every wgmma of the kernel (warning C7514)
+            dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=[dv_tok, dk_tok])
+        else:
+            dv, dk = warpgroup_mma_wait(num_outstanding=1, deps=[dv_tok, dk_tok])
         # every warp is done with this stage's Q and dO: refill it with tile j + STAGES
-        gl.thread_barrier()
+        _barrier()
         ok = j + STAGES < n_iter
         row = q_row0 + start_m + STAGES * BLOCK_M
         mbarrier.expect(bars.index(buf), tile_bytes, pred=ok)
-        tma.async_copy_global_to_shared(q_desc, [row, 0], bars.index(buf), q_buf, pred=ok)
-        tma.async_copy_global_to_shared(do_desc, [row, 0], bars.index(buf), do_buf, pred=ok)
+        _tma_load(q_desc, [row, 0], bars.index(buf), q_buf, pred=ok)
+        _tma_load(do_desc, [row, 0], bars.index(buf), do_buf, pred=ok)
     warpgroup_mma_wait(num_outstanding=0, deps=[s_tok])
 
     mbarrier.invalidate(kv_bar)
@@ -167,7 +178,7 @@ def _gl_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA,
 
 
 def gluon_dkdv(q, k, v, do, lse, delta, causal: bool, block_n: int, warps: int, stages: int,
-               block_m: int = 64):
+               block_m: int = 64, drain: bool = False):
     """dK, dV by the Gluon kernel (contiguous (B, h, T, d) 16-bit tensors; lse, delta fp32)."""
     b, h, tq, d = q.shape
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -182,7 +193,7 @@ def gluon_dkdv(q, k, v, do, lse, delta, causal: bool, block_n: int, warps: int, 
     _gl_dkdv_kernel[(b * h, triton.cdiv(k.shape[2], block_n))](
         desc(q, block_m), desc(k, block_n), desc(v, block_n), desc(do, block_m), dk, dv, lse,
         delta, tq, k.shape[2], scale * LOG2E.value, scale, HEAD_DIM=d, BLOCK_M=block_m,
-        BLOCK_N=block_n, STAGES=stages, IS_CAUSAL=causal, num_warps=warps)
+        BLOCK_N=block_n, STAGES=stages, IS_CAUSAL=causal, DRAIN=drain, num_warps=warps)
     return dk, dv
 
 
@@ -213,16 +224,18 @@ def run(shape, causal: bool, configs) -> dict:
         flash._alloc = alloc
     delta = next(x for x in fp32 if x.shape == (b, h, t))
     row = {"shape": list(shape), "causal": causal}
-    for block_n, warps, stages in configs:
-        tag = f"gluon_n{block_n}_w{warps}_s{stages}"
-        dk, dv = gluon_dkdv(q, k, v, do, lse, delta, causal, block_n, warps, stages)
+    for (block_n, warps, stages), drain in ((c, d) for c in configs for d in (False, True)):
+        tag = f"gluon_n{block_n}_w{warps}_s{stages}" + ("_drain" if drain else "")
+        dk, dv = gluon_dkdv(q, k, v, do, lse, delta, causal, block_n, warps, stages,
+                            drain=drain)
         torch.cuda.synchronize()
         errs = [(x.float() - r.float()).abs().max().item() / r.float().abs().max().item()
                 for x, r in ((dk, dk_ref), (dv, dv_ref))]
         row[tag + "_max_rel_diff"] = (max(errs) if all(math.isfinite(e) for e in errs)
                                       else float("inf"))
         row[tag + "_ms"] = do_bench(
-            lambda: gluon_dkdv(q, k, v, do, lse, delta, causal, block_n, warps, stages),
+            lambda: gluon_dkdv(q, k, v, do, lse, delta, causal, block_n, warps, stages,
+                               drain=drain),
             warmup=25, rep=200)
     real = flash._flash_bwd_dq_kernel
     flash._flash_bwd_dq_kernel = _Skip()  # the Triton dK/dV kernel alone

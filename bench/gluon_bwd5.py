@@ -1,0 +1,378 @@
+"""Experiment: a one-kernel, five-product flash backward in Gluon, dQ added into an fp32 buffer by
+asynchronous TMA reduces — against the committed split backward and cuDNN, in the same run.
+
+    python bench/gluon_bwd5.py [--shape B,H,T,D ...] [--config BLOCK_N,warps,stages[,bufs] ...]
+                               [--reduce 1 0 2 3 4] [--out FILE]
+
+Why (bench/notes/flash_attention.md, v7, v9, thirteenth session): the split backward computes
+seven products per tile pair (dK/dV kernel four, dQ kernel three) where one kernel needs five;
+cuDNN's backward does five. The committed one-kernel ("atomic") backward does five but pays
+0.8-1.2 ms on the H100 for its dQ reduce, which Triton waits for before the next tile. Here the
+reduce is issued from shared memory by TMA and waited for only when its staging buffer comes
+round again (``bufs``, default 2), while the next tiles' products run.
+
+Per program: one key tile (BLOCK_N keys, K and V in shared memory, dK and dV accumulated in
+registers), looping over query tiles (BLOCK_M = 64) whose Q and dO arrive by TMA into a ring of
+``stages`` buffers. Per query tile: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, P = exp2(Sᵀ − L), dV += Pᵀ·dO,
+dS = P∘(dP − D)·scale stored to shared memory (bf16), dK += dSᵀ·Q, dQ_part = dS·K, dQ_part to a
+staging buffer and TMA-added into the fp32 dQ. A pre-pass computes D = rowsum(O∘dO) (the
+committed Triton kernel); a cast gives dQ. ``--reduce``: 1 this kernel, 4 dQ by element-wise
+relaxed atomics instead; timing only (dQ wrong): 0 no dQ staging or reduce, 2 the reduce of every
+other tile, 3 the staging store and barrier without the reduce.
+
+Outcome (H100, Triton 3.9, 2026-11-28; notes, twenty-fourth session; bench/results/
+gluon_bwd5*.json): correct (dK, dV equal the split kernels' bit for bit, dQ within 4e-4), and the
+five products alone take 2.57 ms at the leaderboard shape (64 keys, 4 warps, two programs per SM)
+— under cuDNN's whole backward — but the dQ reduce (8.6 GB of fp32 adds with 64-key tiles) adds
+1.1-1.3 ms: end to end 5.00 ms at best (three staging buffers) against the split's 5.28 and
+cuDNN's 4.45 in the same run. Not used by the product.
+
+Needs a Hopper GPU and Triton 3.9's Gluon API (``tma.async_load``, ``tma.async_atomic_add``,
+``gl.barrier``); contiguous 16-bit (B, h, T, d) with d 64.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,
+                                                                   tma, warpgroup_mma,
+                                                                   warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+except ImportError as exc:  # an older Triton
+    sys.exit(f"gluon_bwd5: needs triton.experimental.gluon (Triton 3.9): {exc}")
+
+LOG2E = gl.constexpr(1.4426950408889634)
+
+
+@gluon.jit
+def _gl_bwd5_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DQ, DK, DV, LSE, DELTA,
+                    seq_q, seq_k, qk_scale, sm_scale,
+                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, REDUCE: gl.constexpr,
+                    DQ_BUFS: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    num_warps: gl.constexpr = gl.num_warps()
+    # Sᵀ, dPᵀ: (BLOCK_N keys, BLOCK_M queries) and dK, dV: (BLOCK_N, HEAD_DIM), rows over the
+    # warpgroups; dQ_part: (BLOCK_M, HEAD_DIM), columns over the warpgroups
+    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                     instr_shape=[16, BLOCK_M, 16])
+    mma_d: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                     instr_shape=[16, HEAD_DIM, 16])
+    wg: gl.constexpr = num_warps // 4  # warpgroups
+    mma_q: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, wg],
+                                                     instr_shape=[16, HEAD_DIM // wg, 16])
+    op_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_d, k_width=2)
+    cols_l: gl.constexpr = gl.SliceLayout(0, mma_s)  # along queries
+    rows_l: gl.constexpr = gl.SliceLayout(1, mma_s)  # along keys
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
+                                                   rank=2)
+
+    pid_bh = gl.program_id(0)
+    n0 = gl.program_id(1) * BLOCK_N  # key tile 0 first: the heaviest under a causal mask
+    q_row0 = pid_bh * seq_q  # this head's first row in the (B·h·T, d) views
+    k_row0 = pid_bh * seq_k
+
+    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_BUFS, BLOCK_M, HEAD_DIM], dq_desc.layout)
+    # REDUCE 4: dQ added from registers by element-wise relaxed atomics (no staging)
+    # (through a layout of 4 consecutive columns per thread: 16-byte reductions)
+    red_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[2, 16],
+                                           warps_per_cta=[num_warps, 1], order=[1, 0])
+    dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, red_l))
+    dq_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, red_l))
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+
+    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
+    tma.async_load(k_desc, [k_row0 + n0, 0], kv_bar, k_smem)
+    tma.async_load(v_desc, [k_row0 + n0, 0], kv_bar, v_smem)
+
+    if IS_CAUSAL:
+        m_lo = n0 // BLOCK_M * BLOCK_M
+    else:
+        m_lo = 0
+    n_iter = gl.cdiv(seq_q - m_lo, BLOCK_M)
+    tile_bytes: gl.constexpr = 2 * q_desc.block_type.nbytes
+    for i in gl.static_range(STAGES):
+        ok = i < n_iter
+        mbarrier.expect(bars.index(i), tile_bytes, pred=ok)
+        tma.async_load(q_desc, [q_row0 + m_lo + i * BLOCK_M, 0], bars.index(i), q_smem.index(i),
+                       pred=ok)
+        tma.async_load(do_desc, [q_row0 + m_lo + i * BLOCK_M, 0], bars.index(i),
+                       do_smem.index(i), pred=ok)
+
+    offs_n = n0 + gl.arange(0, BLOCK_N, layout=rows_l)
+    offs_m = gl.arange(0, BLOCK_M, layout=cols_l)
+    in_k = offs_n < seq_k  # keys past the end are the next head's rows in these views
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=mma_d)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=mma_d)
+    zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_s)
+    zero_q = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=mma_q)
+
+    mbarrier.wait(kv_bar, 0)
+    mbarrier.wait(bars.index(0), 0)
+    s_tok = warpgroup_mma(k_smem, q_smem.index(0).permute((1, 0)), zero_s, use_acc=False,
+                          is_async=True)
+    rows = m_lo + offs_m
+    lse2 = gl.load(LSE + q_row0 + rows, mask=rows < seq_q, other=0.0) * LOG2E
+    delta = gl.load(DELTA + q_row0 + rows, mask=rows < seq_q, other=0.0)
+    for j in range(n_iter):
+        buf = j % STAGES
+        start_m = m_lo + j * BLOCK_M
+        rows = start_m + offs_m
+        in_q = rows < seq_q
+        do_buf = do_smem.index(buf)
+        q_buf = q_smem.index(buf)
+        dp_tok = warpgroup_mma(v_smem, do_buf.permute((1, 0)), zero_s, use_acc=False,
+                               is_async=True)
+        s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_tok])  # dPᵀ still running
+        p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
+        # queries past the end (the next head's rows), keys past the end and, under a causal
+        # mask, queries before a key: zero; only tiles at an end or crossing the diagonal
+        edge = (start_m + BLOCK_M > seq_q) | (n0 + BLOCK_N > seq_k)
+        if IS_CAUSAL:
+            edge = edge | (start_m < n0 + BLOCK_N - 1)
+        if edge:
+            keep = in_q[None, :] & in_k[:, None]
+            if IS_CAUSAL:
+                keep = keep & (offs_n[:, None] <= rows[None, :])
+            p_t = gl.where(keep, p_t, 0.0)
+        dv_tok = warpgroup_mma(gl.convert_layout(p_t.to(dtype), op_a), do_buf, dv, is_async=True)
+        dp_t = warpgroup_mma_wait(num_outstanding=1, deps=[dp_tok])  # dV's product running
+        ds_t = p_t * (dp_t - delta[None, :]) * sm_scale
+        rows_n = rows + BLOCK_M  # the next tile's L and D, used next iteration
+        lse2 = gl.load(LSE + q_row0 + rows_n, mask=rows_n < seq_q, other=0.0) * LOG2E
+        delta = gl.load(DELTA + q_row0 + rows_n, mask=rows_n < seq_q, other=0.0)
+        if (REDUCE == 1) | (REDUCE == 2):
+            # the reduce issued DQ_BUFS tiles ago read the staging buffer this tile will write
+            tma.store_wait(DQ_BUFS - 1)
+        ds_smem.store(ds_t.to(dtype))
+        fence_async_shared()
+        gl.barrier()  # every warpgroup's dS rows are in place (dQ's product reads all of them)
+        dk_tok = warpgroup_mma(ds_smem, q_buf, dk, is_async=True)
+        dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, zero_q, use_acc=False,
+                               is_async=True)
+        # the next tile's Sᵀ (the last iteration repeats its own tile: wasted, never read)
+        nxt = gl.minimum(j + 1, n_iter - 1)
+        nbuf = nxt % STAGES
+        mbarrier.wait(bars.index(nbuf), (nxt // STAGES) & 1)
+        s_tok = warpgroup_mma(k_smem, q_smem.index(nbuf).permute((1, 0)), zero_s, use_acc=False,
+                              is_async=True)
+        # all of them, the next Sᵀ too: an asynchronous product still running across the loop's
+        # back edge makes ptxas serialise every wgmma of the kernel (its warning C7514: the
+        # loop-carried accumulator is copied while in flight)
+        dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=[dv_tok, dk_tok, dq_tok])
+        if (REDUCE != 0) & (REDUCE != 4):
+            dq_buf = dq_smem.index(j % DQ_BUFS)
+            dq_buf.store(dq)
+            fence_async_shared()
+        # every warp is done with this stage's Q, dO and with dS; the staging buffer is full
+        gl.barrier()
+        if REDUCE == 1:
+            tma.async_atomic_add(dq_desc, [q_row0 + start_m, 0], dq_buf)
+        elif REDUCE == 2:  # timing only: half of the tiles' reduces (dQ wrong)
+            if j % 2 == 0:
+                tma.async_atomic_add(dq_desc, [q_row0 + start_m, 0], dq_buf)
+        elif REDUCE == 4:
+            r = start_m + dq_rows
+            ptrs = DQ + ((q_row0 + r) * HEAD_DIM)[:, None] + dq_cols[None, :]  # < 2^31 rows·d
+            gl.atomic_add(ptrs, gl.convert_layout(dq, red_l), mask=(r < seq_q)[:, None],
+                          sem="relaxed")
+        ok = j + STAGES < n_iter
+        row = q_row0 + start_m + STAGES * BLOCK_M
+        mbarrier.expect(bars.index(buf), tile_bytes, pred=ok)
+        tma.async_load(q_desc, [row, 0], bars.index(buf), q_buf, pred=ok)
+        tma.async_load(do_desc, [row, 0], bars.index(buf), do_buf, pred=ok)
+    warpgroup_mma_wait(num_outstanding=0, deps=[s_tok])
+    if (REDUCE == 1) | (REDUCE == 2):
+        tma.store_wait(0)
+
+    mbarrier.invalidate(kv_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+    on = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma_d))
+    od = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma_d))
+    offs = (k_row0 + on)[:, None].to(gl.int64) * HEAD_DIM + od[None, :]
+    mask = (on < seq_k)[:, None]
+    gl.store(DK + offs, dk.to(dtype), mask=mask)
+    gl.store(DV + offs, dv.to(dtype), mask=mask)
+
+
+_SMEM16 = dict(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+_SMEM32 = dict(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+
+
+def descriptors(q, k, v, do, dq_acc, block_m: int, block_n: int):
+    """TMA descriptors of the (B·h·T, d) views: Q, dO by query tile, K, V by key tile, the fp32
+    dQ accumulator by query tile."""
+    d = q.shape[-1]
+
+    def desc(t, rows, spec):
+        flat = t.reshape(-1, d)
+        return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, d],
+                                gl.NVMMASharedLayout(**spec))
+
+    return (desc(q, block_m, _SMEM16), desc(k, block_n, _SMEM16), desc(v, block_n, _SMEM16),
+            desc(do, block_m, _SMEM16), desc(dq_acc, block_m, _SMEM32))
+
+
+def gluon_bwd5(q, k, v, o, lse, do, causal: bool, stages: int = 2, reduce: int = 1,
+               block_m: int = 64, block_n: int = 128, warps: int = 8, dq_bufs: int = 2):
+    """(dq, dk, dv) by the pre-pass, the Gluon kernel and a cast (contiguous 16-bit (B, h, T,
+    d) tensors, d 64; lse fp32 (B, h, Tq) from the forward)."""
+    from lmprof.kernels import flash
+
+    b, h, tq, d = q.shape
+    tk = k.shape[2]
+    scale = 1 / math.sqrt(d)
+    delta = torch.empty((b, h, tq), dtype=torch.float32, device=q.device)
+    flash._flash_bwd_preprocess[(b * h, triton.cdiv(tq, 128))](
+        o, do, delta, *o.stride(), *do.stride(), h, tq, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=128)
+    dq_acc = torch.zeros((b, h, tq, d), dtype=torch.float32, device=q.device)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    _gl_bwd5_kernel[(b * h, triton.cdiv(tk, block_n))](
+        *descriptors(q, k, v, do, dq_acc, block_m, block_n), dq_acc, dk, dv, lse, delta, tq, tk,
+        scale * LOG2E.value, scale, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
+        IS_CAUSAL=causal, REDUCE=reduce, DQ_BUFS=dq_bufs, num_warps=warps)
+    return dq_acc.to(q.dtype), dk, dv
+
+
+def _rel(x, ref) -> float:
+    err = (x.float() - ref.float()).abs().max().item() / ref.float().abs().max().item()
+    return err if math.isfinite(err) else float("inf")
+
+
+def _say(*what) -> None:
+    print("#", datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S"), *what,
+          file=sys.stderr, flush=True)
+
+
+# --reduce variants: 1 the kernel; for timing only (dQ wrong): 0 no staging and no reduce, 2 the
+# reduce of every other tile, 3 the staging store and barrier without the reduce
+_VARIANT = {1: "", 0: "_noreduce", 2: "_halfreduce", 3: "_stageonly", 4: "_red"}
+
+
+def run(shape, causal: bool, configs, reduces=(1, 0)) -> dict:
+    from triton.testing import do_bench
+
+    from lmprof.kernels import flash
+    b, h, t, d = shape
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16, generator=g)
+                   for _ in range(4))
+    o, lse = flash.flash_forward(q, k, v, causal)
+    ref = flash.flash_backward(q, k, v, o, lse, do, causal)
+    _say(shape, "causal" if causal else "", "references ready")
+    row = {"shape": list(shape), "causal": causal}
+    # fp32 reference at small sizes: the error of each against it
+    if t <= 2048:
+        qf, kf, vf = (x.float().requires_grad_() for x in (q, k, v))
+        of = torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, is_causal=causal)
+        exact = torch.autograd.grad(of, (qf, kf, vf), do.float())
+        row["split_err_vs_fp32"] = max(_rel(x, r) for x, r in zip(ref, exact))
+    for (block_n, warps, stages, *bufs), reduce in ((c, r) for c in configs for r in reduces):
+        dq_bufs = bufs[0] if bufs else 2
+        tag = (f"gluon5_n{block_n}_w{warps}_s{stages}" + (f"_b{dq_bufs}" if bufs else "")
+               + _VARIANT[reduce])
+        kw = dict(stages=stages, reduce=reduce, block_n=block_n, warps=warps, dq_bufs=dq_bufs)
+        try:
+            out = gluon_bwd5(q, k, v, o, lse, do, causal, **kw)
+            torch.cuda.synchronize()
+        except Exception as exc:  # a compile or launch failure is a result here
+            row[tag + "_error"] = " ".join(str(exc).split())[:300]
+            continue
+        names = ("dq", "dk", "dv") if reduce in (1, 4) else ("dk", "dv")
+        for name, x, r in zip(("dq", "dk", "dv"), out, ref):
+            if name in names:
+                row[f"{tag}_{name}_rel_diff_vs_split"] = _rel(x, r)
+        if reduce in (1, 4) and t <= 2048:
+            row[tag + "_err_vs_fp32"] = max(_rel(x, r) for x, r in zip(out, exact))
+        row[tag + "_bwd_ms"] = do_bench(
+            lambda: gluon_bwd5(q, k, v, o, lse, do, causal, **kw), warmup=25, rep=200)
+        _say(tag, row[tag + "_bwd_ms"])
+        if reduce in (1, 4):
+            def e2e():
+                o2, lse2 = flash.flash_forward(q, k, v, causal)
+                gluon_bwd5(q, k, v, o2, lse2, do, causal, **kw)
+            row[tag + "_e2e_ms"] = do_bench(e2e, warmup=25, rep=200)
+    row["split_bwd_ms"] = do_bench(lambda: flash.flash_backward(q, k, v, o, lse, do, causal),
+                                   warmup=25, rep=200)
+    _say("split bwd", row["split_bwd_ms"])
+    row["fwd_ms"] = do_bench(lambda: flash.flash_forward(q, k, v, causal), warmup=25, rep=200)
+
+    def split_e2e():
+        o2, lse2 = flash.flash_forward(q, k, v, causal)
+        flash.flash_backward(q, k, v, o2, lse2, do, causal)
+    row["split_e2e_ms"] = do_bench(split_e2e, warmup=25, rep=200)
+    # cuDNN (SDPA's default backend on these machines), forward + backward and forward alone
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    try:
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            def cudnn_e2e():
+                out = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg,
+                                                                       is_causal=causal)
+                torch.autograd.grad(out, (qg, kg, vg), do)
+            row["cudnn_e2e_ms"] = do_bench(cudnn_e2e, warmup=25, rep=200)
+            with torch.no_grad():
+                row["cudnn_fwd_ms"] = do_bench(
+                    lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v,
+                                                                             is_causal=causal),
+                    warmup=25, rep=200)
+    except RuntimeError as exc:
+        row["cudnn_error"] = " ".join(str(exc).split())[:200]
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", action="append", default=None, help="B,H,T,D (repeatable)")
+    ap.add_argument("--config", action="append", default=None,
+                    help="BLOCK_N,warps,stages[,dQ staging buffers] (repeatable; default "
+                         "128,8,2 64,4,2 64,4,3)")
+    ap.add_argument("--reduce", type=int, nargs="+", default=[1, 0], choices=sorted(_VARIANT),
+                    help="1 the kernel (TMA reduce), 4 element-wise atomics; 0/2/3 timing only")
+    ap.add_argument("--out", type=Path, default=None, help="also write the rows here (JSON)")
+    args = ap.parse_args()
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        sys.exit("gluon_bwd5: needs a Hopper GPU (sm_90)")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    shapes = [tuple(int(x) for x in s.split(",")) for s in (args.shape or [
+        "1,16,16384,64", "2,2,1000,64", "4,16,4096,64"])]
+    configs = [tuple(int(x) for x in c.split(",")) for c in (args.config or [
+        "128,8,2", "64,4,2", "64,4,3"])]
+    rows = []
+    for shape in shapes:
+        for causal in ((True, False) if shape[2] <= 2048 else (True,)):
+            rows.append(run(shape, causal, configs, args.reduce))
+            print(json.dumps(rows[-1]), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps({
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "triton": triton.__version__, "rows": rows},
+            indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
