@@ -2,7 +2,7 @@
 asynchronous TMA reduces — against the committed split backward and cuDNN, in the same run.
 
     python bench/gluon_bwd5.py [--shape B,H,T,D ...] [--config BLOCK_N,warps,stages[,bufs] ...]
-                               [--reduce 1 0 2 3 4] [--out FILE]
+                               [--reduce 1 0 2 3 4 5] [--out FILE]
 
 Why (bench/notes/flash_attention.md, v7, v9, thirteenth session): the split backward computes
 seven products per tile pair (dK/dV kernel four, dQ kernel three) where one kernel needs five;
@@ -20,12 +20,17 @@ committed Triton kernel); a cast gives dQ. ``--reduce``: 1 this kernel, 4 dQ by 
 relaxed atomics instead; timing only (dQ wrong): 0 no dQ staging or reduce, 2 the reduce of every
 other tile, 3 the staging store and barrier without the reduce.
 
-Outcome (H100, Triton 3.9, 2026-11-28; notes, twenty-fourth session; bench/results/
-gluon_bwd5*.json): correct (dK, dV equal the split kernels' bit for bit, dQ within 4e-4), and the
-five products alone take 2.57 ms at the leaderboard shape (64 keys, 4 warps, two programs per SM)
-— under cuDNN's whole backward — but the dQ reduce (8.6 GB of fp32 adds with 64-key tiles) adds
-1.1-1.3 ms: end to end 5.00 ms at best (three staging buffers) against the split's 5.28 and
-cuDNN's 4.45 in the same run. Not used by the product.
+``--reduce 5``: the warp-specialised form (below ``_gl_bwd5_ws_kernel``): 128 keys per program
+in two compute warpgroups that do not run in lockstep and a producer warp; each tile's 128-key dQ
+partial summed by one warpgroup's two products, so half the reduce bytes.
+
+Outcome (Triton 3.9, 2026-11-28; notes, twenty-fourth session; bench/results/gluon_bwd5*.json):
+correct (dK, dV equal the split kernels' bit for bit, dQ within 4e-4). 64-key tiles: the five
+products alone take 2.57 ms at the leaderboard shape on the H100 — under cuDNN's whole backward —
+but the dQ reduce (8.6 GB of fp32 adds) adds 1.1-1.3 ms: end to end 5.00 ms at best against the
+split's 5.28 and cuDNN's 4.45 in the same run. Warp-specialised (H200): backward 3.36 ms, end to
+end 4.73 against the split's 5.35 and cuDNN's 4.46 in the same run (0.94x cuDNN). Not used by the
+product.
 
 Needs a Hopper GPU and Triton 3.9's Gluon API (``tma.async_load``, ``tma.async_atomic_add``,
 ``gl.barrier``); contiguous 16-bit (B, h, T, d) with d 64.
@@ -217,6 +222,178 @@ def _gl_bwd5_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DQ, DK, DV, LSE, D
     gl.store(DV + offs, dv.to(dtype), mask=mask)
 
 
+# The warp-specialised form (``--ws``): 128 keys per program, two compute warpgroups of 64 keys
+# each that do not run in lockstep (the tile loop's products, as above, for their own keys) and a
+# one-warp producer that fills the Q/dO ring. The 128-key dQ partial of a query tile is made by
+# one warpgroup, alternately (tile t: warpgroup t % 2, the owner): once the other warpgroup's dS
+# is in shared memory (``ds_ready``) it adds both products, dS_own·K_own + dS_other·K_other, stages
+# the sum and issues its TMA reduce; the other warpgroup may overwrite that dS two tiles later
+# (``ds_free``). So the reduce adds half the bytes of the 64-key kernel (4.3 GB at the
+# leaderboard shape) with the two warpgroups decoupled, as FlashAttention-3 does. Each warpgroup
+# stages its reduces in buffers of its own (a TMA store's completion is waited for by the thread
+# that issued it).
+
+
+@gluon.jit
+def _ws_producer(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar,
+                 ready, empty, q_row0, k_row0, n0, m_lo, n_iter,
+                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
+    for w in gl.static_range(2):
+        tma.async_load(k_desc, [k_row0 + n0 + w * BLOCK_M, 0], kv_bar, k_smem.index(w))
+        tma.async_load(v_desc, [k_row0 + n0 + w * BLOCK_M, 0], kv_bar, v_smem.index(w))
+    tile_bytes: gl.constexpr = 2 * q_desc.block_type.nbytes
+    for i in range(n_iter):
+        s = i % STAGES
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # fresh barrier: passes
+        mbarrier.expect(ready.index(s), tile_bytes)
+        row = q_row0 + m_lo + i * BLOCK_M
+        tma.async_load(q_desc, [row, 0], ready.index(s), q_smem.index(s))
+        tma.async_load(do_desc, [row, 0], ready.index(s), do_smem.index(s))
+
+
+@gluon.jit
+def _ws_compute(W: gl.constexpr, dq_desc, DK, DV, LSE, DELTA, q_smem, do_smem, k_smem, v_smem,
+                ds_smem, dq_smem, kv_bar, ready, empty, ds_ready, ds_free,
+                seq_q, seq_k, qk_scale, sm_scale, q_row0, k_row0, n0, m_lo, n_iter,
+                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                IS_CAUSAL: gl.constexpr):
+    dtype: gl.constexpr = q_smem.dtype
+    KEYS: gl.constexpr = BLOCK_M  # this warpgroup's keys
+    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                     instr_shape=[16, BLOCK_M, 16])
+    mma_d: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                     instr_shape=[16, HEAD_DIM, 16])
+    op_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_d, k_width=2)
+    cols_l: gl.constexpr = gl.SliceLayout(0, mma_s)
+    rows_l: gl.constexpr = gl.SliceLayout(1, mma_s)
+    kw = n0 + W * KEYS  # first key of this warpgroup
+    k_me = k_smem.index(W)
+    v_me = v_smem.index(W)
+    offs_n = kw + gl.arange(0, KEYS, layout=rows_l)
+    offs_m = gl.arange(0, BLOCK_M, layout=cols_l)
+    in_k = offs_n < seq_k
+    dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=mma_d)
+    dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=mma_d)
+    zero_s = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=mma_s)
+    zero_q = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=mma_d)
+    mbarrier.wait(kv_bar, 0)
+    for j in range(n_iter):
+        s = j % STAGES
+        b = j % 2  # the owner of this tile's dQ, and the dS buffer of both warpgroups
+        start_m = m_lo + j * BLOCK_M
+        rows = start_m + offs_m
+        in_q = rows < seq_q
+        lse2 = gl.load(LSE + q_row0 + rows, mask=in_q, other=0.0) * LOG2E
+        delta = gl.load(DELTA + q_row0 + rows, mask=in_q, other=0.0)
+        mbarrier.wait(ready.index(s), (j // STAGES) & 1)
+        q_buf = q_smem.index(s)
+        do_buf = do_smem.index(s)
+        s_tok = warpgroup_mma(k_me, q_buf.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(v_me, do_buf.permute((1, 0)), zero_s, use_acc=False,
+                               is_async=True)
+        s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_tok])
+        p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
+        edge = (start_m + BLOCK_M > seq_q) | (kw + KEYS > seq_k)
+        if IS_CAUSAL:
+            edge = edge | (start_m < kw + KEYS - 1)
+        if edge:
+            keep = in_q[None, :] & in_k[:, None]
+            if IS_CAUSAL:
+                keep = keep & (offs_n[:, None] <= rows[None, :])
+            p_t = gl.where(keep, p_t, 0.0)
+        dv_tok = warpgroup_mma(gl.convert_layout(p_t.to(dtype), op_a), do_buf, dv, is_async=True)
+        dp_t = warpgroup_mma_wait(num_outstanding=1, deps=[dp_tok])
+        ds_t = p_t * (dp_t - delta[None, :]) * sm_scale
+        ds_me = ds_smem.index(W * 2 + b)
+        if W != b:  # the owner read this buffer two tiles ago: wait until it is done
+            mbarrier.wait(ds_free.index(b), ((j // 2) & 1) ^ 1)
+        ds_me.store(ds_t.to(dtype))
+        fence_async_shared()
+        gl.barrier()  # this warpgroup's dS rows are all in place
+        if W != b:
+            mbarrier.arrive(ds_ready.index(b))  # the owner may read them
+        dk_tok = warpgroup_mma(ds_me, q_buf, dk, is_async=True)
+        if W != b:
+            dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=[dv_tok, dk_tok])
+            mbarrier.arrive(empty.index(s))
+        else:
+            dq_tok = warpgroup_mma(ds_me.permute((1, 0)), k_me, zero_q, use_acc=False,
+                                   is_async=True)
+            mbarrier.wait(ds_ready.index(b), (j // 2) & 1)
+            ds_other = ds_smem.index((1 - W) * 2 + b)
+            dq_tok = warpgroup_mma(ds_other.permute((1, 0)), k_smem.index(1 - W), dq_tok,
+                                   is_async=True)
+            dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=[dv_tok, dk_tok, dq_tok])
+            mbarrier.arrive(ds_free.index(b))
+            mbarrier.arrive(empty.index(s))
+            # this warpgroup's staging buffers, one per reduce it issues, in turn
+            u = j // 2
+            dq_buf = dq_smem.index(W * 2 + u % 2)
+            tma.store_wait(1)  # the reduce that read this buffer two of ours ago
+            gl.barrier()
+            dq_buf.store(dq)
+            fence_async_shared()
+            gl.barrier()
+            tma.async_atomic_add(dq_desc, [q_row0 + start_m, 0], dq_buf)
+    tma.store_wait(0)
+    on = kw + gl.arange(0, KEYS, layout=gl.SliceLayout(1, mma_d))
+    od = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma_d))
+    offs = (k_row0 + on)[:, None].to(gl.int64) * HEAD_DIM + od[None, :]
+    mask = (on < seq_k)[:, None]
+    gl.store(DK + offs, dk.to(dtype), mask=mask)
+    gl.store(DV + offs, dv.to(dtype), mask=mask)
+
+
+@gluon.jit
+def _gl_bwd5_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LSE, DELTA,
+                       seq_q, seq_k, qk_scale, sm_scale,
+                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                       IS_CAUSAL: gl.constexpr, COMPUTE_REGS: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
+                                                   rank=2)
+    pid_bh = gl.program_id(0)
+    n0 = gl.program_id(1) * (2 * BLOCK_M)
+    q_row0 = pid_bh * seq_q
+    k_row0 = pid_bh * seq_k
+    if IS_CAUSAL:
+        m_lo = n0 // BLOCK_M * BLOCK_M
+    else:
+        m_lo = 0
+    n_iter = gl.cdiv(seq_q - m_lo, BLOCK_M)
+    k_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [4, BLOCK_M, BLOCK_M], ds_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_M, HEAD_DIM], dq_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    for i in gl.static_range(2):
+        mbarrier.init(ds_ready.index(i), count=1)
+        mbarrier.init(ds_free.index(i), count=1)
+    gl.warp_specialize([
+        (_ws_compute, (0, dq_desc, DK, DV, LSE, DELTA, q_smem, do_smem, k_smem, v_smem, ds_smem,
+                       dq_smem, kv_bar, ready, empty, ds_ready, ds_free, seq_q, seq_k, qk_scale,
+                       sm_scale, q_row0, k_row0, n0, m_lo, n_iter, HEAD_DIM, BLOCK_M, STAGES,
+                       IS_CAUSAL)),
+        (_ws_compute, (1, dq_desc, DK, DV, LSE, DELTA, q_smem, do_smem, k_smem, v_smem, ds_smem,
+                       dq_smem, kv_bar, ready, empty, ds_ready, ds_free, seq_q, seq_k, qk_scale,
+                       sm_scale, q_row0, k_row0, n0, m_lo, n_iter, HEAD_DIM, BLOCK_M, STAGES,
+                       IS_CAUSAL)),
+        (_ws_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar,
+                        ready, empty, q_row0, k_row0, n0, m_lo, n_iter, BLOCK_M, STAGES)),
+    ], [4, 1], [COMPUTE_REGS, 24])
+
+
 _SMEM16 = dict(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 _SMEM32 = dict(swizzle_byte_width=128, element_bitwidth=32, rank=2)
 
@@ -257,6 +434,27 @@ def gluon_bwd5(q, k, v, o, lse, do, causal: bool, stages: int = 2, reduce: int =
     return dq_acc.to(q.dtype), dk, dv
 
 
+def gluon_bwd5_ws(q, k, v, o, lse, do, causal: bool, stages: int = 2, regs: int = 240):
+    """(dq, dk, dv) by the pre-pass, the warp-specialised Gluon kernel and a cast (contiguous
+    16-bit (B, h, T, d) tensors, d 64)."""
+    from lmprof.kernels import flash
+
+    b, h, tq, d = q.shape
+    tk = k.shape[2]
+    scale = 1 / math.sqrt(d)
+    delta = torch.empty((b, h, tq), dtype=torch.float32, device=q.device)
+    flash._flash_bwd_preprocess[(b * h, triton.cdiv(tq, 128))](
+        o, do, delta, *o.stride(), *do.stride(), h, tq, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=128)
+    dq_acc = torch.zeros((b, h, tq, d), dtype=torch.float32, device=q.device)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    _gl_bwd5_ws_kernel[(b * h, triton.cdiv(tk, 128))](
+        *descriptors(q, k, v, do, dq_acc, 64, 64), dk, dv, lse, delta, tq, tk,
+        scale * LOG2E.value, scale, HEAD_DIM=d, BLOCK_M=64, STAGES=stages, IS_CAUSAL=causal,
+        COMPUTE_REGS=regs, num_warps=4)
+    return dq_acc.to(q.dtype), dk, dv
+
+
 def _rel(x, ref) -> float:
     err = (x.float() - ref.float()).abs().max().item() / ref.float().abs().max().item()
     return err if math.isfinite(err) else float("inf")
@@ -269,7 +467,7 @@ def _say(*what) -> None:
 
 # --reduce variants: 1 the kernel; for timing only (dQ wrong): 0 no staging and no reduce, 2 the
 # reduce of every other tile, 3 the staging store and barrier without the reduce
-_VARIANT = {1: "", 0: "_noreduce", 2: "_halfreduce", 3: "_stageonly", 4: "_red"}
+_VARIANT = {1: "", 0: "_noreduce", 2: "_halfreduce", 3: "_stageonly", 4: "_red", 5: "_ws"}
 
 
 def run(shape, causal: bool, configs, reduces=(1, 0)) -> dict:
@@ -294,26 +492,35 @@ def run(shape, causal: bool, configs, reduces=(1, 0)) -> dict:
         dq_bufs = bufs[0] if bufs else 2
         tag = (f"gluon5_n{block_n}_w{warps}_s{stages}" + (f"_b{dq_bufs}" if bufs else "")
                + _VARIANT[reduce])
-        kw = dict(stages=stages, reduce=reduce, block_n=block_n, warps=warps, dq_bufs=dq_bufs)
+        if reduce == 5:  # the warp-specialised kernel: 128 keys, 2 + 1 warpgroups, its stages
+            tag = f"gluon5_ws_s{stages}"
+            kw = dict(stages=stages)
+            fn = gluon_bwd5_ws
+        else:
+            kw = dict(stages=stages, reduce=reduce, block_n=block_n, warps=warps,
+                      dq_bufs=dq_bufs)
+            fn = gluon_bwd5
+        if tag + "_bwd_ms" in row:
+            continue
         try:
-            out = gluon_bwd5(q, k, v, o, lse, do, causal, **kw)
+            out = fn(q, k, v, o, lse, do, causal, **kw)
             torch.cuda.synchronize()
         except Exception as exc:  # a compile or launch failure is a result here
             row[tag + "_error"] = " ".join(str(exc).split())[:300]
             continue
-        names = ("dq", "dk", "dv") if reduce in (1, 4) else ("dk", "dv")
+        names = ("dq", "dk", "dv") if reduce in (1, 4, 5) else ("dk", "dv")
         for name, x, r in zip(("dq", "dk", "dv"), out, ref):
             if name in names:
                 row[f"{tag}_{name}_rel_diff_vs_split"] = _rel(x, r)
-        if reduce in (1, 4) and t <= 2048:
+        if reduce in (1, 4, 5) and t <= 2048:
             row[tag + "_err_vs_fp32"] = max(_rel(x, r) for x, r in zip(out, exact))
-        row[tag + "_bwd_ms"] = do_bench(
-            lambda: gluon_bwd5(q, k, v, o, lse, do, causal, **kw), warmup=25, rep=200)
+        row[tag + "_bwd_ms"] = do_bench(lambda: fn(q, k, v, o, lse, do, causal, **kw),
+                                        warmup=25, rep=200)
         _say(tag, row[tag + "_bwd_ms"])
-        if reduce in (1, 4):
+        if reduce in (1, 4, 5):
             def e2e():
                 o2, lse2 = flash.flash_forward(q, k, v, causal)
-                gluon_bwd5(q, k, v, o2, lse2, do, causal, **kw)
+                fn(q, k, v, o2, lse2, do, causal, **kw)
             row[tag + "_e2e_ms"] = do_bench(e2e, warmup=25, rep=200)
     row["split_bwd_ms"] = do_bench(lambda: flash.flash_backward(q, k, v, o, lse, do, causal),
                                    warmup=25, rep=200)
@@ -351,7 +558,9 @@ def main() -> None:
                     help="BLOCK_N,warps,stages[,dQ staging buffers] (repeatable; default "
                          "128,8,2 64,4,2 64,4,3)")
     ap.add_argument("--reduce", type=int, nargs="+", default=[1, 0], choices=sorted(_VARIANT),
-                    help="1 the kernel (TMA reduce), 4 element-wise atomics; 0/2/3 timing only")
+                    help="1 the kernel (TMA reduce), 4 element-wise atomics, 5 the "
+                         "warp-specialised kernel (128 keys; BLOCK_N and warps ignored); "
+                         "0/2/3 timing only")
     ap.add_argument("--out", type=Path, default=None, help="also write the rows here (JSON)")
     args = ap.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
