@@ -62,6 +62,36 @@ LOG2E = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit
+def _p_tile(s_t, lse2, qk_scale, rows, offs_n, start_m, key0, seq_q, seq_k,
+            KEYS: gl.constexpr, BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """P = exp2(Sᵀ·scale − L) of keys offs_n (KEYS from key0) × queries rows, zero for queries
+    past the end (the next head's rows in these views), keys past the end and, under a causal
+    mask, queries before a key; only tiles at an end or crossing the diagonal are masked."""
+    p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
+    edge = (start_m + BLOCK_M > seq_q) | (key0 + KEYS > seq_k)
+    if IS_CAUSAL:
+        edge = edge | (start_m < key0 + KEYS - 1)
+    if edge:
+        keep = (rows < seq_q)[None, :] & (offs_n < seq_k)[:, None]
+        if IS_CAUSAL:
+            keep = keep & (offs_n[:, None] <= rows[None, :])
+        p_t = gl.where(keep, p_t, 0.0)
+    return p_t
+
+
+@gluon.jit
+def _store_dkdv(dk, dv, DK, DV, k_row0, key0, seq_k, KEYS: gl.constexpr,
+                HEAD_DIM: gl.constexpr, layout: gl.constexpr):
+    """dK and dV of keys key0 .. key0 + KEYS (rows past seq_k left alone), in the inputs' dtype."""
+    on = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, layout))
+    od = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+    offs = (k_row0 + on)[:, None].to(gl.int64) * HEAD_DIM + od[None, :]
+    mask = (on < seq_k)[:, None]
+    gl.store(DK + offs, dk.to(DK.dtype.element_ty), mask=mask)
+    gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
 def _gl_bwd5_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DQ, DK, DV, LSE, DELTA,
                     seq_q, seq_k, qk_scale, sm_scale,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -127,7 +157,6 @@ def _gl_bwd5_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DQ, DK, DV, LSE, D
 
     offs_n = n0 + gl.arange(0, BLOCK_N, layout=rows_l)
     offs_m = gl.arange(0, BLOCK_M, layout=cols_l)
-    in_k = offs_n < seq_k  # keys past the end are the next head's rows in these views
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=mma_d)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=mma_d)
     zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_s)
@@ -144,23 +173,13 @@ def _gl_bwd5_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DQ, DK, DV, LSE, D
         buf = j % STAGES
         start_m = m_lo + j * BLOCK_M
         rows = start_m + offs_m
-        in_q = rows < seq_q
         do_buf = do_smem.index(buf)
         q_buf = q_smem.index(buf)
         dp_tok = warpgroup_mma(v_smem, do_buf.permute((1, 0)), zero_s, use_acc=False,
                                is_async=True)
         s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_tok])  # dPᵀ still running
-        p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
-        # queries past the end (the next head's rows), keys past the end and, under a causal
-        # mask, queries before a key: zero; only tiles at an end or crossing the diagonal
-        edge = (start_m + BLOCK_M > seq_q) | (n0 + BLOCK_N > seq_k)
-        if IS_CAUSAL:
-            edge = edge | (start_m < n0 + BLOCK_N - 1)
-        if edge:
-            keep = in_q[None, :] & in_k[:, None]
-            if IS_CAUSAL:
-                keep = keep & (offs_n[:, None] <= rows[None, :])
-            p_t = gl.where(keep, p_t, 0.0)
+        p_t = _p_tile(s_t, lse2, qk_scale, rows, offs_n, start_m, n0, seq_q, seq_k, BLOCK_N,
+                      BLOCK_M, IS_CAUSAL)
         dv_tok = warpgroup_mma(gl.convert_layout(p_t.to(dtype), op_a), do_buf, dv, is_async=True)
         dp_t = warpgroup_mma_wait(num_outstanding=1, deps=[dp_tok])  # dV's product running
         ds_t = p_t * (dp_t - delta[None, :]) * sm_scale
@@ -214,12 +233,7 @@ def _gl_bwd5_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DQ, DK, DV, LSE, D
     mbarrier.invalidate(kv_bar)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
-    on = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma_d))
-    od = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma_d))
-    offs = (k_row0 + on)[:, None].to(gl.int64) * HEAD_DIM + od[None, :]
-    mask = (on < seq_k)[:, None]
-    gl.store(DK + offs, dk.to(dtype), mask=mask)
-    gl.store(DV + offs, dv.to(dtype), mask=mask)
+    _store_dkdv(dk, dv, DK, DV, k_row0, n0, seq_k, BLOCK_N, HEAD_DIM, mma_d)
 
 
 # The warp-specialised form (``--ws``): 128 keys per program, two compute warpgroups of 64 keys
@@ -272,7 +286,6 @@ def _ws_compute(W: gl.constexpr, dq_desc, DK, DV, LSE, DELTA, q_smem, do_smem, k
     v_me = v_smem.index(W)
     offs_n = kw + gl.arange(0, KEYS, layout=rows_l)
     offs_m = gl.arange(0, BLOCK_M, layout=cols_l)
-    in_k = offs_n < seq_k
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=mma_d)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=mma_d)
     zero_s = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=mma_s)
@@ -293,15 +306,8 @@ def _ws_compute(W: gl.constexpr, dq_desc, DK, DV, LSE, DELTA, q_smem, do_smem, k
         dp_tok = warpgroup_mma(v_me, do_buf.permute((1, 0)), zero_s, use_acc=False,
                                is_async=True)
         s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_tok])
-        p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
-        edge = (start_m + BLOCK_M > seq_q) | (kw + KEYS > seq_k)
-        if IS_CAUSAL:
-            edge = edge | (start_m < kw + KEYS - 1)
-        if edge:
-            keep = in_q[None, :] & in_k[:, None]
-            if IS_CAUSAL:
-                keep = keep & (offs_n[:, None] <= rows[None, :])
-            p_t = gl.where(keep, p_t, 0.0)
+        p_t = _p_tile(s_t, lse2, qk_scale, rows, offs_n, start_m, kw, seq_q, seq_k, KEYS,
+                      BLOCK_M, IS_CAUSAL)
         dv_tok = warpgroup_mma(gl.convert_layout(p_t.to(dtype), op_a), do_buf, dv, is_async=True)
         dp_t = warpgroup_mma_wait(num_outstanding=1, deps=[dp_tok])
         ds_t = p_t * (dp_t - delta[None, :]) * sm_scale
@@ -337,12 +343,7 @@ def _ws_compute(W: gl.constexpr, dq_desc, DK, DV, LSE, DELTA, q_smem, do_smem, k
             gl.barrier()
             tma.async_atomic_add(dq_desc, [q_row0 + start_m, 0], dq_buf)
     tma.store_wait(0)
-    on = kw + gl.arange(0, KEYS, layout=gl.SliceLayout(1, mma_d))
-    od = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma_d))
-    offs = (k_row0 + on)[:, None].to(gl.int64) * HEAD_DIM + od[None, :]
-    mask = (on < seq_k)[:, None]
-    gl.store(DK + offs, dk.to(dtype), mask=mask)
-    gl.store(DV + offs, dv.to(dtype), mask=mask)
+    _store_dkdv(dk, dv, DK, DV, k_row0, kw, seq_k, KEYS, HEAD_DIM, mma_d)
 
 
 @gluon.jit
@@ -412,44 +413,40 @@ def descriptors(q, k, v, do, dq_acc, block_m: int, block_n: int):
             desc(do, block_m, _SMEM16), desc(dq_acc, block_m, _SMEM32))
 
 
-def gluon_bwd5(q, k, v, o, lse, do, causal: bool, stages: int = 2, reduce: int = 1,
-               block_m: int = 64, block_n: int = 128, warps: int = 8, dq_bufs: int = 2):
-    """(dq, dk, dv) by the pre-pass, the Gluon kernel and a cast (contiguous 16-bit (B, h, T,
-    d) tensors, d 64; lse fp32 (B, h, Tq) from the forward)."""
+def _buffers(q, k, v, o, do):
+    """D = rowsum(O∘dO) by the committed pre-pass, a zeroed fp32 dQ accumulator, dK and dV."""
     from lmprof.kernels import flash
 
     b, h, tq, d = q.shape
-    tk = k.shape[2]
-    scale = 1 / math.sqrt(d)
     delta = torch.empty((b, h, tq), dtype=torch.float32, device=q.device)
     flash._flash_bwd_preprocess[(b * h, triton.cdiv(tq, 128))](
         o, do, delta, *o.stride(), *do.stride(), h, tq, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=128)
     dq_acc = torch.zeros((b, h, tq, d), dtype=torch.float32, device=q.device)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    _gl_bwd5_kernel[(b * h, triton.cdiv(tk, block_n))](
-        *descriptors(q, k, v, do, dq_acc, block_m, block_n), dq_acc, dk, dv, lse, delta, tq, tk,
-        scale * LOG2E.value, scale, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
-        IS_CAUSAL=causal, REDUCE=reduce, DQ_BUFS=dq_bufs, num_warps=warps)
+    return delta, dq_acc, torch.empty_like(k), torch.empty_like(v)
+
+
+def gluon_bwd5(q, k, v, o, lse, do, causal: bool, stages: int = 2, reduce: int = 1,
+               block_m: int = 64, block_n: int = 128, warps: int = 8, dq_bufs: int = 2):
+    """(dq, dk, dv) by the pre-pass, the Gluon kernel and a cast (contiguous 16-bit (B, h, T,
+    d) tensors, d 64; lse fp32 (B, h, Tq) from the forward)."""
+    b, h, tq, d = q.shape
+    scale = 1 / math.sqrt(d)
+    delta, dq_acc, dk, dv = _buffers(q, k, v, o, do)
+    _gl_bwd5_kernel[(b * h, triton.cdiv(k.shape[2], block_n))](
+        *descriptors(q, k, v, do, dq_acc, block_m, block_n), dq_acc, dk, dv, lse, delta, tq,
+        k.shape[2], scale * LOG2E.value, scale, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n,
+        STAGES=stages, IS_CAUSAL=causal, REDUCE=reduce, DQ_BUFS=dq_bufs, num_warps=warps)
     return dq_acc.to(q.dtype), dk, dv
 
 
 def gluon_bwd5_ws(q, k, v, o, lse, do, causal: bool, stages: int = 2, regs: int = 240):
     """(dq, dk, dv) by the pre-pass, the warp-specialised Gluon kernel and a cast (contiguous
     16-bit (B, h, T, d) tensors, d 64)."""
-    from lmprof.kernels import flash
-
     b, h, tq, d = q.shape
-    tk = k.shape[2]
     scale = 1 / math.sqrt(d)
-    delta = torch.empty((b, h, tq), dtype=torch.float32, device=q.device)
-    flash._flash_bwd_preprocess[(b * h, triton.cdiv(tq, 128))](
-        o, do, delta, *o.stride(), *do.stride(), h, tq, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=128)
-    dq_acc = torch.zeros((b, h, tq, d), dtype=torch.float32, device=q.device)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    _gl_bwd5_ws_kernel[(b * h, triton.cdiv(tk, 128))](
-        *descriptors(q, k, v, do, dq_acc, 64, 64), dk, dv, lse, delta, tq, tk,
+    delta, dq_acc, dk, dv = _buffers(q, k, v, o, do)
+    _gl_bwd5_ws_kernel[(b * h, triton.cdiv(k.shape[2], 128))](
+        *descriptors(q, k, v, do, dq_acc, 64, 64), dk, dv, lse, delta, tq, k.shape[2],
         scale * LOG2E.value, scale, HEAD_DIM=d, BLOCK_M=64, STAGES=stages, IS_CAUSAL=causal,
         COMPUTE_REGS=regs, num_warps=4)
     return dq_acc.to(q.dtype), dk, dv
