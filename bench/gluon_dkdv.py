@@ -3,8 +3,8 @@ dialect) with asynchronous wgmma, against the Triton dK/dV kernel of ``lmprof.ke
 
     python bench/gluon_dkdv.py [--shape B,H,T,D ...] [--out FILE]
 
-Why: the Triton dK/dV kernel reaches ~430 TFLOP/s on an H100 against ~580 for the dQ kernel;
-in its loop every product is waited for before the exponentials or dS are computed, so the tensor
+Why: the Triton dK/dV kernel reaches ~430 TFLOP/s on an H100 against ~580 for the dQ kernel; in
+its loop every product is waited for before the exponentials or dS are computed, so the tensor
 cores idle while the warps work. Here each product is issued asynchronously and waited for one
 step later (``warpgroup_mma_wait(1)``): dPᵀ runs while the warps compute P = exp2(Sᵀ − L), dV's
 product runs while they compute dS, and the next tile's Sᵀ is issued before this tile's dK/dV
@@ -99,10 +99,10 @@ def _gl_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA,
     for i in gl.static_range(STAGES):
         ok = i < n_iter
         mbarrier.expect(bars.index(i), tile_bytes, pred=ok)
-        _tma_load(q_desc, [q_row0 + m_lo + i * BLOCK_M, 0], bars.index(i),
-                                        q_smem.index(i), pred=ok)
-        _tma_load(do_desc, [q_row0 + m_lo + i * BLOCK_M, 0], bars.index(i),
-                                        do_smem.index(i), pred=ok)
+        _tma_load(q_desc, [q_row0 + m_lo + i * BLOCK_M, 0], bars.index(i), q_smem.index(i),
+                  pred=ok)
+        _tma_load(do_desc, [q_row0 + m_lo + i * BLOCK_M, 0], bars.index(i), do_smem.index(i),
+                  pred=ok)
 
     offs_n = n0 + gl.arange(0, BLOCK_N, layout=rows_l)
     offs_m = gl.arange(0, BLOCK_M, layout=cols_l)
@@ -152,8 +152,8 @@ def _gl_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA,
         s_tok = warpgroup_mma(k_smem, q_smem.index(nbuf).permute((1, 0)), zero_s, use_acc=False,
                               is_async=True)
         if DRAIN:
-            # the next Sᵀ too: with it running across the loop's back edge ptxas (12.9, Triton
-            # 3.9's) serialises every wgmma of the kernel (warning C7514)
+            # the next Sᵀ too: with it running across the loop's back edge ptxas serialises
+            # every wgmma of the kernel (warning C7514; seen with CUDA 13.4's, timed with 12.8's)
             dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=[dv_tok, dk_tok])
         else:
             dv, dk = warpgroup_mma_wait(num_outstanding=1, deps=[dv_tok, dk_tok])
