@@ -125,8 +125,8 @@ def _gl_bwd5_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DQ, DK, DV, LSE, D
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
     ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
     dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_BUFS, BLOCK_M, HEAD_DIM], dq_desc.layout)
-    # REDUCE 4: dQ added from registers by element-wise relaxed atomics (no staging)
-    # (through a layout of 4 consecutive columns per thread: 16-byte reductions)
+    # REDUCE 4: dQ added from registers by element-wise relaxed atomics (no staging), through a
+    # layout of 4 consecutive columns per thread (Triton 3.9 still emits 4-byte reductions)
     red_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[2, 16],
                                            warps_per_cta=[num_warps, 1], order=[1, 0])
     dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, red_l))
@@ -236,9 +236,9 @@ def _gl_bwd5_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DQ, DK, DV, LSE, D
     _store_dkdv(dk, dv, DK, DV, k_row0, n0, seq_k, BLOCK_N, HEAD_DIM, mma_d)
 
 
-# The warp-specialised form (``--ws``): 128 keys per program, two compute warpgroups of 64 keys
-# each that do not run in lockstep (the tile loop's products, as above, for their own keys) and a
-# one-warp producer that fills the Q/dO ring. The 128-key dQ partial of a query tile is made by
+# The warp-specialised form (``--reduce 5``): 128 keys per program, two compute warpgroups of 64
+# keys each that do not run in lockstep (the tile loop's products, as above, for their own keys)
+# and a one-warp producer that fills the Q/dO ring. The 128-key dQ partial of a query tile is made by
 # one warpgroup, alternately (tile t: warpgroup t % 2, the owner): once the other warpgroup's dS
 # is in shared memory (``ds_ready``) it adds both products, dS_own·K_own + dS_other·K_other, stages
 # the sum and issues its TMA reduce; the other warpgroup may overwrite that dS two tiles later
