@@ -241,11 +241,11 @@ def _gl_bwd5_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DQ, DK, DV, LSE, D
 # and a one-warp producer that fills the Q/dO ring. The 128-key dQ partial of a query tile is
 # made by one warpgroup, alternately (tile t: warpgroup t % 2, the owner): once the other
 # warpgroup's dS is in shared memory (``ds_ready``) it adds both products, dS_own·K_own +
-# dS_other·K_other, stages the sum and issues its TMA reduce; the other warpgroup may overwrite that dS two tiles later
-# (``ds_free``). So the reduce adds half the bytes of the 64-key kernel (4.3 GB at the
-# leaderboard shape) with the two warpgroups decoupled, as FlashAttention-3 does. Each warpgroup
-# stages its reduces in buffers of its own (a TMA store's completion is waited for by the thread
-# that issued it).
+# dS_other·K_other, stages the sum and issues its TMA reduce; the other warpgroup may overwrite
+# that dS two tiles later (``ds_free``). So the reduce adds half the bytes of the 64-key kernel
+# (4.3 GB at the leaderboard shape) with the two warpgroups decoupled, as FlashAttention-3 does.
+# Each warpgroup stages its reduces in buffers of its own (a TMA store's completion is waited for
+# by the thread that issued it).
 
 
 @gluon.jit
