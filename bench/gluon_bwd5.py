@@ -58,6 +58,9 @@ try:
 except ImportError as exc:  # an older Triton
     sys.exit(f"gluon_bwd5: needs triton.experimental.gluon (Triton 3.9): {exc}")
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gluon_dkdv import _start_ring  # noqa: E402  (the 64-key kernel's prologue is its kernel's)
+
 LOG2E = gl.constexpr(1.4426950408889634)
 
 
@@ -137,23 +140,9 @@ def _gl_bwd5_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DQ, DK, DV, LSE, D
     for i in gl.static_range(STAGES):
         mbarrier.init(bars.index(i), count=1)
 
-    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
-    tma.async_load(k_desc, [k_row0 + n0, 0], kv_bar, k_smem)
-    tma.async_load(v_desc, [k_row0 + n0, 0], kv_bar, v_smem)
-
-    if IS_CAUSAL:
-        m_lo = n0 // BLOCK_M * BLOCK_M
-    else:
-        m_lo = 0
-    n_iter = gl.cdiv(seq_q - m_lo, BLOCK_M)
+    m_lo, n_iter = _start_ring(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
+                               kv_bar, bars, q_row0, k_row0, n0, seq_q, BLOCK_M, STAGES, IS_CAUSAL)
     tile_bytes: gl.constexpr = 2 * q_desc.block_type.nbytes
-    for i in gl.static_range(STAGES):
-        ok = i < n_iter
-        mbarrier.expect(bars.index(i), tile_bytes, pred=ok)
-        tma.async_load(q_desc, [q_row0 + m_lo + i * BLOCK_M, 0], bars.index(i), q_smem.index(i),
-                       pred=ok)
-        tma.async_load(do_desc, [q_row0 + m_lo + i * BLOCK_M, 0], bars.index(i),
-                       do_smem.index(i), pred=ok)
 
     offs_n = n0 + gl.arange(0, BLOCK_N, layout=rows_l)
     offs_m = gl.arange(0, BLOCK_M, layout=cols_l)

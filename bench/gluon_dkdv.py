@@ -56,6 +56,33 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 
 @gluon.jit
+def _start_ring(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, bars,
+                q_row0, k_row0, n0, seq_q, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                IS_CAUSAL: gl.constexpr):
+    """K and V of the program's key tile (from row n0) onto kv_bar, and the first STAGES query
+    tiles' Q and dO into the ring; returns (first query row, query tiles): under a causal mask
+    the loop starts at the query tile holding key n0."""
+    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
+    _tma_load(k_desc, [k_row0 + n0, 0], kv_bar, k_smem)
+    _tma_load(v_desc, [k_row0 + n0, 0], kv_bar, v_smem)
+
+    if IS_CAUSAL:
+        m_lo = n0 // BLOCK_M * BLOCK_M
+    else:
+        m_lo = 0
+    n_iter = gl.cdiv(seq_q - m_lo, BLOCK_M)
+    tile_bytes: gl.constexpr = 2 * q_desc.block_type.nbytes
+    for i in gl.static_range(STAGES):
+        ok = i < n_iter
+        mbarrier.expect(bars.index(i), tile_bytes, pred=ok)
+        _tma_load(q_desc, [q_row0 + m_lo + i * BLOCK_M, 0], bars.index(i), q_smem.index(i),
+                  pred=ok)
+        _tma_load(do_desc, [q_row0 + m_lo + i * BLOCK_M, 0], bars.index(i), do_smem.index(i),
+                  pred=ok)
+    return m_lo, n_iter
+
+
+@gluon.jit
 def _gl_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA,
                     seq_q, seq_k, qk_scale, sm_scale,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -86,23 +113,9 @@ def _gl_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA,
     for i in gl.static_range(STAGES):
         mbarrier.init(bars.index(i), count=1)
 
-    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
-    _tma_load(k_desc, [k_row0 + n0, 0], kv_bar, k_smem)
-    _tma_load(v_desc, [k_row0 + n0, 0], kv_bar, v_smem)
-
-    if IS_CAUSAL:
-        m_lo = n0 // BLOCK_M * BLOCK_M
-    else:
-        m_lo = 0
-    n_iter = gl.cdiv(seq_q - m_lo, BLOCK_M)
+    m_lo, n_iter = _start_ring(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
+                               kv_bar, bars, q_row0, k_row0, n0, seq_q, BLOCK_M, STAGES, IS_CAUSAL)
     tile_bytes: gl.constexpr = 2 * q_desc.block_type.nbytes
-    for i in gl.static_range(STAGES):
-        ok = i < n_iter
-        mbarrier.expect(bars.index(i), tile_bytes, pred=ok)
-        _tma_load(q_desc, [q_row0 + m_lo + i * BLOCK_M, 0], bars.index(i), q_smem.index(i),
-                  pred=ok)
-        _tma_load(do_desc, [q_row0 + m_lo + i * BLOCK_M, 0], bars.index(i), do_smem.index(i),
-                  pred=ok)
 
     offs_n = n0 + gl.arange(0, BLOCK_N, layout=rows_l)
     offs_m = gl.arange(0, BLOCK_M, layout=cols_l)
