@@ -456,7 +456,7 @@ def _say(*what) -> None:
 _VARIANT = {1: "", 0: "_noreduce", 2: "_halfreduce", 3: "_stageonly", 4: "_red", 5: "_ws"}
 
 
-def run(shape, causal: bool, configs, reduces=(1, 0)) -> dict:
+def run(shape, causal: bool, configs, reduces=(5, 1)) -> dict:
     from triton.testing import do_bench
 
     from lmprof.kernels import flash
@@ -543,7 +543,7 @@ def main() -> None:
     ap.add_argument("--config", action="append", default=None,
                     help="BLOCK_N,warps,stages[,dQ staging buffers] (repeatable; default "
                          "128,8,2 64,4,2 64,4,3)")
-    ap.add_argument("--reduce", type=int, nargs="+", default=[1, 0], choices=sorted(_VARIANT),
+    ap.add_argument("--reduce", type=int, nargs="+", default=[5, 1], choices=sorted(_VARIANT),
                     help="1 the kernel (TMA reduce), 4 element-wise atomics, 5 the "
                          "warp-specialised kernel (128 keys; BLOCK_N and warps ignored); "
                          "0/2/3 timing only")
