@@ -39,19 +39,19 @@ def _random_ops(rng: random.Random, mode: str) -> list[dict]:
     """Ops in groups (phase instance, step instance); each group in its own time window, the
     windows one after the other (mode 'separate'), touching or overlapping by a little
     ('touching'), or anywhere ('overlapping'); with 'reversed', every start distinct and some
-    ops ending before they start; with 'ranks', each group on one of two GPUs and the two GPUs'
-    groups at the same times (data-parallel ranks), some ops beside a longer one of their group
-    (an all-reduce) or on the other GPU."""
+    ops ending before they start; with 'ranks', groups in pairs at the same times (two
+    data-parallel ranks: their ops interleave in the one order of all ops), some ops beside a
+    longer one of their group (an all-reduce)."""
     groups = [(3, 0), (4, 0), (5, 0), (None, 0), (6, 1), (8, 1), (4, 1), (3, 2), (7, None),
               (None, 2), (5, None)]
     rng.shuffle(groups)
     ops, t, used = [], 0, set()
     for i, (phase_id, step_id) in enumerate(groups[:rng.randint(1, len(groups))]):
-        device = 0
         if mode == "overlapping":
             t = rng.randint(0, 60)
-        elif mode == "ranks":  # group i on GPU i % 2, at about the time of group i - 1
-            device, t = i % 2, (t if i % 2 else rng.randint(0, 6) + t)
+        elif mode == "ranks":  # groups 2j and 2j + 1 start together (two ranks' steps)
+            t = t + rng.randint(0, 6) if i % 2 == 0 else pair_start
+            pair_start = t
         n = rng.randint(1, 8)
         end_of_group = t
         for _ in range(n):
@@ -63,9 +63,8 @@ def _random_ops(rng: random.Random, mode: str) -> list[dict]:
             dur = {"reversed": [-2, 0, 3], "touching": [0, 0, 1, 3],
                    "ranks": [0, 1, 3, 8, 20]}.get(mode, [0, 1, 3, 8])
             dur = rng.choice(dur)
-            on = 1 - device if mode == "ranks" and rng.random() < 0.1 else device
             ops.append({"kind": rng.choice(["kernel", "kernel", "memcpy", "memset"]),
-                        "start_ns": start, "end_ns": start + dur, "device_id": on,
+                        "start_ns": start, "end_ns": start + dur,
                         "phase_range_id": phase_id, "step_range_id": step_id})
             t = start
             end_of_group = max(end_of_group, start + dur, start)
@@ -73,7 +72,7 @@ def _random_ops(rng: random.Random, mode: str) -> list[dict]:
             t = end_of_group + rng.choice([0, 1, 4])
         elif mode == "touching":  # the next group starts where this one ends, or just before
             t = end_of_group - rng.choice([0, 0, 1, 2])
-    ops += [{"kind": "kernel", "start_ns": rng.randint(0, 80), "end_ns": 90, "device_id": 0,
+    ops += [{"kind": "kernel", "start_ns": rng.randint(0, 80), "end_ns": 90,
              "phase_range_id": None, "step_range_id": None}]  # attributed to no instance
     return ops
 
@@ -88,12 +87,11 @@ def test_phase_instances_match_brute_force(mode, seed):
     ranges = [(r, "step") for r in STEPS] + list(PHASES.items()) + [(9, None), (10, "step")]
     con.executemany("INSERT INTO nvtx_ranges VALUES (?, ?, ?)",
                     [(r, phase, 100 + r) for r, phase in ranges])
-    con.execute("CREATE TABLE gpu_ops (kind VARCHAR, device_id INTEGER, start_ns BIGINT, "
-                "end_ns BIGINT, dur_ns BIGINT, phase_range_id BIGINT, step_range_id BIGINT)")
-    con.executemany("INSERT INTO gpu_ops VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [(o["kind"], o["device_id"], o["start_ns"], o["end_ns"],
-                      o["end_ns"] - o["start_ns"], o["phase_range_id"], o["step_range_id"])
-                     for o in ops])
+    con.execute("CREATE TABLE gpu_ops (kind VARCHAR, start_ns BIGINT, end_ns BIGINT, "
+                "dur_ns BIGINT, phase_range_id BIGINT, step_range_id BIGINT)")
+    con.executemany("INSERT INTO gpu_ops VALUES (?, ?, ?, ?, ?, ?)",
+                    [(o["kind"], o["start_ns"], o["end_ns"], o["end_ns"] - o["start_ns"],
+                      o["phase_range_id"], o["step_range_id"]) for o in ops])
     sqlfile.run(con, "phase_instances")
     cur = con.execute("SELECT * FROM phase_instances ORDER BY range_id")
     names = [d[0] for d in cur.description]
