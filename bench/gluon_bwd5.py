@@ -54,44 +54,19 @@ try:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,
                                                                    tma, warpgroup_mma,
                                                                    warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 except ImportError as exc:  # an older Triton
     sys.exit(f"gluon_bwd5: needs triton.experimental.gluon (Triton 3.9): {exc}")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gluon_dkdv import _start_ring  # noqa: E402  (the 64-key kernel's prologue is its kernel's)
 
+# the warp-specialised kernel (``--reduce 5`` / ``6``) and the helpers both kernels share are
+# the product's (lmprof/kernels/flash_gluon.py, where the kernel is described)
+from lmprof.kernels import flash_gluon  # noqa: E402
+from lmprof.kernels.flash_gluon import _p_tile, _store_dkdv, descriptors  # noqa: E402
+
 LOG2E = gl.constexpr(1.4426950408889634)
-
-
-@gluon.jit
-def _p_tile(s_t, lse2, qk_scale, rows, offs_n, start_m, key0, seq_q, seq_k,
-            KEYS: gl.constexpr, BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    """P = exp2(Sᵀ·scale − L) of keys offs_n (KEYS from key0) × queries rows, zero for queries
-    past the end (the next head's rows in these views), keys past the end and, under a causal
-    mask, queries before a key; only tiles at an end or crossing the diagonal are masked."""
-    p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
-    edge = (start_m + BLOCK_M > seq_q) | (key0 + KEYS > seq_k)
-    if IS_CAUSAL:
-        edge = edge | (start_m < key0 + KEYS - 1)
-    if edge:
-        keep = (rows < seq_q)[None, :] & (offs_n < seq_k)[:, None]
-        if IS_CAUSAL:
-            keep = keep & (offs_n[:, None] <= rows[None, :])
-        p_t = gl.where(keep, p_t, 0.0)
-    return p_t
-
-
-@gluon.jit
-def _store_dkdv(dk, dv, DK, DV, k_row0, key0, seq_k, KEYS: gl.constexpr,
-                HEAD_DIM: gl.constexpr, layout: gl.constexpr):
-    """dK and dV of keys key0 .. key0 + KEYS (rows past seq_k left alone), in the inputs' dtype."""
-    on = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, layout))
-    od = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
-    offs = (k_row0 + on)[:, None].to(gl.int64) * HEAD_DIM + od[None, :]
-    mask = (on < seq_k)[:, None]
-    gl.store(DK + offs, dk.to(DK.dtype.element_ty), mask=mask)
-    gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=mask)
 
 
 @gluon.jit
@@ -225,183 +200,6 @@ def _gl_bwd5_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DQ, DK, DV, LSE, D
     _store_dkdv(dk, dv, DK, DV, k_row0, n0, seq_k, BLOCK_N, HEAD_DIM, mma_d)
 
 
-# The warp-specialised form (``--reduce 5``): 128 keys per program, two compute warpgroups of 64
-# keys each that do not run in lockstep (the tile loop's products, as above, for their own keys)
-# and a one-warp producer that fills the Q/dO ring. The 128-key dQ partial of a query tile is
-# made by one warpgroup, alternately (tile t: warpgroup t % 2, the owner): once the other
-# warpgroup's dS is in shared memory (``ds_ready``) it adds both products, dS_own·K_own +
-# dS_other·K_other, stages the sum and issues its TMA reduce; the other warpgroup may overwrite
-# that dS two tiles later (``ds_free``). So the reduce adds half the bytes of the 64-key kernel
-# (4.3 GB at the leaderboard shape) with the two warpgroups decoupled, as FlashAttention-3 does.
-# Each warpgroup stages its reduces in buffers of its own (a TMA store's completion is waited for
-# by the thread that issued it).
-
-
-@gluon.jit
-def _ws_producer(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar,
-                 ready, empty, q_row0, k_row0, n0, m_lo, n_iter,
-                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
-    mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
-    for w in gl.static_range(2):
-        tma.async_load(k_desc, [k_row0 + n0 + w * BLOCK_M, 0], kv_bar, k_smem.index(w))
-        tma.async_load(v_desc, [k_row0 + n0 + w * BLOCK_M, 0], kv_bar, v_smem.index(w))
-    tile_bytes: gl.constexpr = 2 * q_desc.block_type.nbytes
-    for i in range(n_iter):
-        s = i % STAGES
-        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # fresh barrier: passes
-        mbarrier.expect(ready.index(s), tile_bytes)
-        row = q_row0 + m_lo + i * BLOCK_M
-        tma.async_load(q_desc, [row, 0], ready.index(s), q_smem.index(s))
-        tma.async_load(do_desc, [row, 0], ready.index(s), do_smem.index(s))
-
-
-@gluon.jit
-def _ws_compute(W: gl.constexpr, dq_desc, DK, DV, LSE, DELTA, q_smem, do_smem, k_smem, v_smem,
-                ds_smem, dq_smem, kv_bar, ready, empty, ds_ready, ds_free,
-                seq_q, seq_k, qk_scale, sm_scale, q_row0, k_row0, n0, m_lo, n_iter,
-                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                IS_CAUSAL: gl.constexpr):
-    dtype: gl.constexpr = q_smem.dtype
-    KEYS: gl.constexpr = BLOCK_M  # this warpgroup's keys
-    mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                     instr_shape=[16, BLOCK_M, 16])
-    mma_d: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                     instr_shape=[16, HEAD_DIM, 16])
-    op_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_d, k_width=2)
-    cols_l: gl.constexpr = gl.SliceLayout(0, mma_s)
-    rows_l: gl.constexpr = gl.SliceLayout(1, mma_s)
-    kw = n0 + W * KEYS  # first key of this warpgroup
-    k_me = k_smem.index(W)
-    v_me = v_smem.index(W)
-    offs_n = kw + gl.arange(0, KEYS, layout=rows_l)
-    offs_m = gl.arange(0, BLOCK_M, layout=cols_l)
-    dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=mma_d)
-    dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=mma_d)
-    zero_s = gl.zeros([KEYS, BLOCK_M], gl.float32, layout=mma_s)
-    zero_q = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=mma_d)
-    mbarrier.wait(kv_bar, 0)
-    for j in range(n_iter):
-        s = j % STAGES
-        b = j % 2  # the owner of this tile's dQ, and the dS buffer of both warpgroups
-        start_m = m_lo + j * BLOCK_M
-        rows = start_m + offs_m
-        in_q = rows < seq_q
-        lse2 = gl.load(LSE + q_row0 + rows, mask=in_q, other=0.0) * LOG2E
-        delta = gl.load(DELTA + q_row0 + rows, mask=in_q, other=0.0)
-        mbarrier.wait(ready.index(s), (j // STAGES) & 1)
-        q_buf = q_smem.index(s)
-        do_buf = do_smem.index(s)
-        s_tok = warpgroup_mma(k_me, q_buf.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        dp_tok = warpgroup_mma(v_me, do_buf.permute((1, 0)), zero_s, use_acc=False,
-                               is_async=True)
-        s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_tok])
-        p_t = _p_tile(s_t, lse2, qk_scale, rows, offs_n, start_m, kw, seq_q, seq_k, KEYS,
-                      BLOCK_M, IS_CAUSAL)
-        dv_tok = warpgroup_mma(gl.convert_layout(p_t.to(dtype), op_a), do_buf, dv, is_async=True)
-        dp_t = warpgroup_mma_wait(num_outstanding=1, deps=[dp_tok])
-        ds_t = p_t * (dp_t - delta[None, :]) * sm_scale
-        ds_me = ds_smem.index(W * 2 + b)
-        if W != b:  # the owner read this buffer two tiles ago: wait until it is done
-            mbarrier.wait(ds_free.index(b), ((j // 2) & 1) ^ 1)
-        ds_me.store(ds_t.to(dtype))
-        fence_async_shared()
-        gl.barrier()  # this warpgroup's dS rows are all in place
-        if W != b:
-            mbarrier.arrive(ds_ready.index(b))  # the owner may read them
-        dk_tok = warpgroup_mma(ds_me, q_buf, dk, is_async=True)
-        if W != b:
-            dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=[dv_tok, dk_tok])
-            mbarrier.arrive(empty.index(s))
-        else:
-            dq_tok = warpgroup_mma(ds_me.permute((1, 0)), k_me, zero_q, use_acc=False,
-                                   is_async=True)
-            mbarrier.wait(ds_ready.index(b), (j // 2) & 1)
-            ds_other = ds_smem.index((1 - W) * 2 + b)
-            dq_tok = warpgroup_mma(ds_other.permute((1, 0)), k_smem.index(1 - W), dq_tok,
-                                   is_async=True)
-            dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=[dv_tok, dk_tok, dq_tok])
-            mbarrier.arrive(ds_free.index(b))
-            mbarrier.arrive(empty.index(s))
-            # this warpgroup's staging buffers, one per reduce it issues, in turn
-            u = j // 2
-            dq_buf = dq_smem.index(W * 2 + u % 2)
-            tma.store_wait(1)  # the reduce that read this buffer two of ours ago
-            gl.barrier()
-            dq_buf.store(dq)
-            fence_async_shared()
-            gl.barrier()
-            tma.async_atomic_add(dq_desc, [q_row0 + start_m, 0], dq_buf)
-    tma.store_wait(0)
-    _store_dkdv(dk, dv, DK, DV, k_row0, kw, seq_k, KEYS, HEAD_DIM, mma_d)
-
-
-@gluon.jit
-def _gl_bwd5_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LSE, DELTA,
-                       seq_q, seq_k, qk_scale, sm_scale,
-                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                       IS_CAUSAL: gl.constexpr, COMPUTE_REGS: gl.constexpr):
-    dtype: gl.constexpr = q_desc.dtype
-    ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
-                                                   rank=2)
-    pid_bh = gl.program_id(0)
-    n0 = gl.program_id(1) * (2 * BLOCK_M)
-    q_row0 = pid_bh * seq_q
-    k_row0 = pid_bh * seq_k
-    if IS_CAUSAL:
-        m_lo = n0 // BLOCK_M * BLOCK_M
-    else:
-        m_lo = 0
-    n_iter = gl.cdiv(seq_q - m_lo, BLOCK_M)
-    k_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], v_desc.layout)
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
-    ds_smem = gl.allocate_shared_memory(dtype, [4, BLOCK_M, BLOCK_M], ds_layout)
-    dq_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_M, HEAD_DIM], dq_desc.layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)
-    for i in gl.static_range(2):
-        mbarrier.init(ds_ready.index(i), count=1)
-        mbarrier.init(ds_free.index(i), count=1)
-    gl.warp_specialize([
-        (_ws_compute, (0, dq_desc, DK, DV, LSE, DELTA, q_smem, do_smem, k_smem, v_smem, ds_smem,
-                       dq_smem, kv_bar, ready, empty, ds_ready, ds_free, seq_q, seq_k, qk_scale,
-                       sm_scale, q_row0, k_row0, n0, m_lo, n_iter, HEAD_DIM, BLOCK_M, STAGES,
-                       IS_CAUSAL)),
-        (_ws_compute, (1, dq_desc, DK, DV, LSE, DELTA, q_smem, do_smem, k_smem, v_smem, ds_smem,
-                       dq_smem, kv_bar, ready, empty, ds_ready, ds_free, seq_q, seq_k, qk_scale,
-                       sm_scale, q_row0, k_row0, n0, m_lo, n_iter, HEAD_DIM, BLOCK_M, STAGES,
-                       IS_CAUSAL)),
-        (_ws_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar,
-                        ready, empty, q_row0, k_row0, n0, m_lo, n_iter, BLOCK_M, STAGES)),
-    ], [4, 1], [COMPUTE_REGS, 24])
-
-
-_SMEM16 = dict(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-_SMEM32 = dict(swizzle_byte_width=128, element_bitwidth=32, rank=2)
-
-
-def descriptors(q, k, v, do, dq_acc, block_m: int, block_n: int):
-    """TMA descriptors of the (B·h·T, d) views: Q, dO by query tile, K, V by key tile, the fp32
-    dQ accumulator by query tile."""
-    d = q.shape[-1]
-
-    def desc(t, rows, spec):
-        flat = t.reshape(-1, d)
-        return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, d],
-                                gl.NVMMASharedLayout(**spec))
-
-    return (desc(q, block_m, _SMEM16), desc(k, block_n, _SMEM16), desc(v, block_n, _SMEM16),
-            desc(do, block_m, _SMEM16), desc(dq_acc, block_m, _SMEM32))
-
-
 def _buffers(q, k, v, o, do):
     """D = rowsum(O∘dO) by the committed pre-pass, a zeroed fp32 dQ accumulator, dK and dV."""
     from lmprof.kernels import flash
@@ -428,16 +226,13 @@ def gluon_bwd5(q, k, v, o, lse, do, causal: bool, stages: int = 2, reduce: int =
     return dq_acc.to(q.dtype), dk, dv
 
 
-def gluon_bwd5_ws(q, k, v, o, lse, do, causal: bool, stages: int = 2, regs: int = 240):
-    """(dq, dk, dv) by the pre-pass, the warp-specialised Gluon kernel and a cast (contiguous
-    16-bit (B, h, T, d) tensors, d 64)."""
-    b, h, tq, d = q.shape
-    scale = 1 / math.sqrt(d)
+def gluon_bwd5_ws(q, k, v, o, lse, do, causal: bool, stages: int = 2, prefetch: bool = False):
+    """(dq, dk, dv) by the pre-pass, the warp-specialised kernel (the product's) and a cast
+    (contiguous 16-bit (B, h, T, d) tensors, d 64)."""
+    scale = 1 / math.sqrt(q.shape[-1])
     delta, dq_acc, dk, dv = _buffers(q, k, v, o, do)
-    _gl_bwd5_ws_kernel[(b * h, triton.cdiv(k.shape[2], 128))](
-        *descriptors(q, k, v, do, dq_acc, 64, 64), dk, dv, lse, delta, tq, k.shape[2],
-        scale * LOG2E.value, scale, HEAD_DIM=d, BLOCK_M=64, STAGES=stages, IS_CAUSAL=causal,
-        COMPUTE_REGS=regs, num_warps=4)
+    flash_gluon.launch(q, k, v, do, lse, delta, dq_acc, dk, dv, causal, scale, stages=stages,
+                       prefetch=prefetch)
     return dq_acc.to(q.dtype), dk, dv
 
 
@@ -453,7 +248,9 @@ def _say(*what) -> None:
 
 # --reduce variants: 1 the kernel; for timing only (dQ wrong): 0 no staging and no reduce, 2 the
 # reduce of every other tile, 3 the staging store and barrier without the reduce
-_VARIANT = {1: "", 0: "_noreduce", 2: "_halfreduce", 3: "_stageonly", 4: "_red", 5: "_ws"}
+_VARIANT = {1: "", 0: "_noreduce", 2: "_halfreduce", 3: "_stageonly", 4: "_red", 5: "_ws",
+            6: "_ws_pf"}
+_FULL = (1, 4, 5, 6)  # variants whose dQ is right
 
 
 def run(shape, causal: bool, configs, reduces=(5, 1)) -> dict:
@@ -478,9 +275,9 @@ def run(shape, causal: bool, configs, reduces=(5, 1)) -> dict:
         dq_bufs = bufs[0] if bufs else 2
         tag = (f"gluon5_n{block_n}_w{warps}_s{stages}" + (f"_b{dq_bufs}" if bufs else "")
                + _VARIANT[reduce])
-        if reduce == 5:  # the warp-specialised kernel: 128 keys, 2 + 1 warpgroups, its stages
-            tag = f"gluon5_ws_s{stages}"
-            kw = dict(stages=stages)
+        if reduce in (5, 6):  # warp-specialised: 128 keys, 2 + 1 warpgroups, its stages
+            tag = f"gluon5_ws_s{stages}" + ("_pf" if reduce == 6 else "")
+            kw = dict(stages=stages, prefetch=reduce == 6)  # 6: as in the product
             fn = gluon_bwd5_ws
         else:
             kw = dict(stages=stages, reduce=reduce, block_n=block_n, warps=warps,
@@ -494,16 +291,16 @@ def run(shape, causal: bool, configs, reduces=(5, 1)) -> dict:
         except Exception as exc:  # a compile or launch failure is a result here
             row[tag + "_error"] = " ".join(str(exc).split())[:300]
             continue
-        names = ("dq", "dk", "dv") if reduce in (1, 4, 5) else ("dk", "dv")
+        names = ("dq", "dk", "dv") if reduce in _FULL else ("dk", "dv")
         for name, x, r in zip(("dq", "dk", "dv"), out, ref):
             if name in names:
                 row[f"{tag}_{name}_rel_diff_vs_split"] = _rel(x, r)
-        if reduce in (1, 4, 5) and t <= 2048:
+        if reduce in _FULL and t <= 2048:
             row[tag + "_err_vs_fp32"] = max(_rel(x, r) for x, r in zip(out, exact))
         row[tag + "_bwd_ms"] = do_bench(lambda: fn(q, k, v, o, lse, do, causal, **kw),
                                         warmup=25, rep=200)
         _say(tag, row[tag + "_bwd_ms"])
-        if reduce in (1, 4, 5):
+        if reduce in _FULL:
             def e2e():
                 o2, lse2 = flash.flash_forward(q, k, v, causal)
                 fn(q, k, v, o2, lse2, do, causal, **kw)
@@ -537,6 +334,61 @@ def run(shape, causal: bool, configs, reduces=(5, 1)) -> dict:
     return row
 
 
+class _GluonWS(torch.autograd.Function):
+    """The committed forward, then the warp-specialised backward at a chosen ring depth and
+    prefetch (``do`` made contiguous, as the product does)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal, stages, prefetch):
+        from lmprof.kernels import flash
+        o, lse = flash.flash_forward(q, k, v, is_causal)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.args = is_causal, stages, prefetch
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        is_causal, stages, prefetch = ctx.args
+        dq, dk, dv = gluon_bwd5_ws(q, k, v, o, lse, do.contiguous(), is_causal, stages=stages,
+                                   prefetch=prefetch)
+        return dq, dk, dv, None, None, None
+
+
+# the leaderboard's implementations: capture attention's own names, and the Gluon backward at
+# other settings than the product's (stages 2, prefetch on)
+_LB_GLUON = {"gluon-s2-noprefetch": (2, False), "gluon-s3": (3, True)}
+
+
+def leaderboard(rounds: int) -> list[dict]:
+    """The leaderboard cell timed as ``capture attention`` times it (``run_bench_cell``: forward,
+    ``loss.backward``, ``attn(...).sum().backward()``, do_bench medians): cuDNN, the product's
+    default ("flash": the Gluon backward on Hopper), the split Triton backward, and the Gluon
+    backward without prefetch and with a 3-deep ring, in ``rounds`` alternated rounds."""
+    from unittest import mock
+
+    from lmprof.capture import attention
+    real = attention.make_impl
+
+    def make_impl(name):
+        if name in _LB_GLUON:
+            stages, prefetch = _LB_GLUON[name]
+            return lambda q, k, v, causal: _GluonWS.apply(q, k, v, causal, stages, prefetch)
+        return real(name)
+
+    rows = []
+    with mock.patch.object(attention, "make_impl", make_impl):
+        for r in range(rounds):
+            for impl in ("sdpa-cudnn", "flash", "flash-split", *_LB_GLUON):
+                row = attention.run_bench_cell(impl, 1, 16, 16384, 64, torch.bfloat16, True,
+                                               torch.device("cuda"))
+                row["round"] = r
+                _say(impl, row.get("backward"), row.get("fwd_ms"), row.get("bwd_ms"),
+                     row.get("e2e_ms"), row.get("error"))
+                rows.append(row)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", action="append", default=None, help="B,H,T,D (repeatable)")
@@ -545,28 +397,39 @@ def main() -> None:
                          "128,8,2 64,4,2 64,4,3)")
     ap.add_argument("--reduce", type=int, nargs="+", default=[5, 1], choices=sorted(_VARIANT),
                     help="1 the kernel (TMA reduce), 4 element-wise atomics, 5 the "
-                         "warp-specialised kernel (128 keys; BLOCK_N and warps ignored); "
-                         "0/2/3 timing only")
+                         "warp-specialised kernel (128 keys; BLOCK_N and warps ignored), 6 "
+                         "the same with L and D loaded a tile ahead; 0/2/3 timing only")
     ap.add_argument("--out", type=Path, default=None, help="also write the rows here (JSON)")
+    ap.add_argument("--leaderboard", type=int, default=0, metavar="ROUNDS",
+                    help="first time the leaderboard cell as `capture attention` does (cuDNN, "
+                         "flash, flash-split, the Gluon backward without prefetch and with 3 "
+                         "stages), ROUNDS alternated rounds; then only the --shape rows given")
     args = ap.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         sys.exit("gluon_bwd5: needs a Hopper GPU (sm_90)")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    shapes = [tuple(int(x) for x in s.split(",")) for s in (args.shape or [
-        "1,16,16384,64", "2,2,1000,64", "4,16,4096,64"])]
+    default = [] if args.leaderboard else ["1,16,16384,64", "2,2,1000,64", "4,16,4096,64"]
+    shapes = [tuple(int(x) for x in s.split(",")) for s in (args.shape or default)]
     configs = [tuple(int(x) for x in c.split(",")) for c in (args.config or [
         "128,8,2", "64,4,2", "64,4,3"])]
-    rows = []
+
+    def save():  # after every row: a step cut short by its time limit keeps what it measured
+        if args.out:
+            args.out.write_text(json.dumps({
+                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                "cuda": torch.version.cuda, "triton": triton.__version__, "rows": rows},
+                indent=1) + "\n")
+
+    rows = leaderboard(args.leaderboard) if args.leaderboard else []
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    save()
     for shape in shapes:
         for causal in ((True, False) if shape[2] <= 2048 else (True,)):
             rows.append(run(shape, causal, configs, args.reduce))
             print(json.dumps(rows[-1]), flush=True)
-    if args.out:
-        args.out.write_text(json.dumps({
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "cuda": torch.version.cuda, "triton": triton.__version__, "rows": rows},
-            indent=1) + "\n")
+            save()
 
 
 if __name__ == "__main__":

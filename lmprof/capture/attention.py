@@ -17,8 +17,10 @@ c. A sweep of seq 128–65536 × d_head 16–128 in bf16 and fp32 (causal by def
 
 Implementations: ``naive`` (softmax(QKᵀ)V in PyTorch), ``naive-compiled`` (the same under
 ``torch.compile``), ``sdpa-default`` (torch's own backend choice), ``sdpa-flash``,
-``sdpa-efficient``, ``sdpa-cudnn``, ``sdpa-math`` (one SDPA backend each), ``flash`` and
-``flash-atomic`` (this project's Triton kernel with the split or atomic backward).
+``sdpa-efficient``, ``sdpa-cudnn``, ``sdpa-math`` (one SDPA backend each), ``flash`` (this
+project's kernels with their default backward, "auto": the Hopper Gluon kernel where it applies,
+else the split Triton kernels), ``flash-split`` and ``flash-atomic`` (the split or atomic Triton
+backward). Each flash row names the backward that ran (``backward``).
 
 Writes ``<out>/<run-id>/run.json`` (``kind: attention``) and ``attention.json`` (the rows), both
 rewritten after every finished row (the run says ERROR "incomplete" until it ends, so a killed
@@ -46,13 +48,15 @@ RESULTS_FILE = "attention.json"
 RESULTS_VERSION = 1
 
 IMPLS = ("naive", "naive-compiled", "sdpa-default", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn",
-         "sdpa-math", "flash", "flash-atomic")
+         "sdpa-math", "flash", "flash-split", "flash-atomic")
+_FLASH_MODES = {"flash": "auto", "flash-split": "split", "flash-atomic": "atomic"}
 PART_A = dict(batch=8, d=(16, 32, 64, 128), seq=(256, 1024, 4096, 8192, 16384), dtype=("fp32",),
               causal=False,
               impls=("naive", "naive-compiled", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn",
                      "sdpa-math", "flash"))
 PART_B = dict(batch=1, heads=16, seq=16384, d=64, dtype="bf16", causal=True,
-              impls=("flash", "flash-atomic", "sdpa-default", "sdpa-cudnn", "sdpa-flash",
+              impls=("flash", "flash-split", "flash-atomic", "sdpa-default", "sdpa-cudnn",
+                     "sdpa-flash",
                      "sdpa-efficient"))
 PART_C = dict(tokens=16384, width=2048, d=(16, 32, 64, 128), dtype=("bf16", "fp32"), causal=True,
               seq=tuple(2**i for i in range(7, 17)),
@@ -107,10 +111,8 @@ def make_impl(name: str) -> Callable:
         backend = {"default": None, "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                    "cudnn": "CUDNN_ATTENTION", "math": "MATH"}[name[5:]]
         return _sdpa(backend)
-    if name == "flash":
-        return _flash("split")
-    if name == "flash-atomic":
-        return _flash("atomic")
+    if name in _FLASH_MODES:
+        return _flash(_FLASH_MODES[name])
     raise UserError(f"unknown implementation {name!r}; choose from {', '.join(IMPLS)}")
 
 
@@ -161,6 +163,17 @@ def _inputs(shape_q, shape_k, dtype, device, seed=0):
     return rand(shape_q), rand(shape_k), rand(shape_k)
 
 
+def _backward_of(impl: str, q: torch.Tensor, k: torch.Tensor) -> dict[str, str]:
+    """{"backward": the flash backward these inputs get} for a flash implementation, else {}."""
+    if impl not in _FLASH_MODES:
+        return {}
+    from lmprof.kernels.flash import resolve_backward
+
+    if q.dim() == 3:
+        q, k = q.unsqueeze(1), k.unsqueeze(1)
+    return {"backward": resolve_backward(_FLASH_MODES[impl], q, k)}
+
+
 def _status(exc: BaseException) -> tuple[str, str]:
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
     if devices.is_oom(exc):
@@ -179,6 +192,7 @@ def run_cs336_cell(impl: str, batch: int, seq: int, d: int, dtype: torch.dtype, 
     try:
         fn = make_impl(impl)
         q, k, v = _inputs((batch, seq, d), (batch, seq, d), dtype, device)
+        row.update(_backward_of(impl, q, k))
         grad = torch.randn(batch, seq, d, device=device, dtype=dtype)
         for _ in range(warmup):
             fn(q, k, v, is_causal).backward(grad)
@@ -219,6 +233,7 @@ def run_bench_cell(impl: str, batch: int, heads: int, seq: int, d: int, dtype: t
         fn = make_impl(impl)
         shape = (batch, heads, seq, d)
         q, k, v = _inputs(shape, shape, dtype, device)
+        row.update(_backward_of(impl, q, k))
         grads = [q, k, v]
         fwd_ms = bench_ms(lambda: fn(q, k, v, is_causal), device)
         loss = fn(q, k, v, is_causal).sum()
@@ -311,7 +326,7 @@ def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, w
         devices.check_dtype(dt, dev)
     defaults = {"a": PART_A, "b": PART_B, "c": PART_C}
     wanted = set(impls) if impls else {i for p in parts for i in defaults[p]["impls"]}
-    if wanted & {"flash", "flash-atomic"}:
+    if wanted & set(_FLASH_MODES):
         from lmprof.kernels import check_flash_available
 
         check_flash_available(dev)  # before any work: CPU needs TRITON_INTERPRET=1

@@ -11,14 +11,20 @@ over key tiles with a running row max ``m`` and row sum ``l`` in fp32 (online so
 log2(e) is folded into the score scale so the exponential is ``exp2``); saves O and the
 log-sum-exp L = ln Σ exp(scale·q·k) (natural log, fp32, shape (B, h, Tq)). Backward: P =
 exp(scale·q·k − L) is recomputed per tile, with D = rowsum(O∘dO) (fp32, shape (B·h, Tq)), and
-- ``backward="split"`` (default): dQ in one kernel (one program per query tile, looping over key
+- ``backward="split"`` (the default's fallback): dQ in one kernel (one program per query tile, looping over key
   tiles), launched first, whose programs also compute D for their rows and store it; then dK/dV in
   another (one program per key tile, looping over query tiles), which reads D. No atomics and no
   separate D pass; Q·Kᵀ and dO·Vᵀ are computed twice (7 tile matmuls per tile pair instead of 5).
 - ``backward="atomic"``: D by a pre-pass (``_flash_bwd_preprocess``), then one kernel per key tile
   computes dK/dV and adds each tile's dQ part into an fp32 buffer with ``tl.atomic_add`` (5
   matmuls; atomics and a final cast instead).
-Which is faster on a given GPU is measured by ``bench/bench_attention.py``.
+- ``backward="gluon"``: the Hopper-only warp-specialised kernel of ``lmprof.kernels.flash_gluon``
+  (Gluon, not ``@triton.jit``: 16-bit inputs, d_head 64, sm_90, a Triton whose Gluon has TMA
+  reduce-adds): five products per tile, dQ by asynchronous bulk reduce-adds.
+- ``backward="auto"`` (default): "gluon" where it applies (``flash_gluon.unsupported`` is None),
+  else "split".
+Which is faster on a given GPU is measured by ``bench/bench_attention.py`` and ``capture
+attention``.
 
 Causal: top-left alignment, as torch SDPA's ``is_causal`` (query i sees keys j ≤ i, whatever Tq
 and Tk). Key tiles entirely after a query tile are never visited; tiles that cross the diagonal (or
@@ -69,7 +75,10 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 AUTOTUNE = os.environ.get("LMPROF_FLASH_AUTOTUNE", "1") != "0"
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-BACKWARD_MODES = ("split", "atomic")
+BACKWARD_MODES = ("split", "atomic")  # the portable Triton backwards (interpreted in CPU tests)
+# "gluon": the Hopper kernel of flash_gluon (16-bit, d_head 64, sm_90, Triton with Gluon's TMA
+# reduce); "auto" (the default): "gluon" where it applies, else "split".
+BACKWARD_CHOICES = ("auto", *BACKWARD_MODES, "gluon")
 
 # NVTX ranges around the launches, so a profile shows which kernels belong to the op.
 FORWARD_RANGE = "flash attention forward"
@@ -959,11 +968,12 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
 
 def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                    lse: torch.Tensor, do: torch.Tensor, is_causal: bool = False,
-                   scale: float | None = None, mode: str = "split"
+                   scale: float | None = None, mode: str = "auto"
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward on 4-D inputs from the saved (o, lse): returns (dq, dk, dv), contiguous."""
-    if mode not in BACKWARD_MODES:
-        raise ValueError(f"backward mode {mode!r}; choose one of {', '.join(BACKWARD_MODES)}")
+    mode = resolve_backward(mode, q, k)
+    if mode == "gluon":
+        return _gluon_backward(q, k, v, o, lse, do, is_causal, _scale(q.shape[-1], scale))
     q, k, v, do = _vectorisable(q), _vectorisable(k), _vectorisable(v), _vectorisable(do)
     b, h, tq, d = q.shape
     tk = k.shape[-2]
@@ -1010,6 +1020,46 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     return dq, dk, dv
 
 
+def resolve_backward(mode: str, q: torch.Tensor, k: torch.Tensor) -> str:
+    """The backward that ``mode`` means for these inputs: "auto" → "gluon" where the Hopper kernel
+    applies, else "split"; "gluon" where it does not raises ValueError saying why."""
+    if mode not in BACKWARD_CHOICES:
+        raise ValueError(f"backward mode {mode!r}; choose one of {', '.join(BACKWARD_CHOICES)}")
+    if mode in BACKWARD_MODES:
+        return mode
+    from lmprof.kernels import flash_gluon
+
+    why = flash_gluon.unsupported(q, k)
+    if why is None:
+        return "gluon"
+    if mode == "gluon":
+        raise ValueError(f"backward='gluon' cannot run here: {why}")
+    return "split"
+
+
+def _gluon_backward(q, k, v, o, lse, do, is_causal: bool, sm_scale: float):
+    """D by the pre-pass, the warp-specialised Gluon kernel into a zeroed fp32 dQ, then dQ's
+    cast. q, k, v and do are made contiguous (a copy of each that is not)."""
+    from lmprof.kernels import flash_gluon
+
+    q, k, v, do = (t.contiguous() for t in (q, k, v, do))
+    b, h, tq, d = q.shape
+    tk = k.shape[-2]
+    delta = _alloc((b, h, tq), torch.float32, q.device)
+    dk = _alloc((b, h, tk, d), k.dtype, k.device)
+    dv = _alloc((b, h, tk, d), v.dtype, v.device)
+    with _on_device(q):
+        _flash_bwd_preprocess[(b * h, _cdiv(tq, 128))](
+            o, do, delta, *o.stride(), *do.stride(), h, tq, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=128)
+        dq_acc = torch.zeros((b, h, tq, d), dtype=torch.float32, device=q.device)
+        compiled = flash_gluon.launch(q, k, v, do, lse, delta, dq_acc, dk, dv, is_causal,
+                                      sm_scale)
+    _record("_flash_bwd_ws_kernel", compiled)
+    dq = _alloc((b, h, tq, d), q.dtype, q.device)
+    dq.copy_(dq_acc)
+    return dq, dk, dv
+
+
 class FlashAttentionFn(torch.autograd.Function):
     """Autograd op on 4-D inputs; saves (q, k, v, o, lse) for the backward."""
 
@@ -1034,21 +1084,23 @@ class FlashAttentionFn(torch.autograd.Function):
 # torch 2.11 / Triton 3.6: `capture run --compile --attention flash` ended in ERROR).
 @torch.compiler.disable
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-                    scale: float | None = None, backward: str = "split") -> torch.Tensor:
+                    scale: float | None = None, backward: str = "auto") -> torch.Tensor:
     """softmax(q·kᵀ·scale [+ causal mask])·v with the FlashAttention-2 Triton kernels.
 
     q: (B, h, Tq, d) or (B, Tq, d); k, v: (B, h, Tk, d) or (B, Tk, d). ``scale`` defaults to
     1/√d. ``is_causal`` aligns top-left like torch SDPA. ``backward`` picks the backward kernels:
-    "split" (dK/dV and dQ kernels) or "atomic" (one kernel, dQ by atomic adds). Returns o shaped
-    like q (contiguous).
+    "auto" (default: "gluon" where it applies, else "split"), "split" (dK/dV and dQ kernels),
+    "atomic" (one kernel, dQ by atomic adds) or "gluon" (the Hopper kernel of ``flash_gluon``:
+    16-bit, d_head 64, sm_90). Returns o shaped like q (contiguous).
     """
     check_inputs(q, k, v)
     _scale(q.shape[-1], scale)
     if not isinstance(is_causal, bool):  # as SDPA: a flag, not anything truthy
         raise ValueError(f"is_causal must be True or False, got {is_causal!r}")
-    if backward not in BACKWARD_MODES:
-        raise ValueError(f"backward={backward!r}; choose one of {', '.join(BACKWARD_MODES)}")
+    if backward not in BACKWARD_CHOICES:
+        raise ValueError(f"backward={backward!r}; choose one of {', '.join(BACKWARD_CHOICES)}")
     if q.dim() == 3:  # (B, T, d): one head, as a view
-        return FlashAttentionFn.apply(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), is_causal,
-                                      scale, backward).squeeze(1)
-    return FlashAttentionFn.apply(q, k, v, is_causal, scale, backward)
+        q4, k4, v4 = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+        backward = resolve_backward(backward, q4, k4)  # before the forward: a refusal is now
+        return FlashAttentionFn.apply(q4, k4, v4, is_causal, scale, backward).squeeze(1)
+    return FlashAttentionFn.apply(q, k, v, is_causal, scale, resolve_backward(backward, q, k))

@@ -35,7 +35,11 @@ def test_parts_a_and_b_write_a_run_directory(tmp_path):
     assert a["sdpa-cudnn"]["status"] == "UNSUPPORTED"  # no cuDNN attention on CPU: a row, not a crash
     b = {r["impl"]: r for r in results["part_b"]}
     assert b["flash"]["e2e_ms"] > 0 and b["flash"]["heads"] == 2 and b["flash"]["causal"] is True
+    # each flash row names the backward that ran: "auto" is the split kernels here (CPU)
+    assert a["flash"]["backward"] == b["flash"]["backward"] == "split"
+    assert "backward" not in a["naive"]
     assert "Leaderboard configuration" in proc.stdout
+    assert "flash (split backward)" in proc.stdout
 
 
 @pytest.mark.parametrize("args,message", [

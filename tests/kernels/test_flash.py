@@ -266,6 +266,32 @@ def test_bad_backward_mode():
         fa.flash_attention(*_bad(), backward="fast")
 
 
+def test_auto_backward_is_split_where_the_gluon_kernel_does_not_apply(gen):
+    """On CPU (interpreter) "auto" means the split kernels; asking for "gluon" says why not."""
+    q = randn(gen, 1, 2, 45, 64, dtype=torch.bfloat16)
+    assert fa.resolve_backward("auto", q, q) == "split"
+    assert fa.resolve_backward("atomic", q, q) == "atomic"
+    with pytest.raises(ValueError, match="backward='gluon' cannot run here: it needs a CUDA"):
+        fa.flash_attention(q, q, q, backward="gluon")
+
+
+@pytest.mark.parametrize("dtype,d,env,api,reason", [
+    (torch.float32, 64, "1", True, "fp16 or bf16 inputs, not float32"),
+    (torch.bfloat16, 32, "1", True, "d_head 64 only, not 32"),
+    (torch.float16, 64, "0", True, "LMPROF_FLASH_GLUON=0"),
+    (torch.bfloat16, 64, "1", False, "Gluon lacks the Hopper TMA calls"),
+    (torch.bfloat16, 64, "1", True, "needs a CUDA device"),
+])
+def test_gluon_kernel_says_why_it_does_not_apply(monkeypatch, dtype, d, env, api, reason):
+    from lmprof.kernels import flash_gluon
+
+    monkeypatch.setenv("LMPROF_FLASH_GLUON", env)
+    monkeypatch.setattr(flash_gluon, "API", api)
+    q = torch.zeros(1, 1, 8, d, dtype=dtype)
+    assert reason in flash_gluon.unsupported(q, q)
+    assert fa.resolve_backward("auto", q, q) == "split"
+
+
 @pytest.mark.parametrize("flag", ["yes", 1, None])
 def test_is_causal_must_be_a_bool(flag):
     with pytest.raises(ValueError, match="is_causal must be True or False"):
@@ -420,11 +446,26 @@ gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
+ALL_BACKWARDS = (*fa.BACKWARD_MODES, "gluon")
+
+
+def skip_unless_it_runs(backward: str, dtype: torch.dtype, d: int) -> None:
+    """Skip a "gluon" case on inputs or a machine the Hopper kernel does not take (the reason
+    is in the skip message; the portable modes always run)."""
+    if backward == "gluon":
+        from lmprof.kernels import flash_gluon
+
+        probe = torch.empty(1, 1, 1, d, dtype=dtype, device=DEVICE)
+        why = flash_gluon.unsupported(probe, probe)
+        if why:
+            pytest.skip(f"gluon backward: {why}")
+
+
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("backward", fa.BACKWARD_MODES)
+@pytest.mark.parametrize("backward", ALL_BACKWARDS)
 # (3, 7, ...): 21 heads, more than one group of forward / dQ programs (_program_tile);
 # (2, 12, ...): 24, two groups of 12 dK/dV programs (_kv_grid)
 @pytest.mark.parametrize("shape", [(2, 4, 1024, 1024, 64), (1, 3, 1000, 2047, 128),
@@ -432,7 +473,46 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
                                    (3, 7, 1000, 1000, 64), (2, 12, 700, 900, 64)])
 def test_gpu_matches_reference(gen, dtype, is_causal, backward, shape):
     b, h, tq, tk, d = shape
+    skip_unless_it_runs(backward, dtype, d)
     check_against_reference(gen, (b, h, tq, d), (b, h, tk, d), dtype, is_causal, backward)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+# one query and key; lengths that end inside a 64-row tile and a 128-key program, both ways
+# round; keys past every query (causal: programs with no query tile); several programs per head
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 3, 97, 113), (2, 3, 113, 97),
+                                   (1, 2, 1000, 2047), (1, 2, 2047, 1000), (2, 2, 4096, 4096)])
+def test_gpu_gluon_backward_matches_reference(gen, dtype, is_causal, shape):
+    b, h, tq, tk = shape
+    skip_unless_it_runs("gluon", dtype, 64)
+    check_against_reference(gen, (b, h, tq, 64), (b, h, tk, 64), dtype, is_causal, "gluon")
+
+
+@gpu
+@needs_cuda
+def test_gpu_gluon_backward_takes_views_and_three_dim_inputs_and_is_the_default(gen):
+    """Transposed (B, T, h, d) views, the stride-0 gradient of o.sum() and (B, T, d) inputs are
+    copied to contiguous ones first; "auto" picks this kernel where it applies."""
+    skip_unless_it_runs("gluon", torch.bfloat16, 64)
+    b, t, h, d = 2, 300, 3, 64
+    q, k, v = (randn(gen, b, t, h, d, dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
+    assert fa.resolve_backward("auto", q, k) == "gluon"
+    fa.COMPILED.pop("_flash_bwd_ws_kernel", None)
+    got = run_attention(fa.flash_attention, q, k, v, torch.ones_like(q).expand(q.shape),
+                        is_causal=True)
+    assert "_flash_bwd_ws_kernel" in fa.COMPILED  # the default ran it
+    split = run_attention(fa.flash_attention, q, k, v, torch.ones_like(q), is_causal=True,
+                          backward="split")
+    for name, g, w in zip(("o", "dq", "dk", "dv"), got, split):
+        assert max_err(g, w, name) <= 2e-2 * w.abs().max().item(), name
+    q3, k3, v3, do3 = (randn(gen, 2, 200, 64, dtype=torch.float16) for _ in range(4))
+    got3 = run_attention(fa.flash_attention, q3, k3, v3, do3, backward="gluon")
+    want3 = run_attention(fa.flash_attention, q3, k3, v3, do3, backward="split")
+    for name, g, w in zip(("o", "dq", "dk", "dv"), got3, want3):
+        assert g.shape == w.shape and max_err(g, w, name) <= 1e-2 * w.abs().max().item(), name
 
 
 @gpu
@@ -456,10 +536,11 @@ def test_gpu_under_torch_compile_matches_eager(gen, dtype):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("backward", fa.BACKWARD_MODES)
+@pytest.mark.parametrize("backward", ALL_BACKWARDS)
 def test_gpu_seq_65536_where_naive_runs_out_of_memory(gen, backward):
     """B=1, h=16, T=65536, d=64, bf16, causal: the naive path cannot hold the 16·T² scores."""
     b, h, t, d = 1, 16, 65536, 64
+    skip_unless_it_runs(backward, torch.bfloat16, d)
     q, k, v, do = (randn(gen, b, h, t, d, dtype=torch.bfloat16) for _ in range(4))
     with pytest.raises(torch.OutOfMemoryError):
         naive_o(q, k, v, is_causal=True)

@@ -46,6 +46,24 @@ def test_tables_and_speedup():
     assert abs(wide.loc[1024, "speedup"] - 1.2) < 1e-9
 
 
+def test_flash_rows_name_their_backward():
+    """Rows written since the Gluon backward carry ``backward``: shown with the implementation
+    (parts a, b) and per point of the sweep (part c); older rows without it render as before."""
+    results = _results()
+    results["part_b"][0]["backward"] = "gluon"
+    results["part_c"][0]["backward"] = "gluon"
+    results["part_c"][3]["backward"] = "split"
+    assert section._shape_problem(results) is None
+    text = section.render_tables(results)
+    assert "flash (gluon backward)" in text and "| flash " in text  # part a's row has none
+    table = section.part_c_table(results["part_c"]).set_index("Seq")
+    assert table.loc[1024, "flash backward"] == "gluon"
+    assert table.loc[4096, "flash backward"] == "split"
+    assert "flash backward" not in section.part_c_table(_results()["part_c"]).columns
+    results["part_b"][0]["backward"] = 3
+    assert "part_b[0].backward is 3" in section._shape_problem(results)
+
+
 def test_section_in_report(tmp_path):
     run = tmp_path / "runs" / "20260101T000000Z-attention-abc-0000"
     run.mkdir(parents=True)

@@ -28,9 +28,15 @@ def _status(row: dict) -> str:
     return row["status"] if row["status"] == "OK" else f"{row['status']}: {row.get('error') or ''}"
 
 
+def _impl(row: dict) -> str:
+    """The implementation's name, with the backward a flash row ran (``capture attention`` writes
+    it since the Gluon backward came: "flash (gluon backward)")."""
+    return f"{row['impl']} ({row['backward']} backward)" if row.get("backward") else row["impl"]
+
+
 def part_a_table(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([{
-        "d": r["d"], "Seq": r["seq"], "Dtype": r["dtype"], "Implementation": r["impl"],
+        "d": r["d"], "Seq": r["seq"], "Dtype": r["dtype"], "Implementation": _impl(r),
         "Forward (ms)": _fmt(r.get("fwd_ms"), ".3f"),
         "Backward (ms)": _fmt(r.get("bwd_ms"), ".3f"),
         "Memory before backward (MiB)": _fmt(
@@ -45,7 +51,7 @@ def part_b_table(rows: list[dict], matmul_tflops: float | None) -> pd.DataFrame:
     for r in rows:
         pct = (lambda t: _fmt(100 * t / matmul_tflops if (t and matmul_tflops) else None, ".0f"))
         out.append({
-            "Implementation": r["impl"], "Shape (B, H, T, d)": f"{r['batch']}, {r['heads']}, "
+            "Implementation": _impl(r), "Shape (B, H, T, d)": f"{r['batch']}, {r['heads']}, "
             f"{r['seq']}, {r['d']}", "Dtype": r["dtype"], "Causal": "yes" if r["causal"] else "no",
             "Forward (ms)": _fmt(r.get("fwd_ms"), ".3f"),
             "Backward (ms)": _fmt(r.get("bwd_ms"), ".3f"),
@@ -76,6 +82,11 @@ def part_c_frame(rows: list[dict], keys: tuple[str, ...] = ("dtype", "d", "seq")
                              for _, row in wide[sdpa].iterrows()]
         if "flash" in wide.columns:
             wide["speedup"] = wide["best_sdpa_ms"] / wide["flash"]
+    if "backward" in ok.columns:  # which backward the flash rows ran at each point
+        flash = ok[ok["impl"] == "flash"].dropna(subset=["backward"])
+        if not flash.empty:
+            wide["flash_backward"] = flash.groupby(keys)["backward"].agg(
+                lambda b: "/".join(sorted(set(b))))
     return wide.reset_index()
 
 
@@ -90,11 +101,13 @@ def part_c_table(rows: list[dict], keys: tuple[str, ...] = ("dtype", "d", "seq")
     if "runs" in keys:
         view["Runs"] = wide["runs"]
     for col in wide.columns:
-        if col in (*keys, "best_sdpa_ms", "best_sdpa", "speedup"):
+        if col in (*keys, "best_sdpa_ms", "best_sdpa", "speedup", "flash_backward"):
             continue
         view[f"{col} (ms)"] = [_fmt(v, ".3f") for v in wide[col]]
     if "best_sdpa" in wide:
         view["Best SDPA"] = wide["best_sdpa"].fillna("")
+    if "flash_backward" in wide:
+        view["flash backward"] = wide["flash_backward"].fillna("")
     if "speedup" in wide:
         view["flash vs best SDPA"] = [_fmt(v, ".2f") + ("×" if pd.notna(v) else "")
                                       for v in wide["speedup"]]
@@ -244,7 +257,7 @@ def _combined_body(ctx: ReportContext, runs: list[tuple[dict, dict]]) -> list[st
 
 
 _NUMBER = (int, float)
-_ROW_TYPES = {**dict.fromkeys(("impl", "dtype", "status", "error"), str),
+_ROW_TYPES = {**dict.fromkeys(("impl", "dtype", "status", "error", "backward"), str),
               **dict.fromkeys(("batch", "heads", "seq", "d"), int), "causal": bool}
 
 
