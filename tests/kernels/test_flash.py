@@ -594,27 +594,32 @@ def test_gpu_every_config(gen, monkeypatch, d, dtype):
 def test_gpu_direct_launch_is_taken_and_matches_the_autotuner_path(gen, monkeypatch, d):
     """After one call through Triton's autotuner, the same signature launches the compiled kernels
     directly (no autotuner call), with results identical to the autotuner path's. 24 heads:
-    the dK/dV grid is 3-D (two groups of 12)."""
+    the dK/dV grid is 3-D (two groups of 12). The split backward (its two launchers) is named:
+    the default takes the Gluon kernel on Hopper at d 64."""
     q, do = (randn(gen, 2, 12, 1000, d, dtype=torch.bfloat16) for _ in range(2))
     k, v = (randn(gen, 2, 12, 1537, d, dtype=torch.bfloat16) for _ in range(2))
     assert fa._kv_grid(24, 1537)({"BLOCK_N": 64})[2] == 2
     launchers = (fa._FWD, fa._DQ, fa._DKDV)
     monkeypatch.setattr(fa, "FAST_LAUNCH", False)
-    slow = run_attention(fa.flash_attention, q, k, v, do, is_causal=True)
+    slow = run_attention(fa.flash_attention, q, k, v, do, is_causal=True,
+                          backward="split")
     monkeypatch.setattr(fa, "FAST_LAUNCH", True)
     for launcher in launchers:
         monkeypatch.setattr(launcher, "direct", {})
-    first = run_attention(fa.flash_attention, q, k, v, do, is_causal=True)
+    first = run_attention(fa.flash_attention, q, k, v, do, is_causal=True,
+                          backward="split")
     assert all(len(launcher.direct) == 1 for launcher in launchers)
     calls = []
     for launcher in launchers:
         run = launcher.kernel.run
         monkeypatch.setattr(launcher.kernel, "run",
                             lambda *a, _run=run, **kw: calls.append(1) or _run(*a, **kw))
-    direct = run_attention(fa.flash_attention, q, k, v, do, is_causal=True)
+    direct = run_attention(fa.flash_attention, q, k, v, do, is_causal=True,
+                          backward="split")
     assert not calls, "a launch went through the autotuner"
     # a new signature (another length) goes through the autotuner once
-    run_attention(fa.flash_attention, q[:, :, :999], k, v, do[:, :, :999], is_causal=True)
+    run_attention(fa.flash_attention, q[:, :, :999], k, v, do[:, :, :999], is_causal=True,
+                  backward="split")
     assert calls
     for name, a, b, c in zip(("o", "dq", "dk", "dv"), slow, first, direct):
         assert torch.isfinite(a).all(), name
