@@ -18,9 +18,10 @@ c. A sweep of seq 128–65536 × d_head 16–128 in bf16 and fp32 (causal by def
 Implementations: ``naive`` (softmax(QKᵀ)V in PyTorch), ``naive-compiled`` (the same under
 ``torch.compile``), ``sdpa-default`` (torch's own backend choice), ``sdpa-flash``,
 ``sdpa-efficient``, ``sdpa-cudnn``, ``sdpa-math`` (one SDPA backend each), ``flash`` (this
-project's kernels with their default backward, "auto": the Hopper Gluon kernel where it applies,
-else the split Triton kernels), ``flash-split`` and ``flash-atomic`` (the split or atomic Triton
-backward). Each flash row names the backward that ran (``backward``).
+project's kernels with their default backward, "auto": the Hopper Gluon kernel where it applies
+from 16384 keys on, else the split Triton kernels), ``flash-split``, ``flash-atomic`` and ``flash-gluon`` (one
+backward each; ``flash-gluon`` is an UNSUPPORTED row where the Hopper kernel does not apply).
+Each flash row names the backward that ran (``backward``).
 
 Writes ``<out>/<run-id>/run.json`` (``kind: attention``) and ``attention.json`` (the rows), both
 rewritten after every finished row (the run says ERROR "incomplete" until it ends, so a killed
@@ -48,8 +49,9 @@ RESULTS_FILE = "attention.json"
 RESULTS_VERSION = 1
 
 IMPLS = ("naive", "naive-compiled", "sdpa-default", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn",
-         "sdpa-math", "flash", "flash-split", "flash-atomic")
-_FLASH_MODES = {"flash": "auto", "flash-split": "split", "flash-atomic": "atomic"}
+         "sdpa-math", "flash", "flash-split", "flash-atomic", "flash-gluon")
+_FLASH_MODES = {"flash": "auto", "flash-split": "split", "flash-atomic": "atomic",
+                "flash-gluon": "gluon"}
 PART_A = dict(batch=8, d=(16, 32, 64, 128), seq=(256, 1024, 4096, 8192, 16384), dtype=("fp32",),
               causal=False,
               impls=("naive", "naive-compiled", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn",
@@ -180,6 +182,8 @@ def _status(exc: BaseException) -> tuple[str, str]:
         return "OOM", first
     if "No available kernel" in str(exc) or "No viable backend" in str(exc):
         return "UNSUPPORTED", "this SDPA backend does not take these inputs"
+    if "backward='gluon' cannot run here" in str(exc):  # flash-gluon off Hopper/16-bit/d 64
+        return "UNSUPPORTED", first
     return "ERROR", f"{type(exc).__name__}: {first}"
 
 

@@ -21,8 +21,8 @@ exp(scale·q·k − L) is recomputed per tile, with D = rowsum(O∘dO) (fp32, sh
 - ``backward="gluon"``: the Hopper-only warp-specialised kernel of ``lmprof.kernels.flash_gluon``
   (Gluon, not ``@triton.jit``: 16-bit inputs, d_head 64, sm_90, a Triton whose Gluon has TMA
   reduce-adds): five products per tile, dQ by asynchronous bulk reduce-adds.
-- ``backward="auto"`` (default): "gluon" where it applies (``flash_gluon.unsupported`` is None),
-  else "split".
+- ``backward="auto"`` (default): "gluon" where it applies (``flash_gluon.unsupported`` is None)
+  and Tk ≥ ``flash_gluon.AUTO_MIN_KEYS`` (16384: where it was measured faster), else "split".
 Which is faster on a given GPU is measured by ``bench/bench_attention.py`` and ``capture
 attention``.
 
@@ -1022,7 +1022,8 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
 
 def resolve_backward(mode: str, q: torch.Tensor, k: torch.Tensor) -> str:
     """The backward that ``mode`` means for these inputs: "auto" → "gluon" where the Hopper kernel
-    applies, else "split"; "gluon" where it does not raises ValueError saying why."""
+    applies and there are at least ``flash_gluon.AUTO_MIN_KEYS`` keys (where it was measured
+    faster), else "split"; "gluon" where it does not apply raises ValueError saying why."""
     if mode not in BACKWARD_CHOICES:
         raise ValueError(f"backward mode {mode!r}; choose one of {', '.join(BACKWARD_CHOICES)}")
     if mode in BACKWARD_MODES:
@@ -1030,11 +1031,11 @@ def resolve_backward(mode: str, q: torch.Tensor, k: torch.Tensor) -> str:
     from lmprof.kernels import flash_gluon
 
     why = flash_gluon.unsupported(q, k)
-    if why is None:
-        return "gluon"
     if mode == "gluon":
-        raise ValueError(f"backward='gluon' cannot run here: {why}")
-    return "split"
+        if why is not None:
+            raise ValueError(f"backward='gluon' cannot run here: {why}")
+        return "gluon"
+    return "gluon" if why is None and k.shape[-2] >= flash_gluon.AUTO_MIN_KEYS else "split"
 
 
 def _gluon_backward(q, k, v, o, lse, do, is_causal: bool, sm_scale: float):
@@ -1089,7 +1090,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
 
     q: (B, h, Tq, d) or (B, Tq, d); k, v: (B, h, Tk, d) or (B, Tk, d). ``scale`` defaults to
     1/√d. ``is_causal`` aligns top-left like torch SDPA. ``backward`` picks the backward kernels:
-    "auto" (default: "gluon" where it applies, else "split"), "split" (dK/dV and dQ kernels),
+    "auto" (default: "gluon" where it applies and Tk ≥ 16384, else "split"), "split" (dK/dV and
+    dQ kernels),
     "atomic" (one kernel, dQ by atomic adds) or "gluon" (the Hopper kernel of ``flash_gluon``:
     16-bit, d_head 64, sm_90). Returns o shaped like q (contiguous).
     """

@@ -53,6 +53,11 @@ KEYS_PER_PROGRAM = 2 * BLOCK_M
 STAGES = 2  # Q/dO ring depth
 COMPUTE_REGS = 240  # registers per thread of the compute warpgroups (setmaxnreg); producer 24
 DTYPES = (torch.float16, torch.bfloat16)
+# "auto" takes this kernel from this many keys on: measured on an H100 (capture attention part c,
+# bf16, d 64, causal, 16384 tokens, 2026-11-28) it is slower than the split kernels at 1k and 4k
+# keys (1.31 / 3.59 ms against 1.06 / 2.89 fwd+bwd) and faster at 16k and 32k (9.74 / 36.2
+# against 10.8 / 43.3). backward="gluon" runs it at any length.
+AUTO_MIN_KEYS = 16384
 
 
 def unsupported(q: torch.Tensor, k: torch.Tensor) -> str | None:

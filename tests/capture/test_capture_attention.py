@@ -21,7 +21,8 @@ def capture(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def test_parts_a_and_b_write_a_run_directory(tmp_path):
     proc = capture("--part", "a", "--part", "b", "--seq", "40", "--d", "16", "--device", "cpu",
-                   "--impl", "naive", "--impl", "flash", "--impl", "sdpa-cudnn", "--iters", "2",
+                   "--impl", "naive", "--impl", "flash", "--impl", "sdpa-cudnn",
+                   "--impl", "flash-gluon", "--iters", "2",
                    "--warmup", "1", "--batch", "1", "--heads", "2", "--dtype", "fp32",
                    "--out", "runs", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -38,6 +39,9 @@ def test_parts_a_and_b_write_a_run_directory(tmp_path):
     # each flash row names the backward that ran: "auto" is the split kernels here (CPU)
     assert a["flash"]["backward"] == b["flash"]["backward"] == "split"
     assert "backward" not in a["naive"]
+    # the Hopper kernel asked for by name where it does not apply: a row saying why
+    assert a["flash-gluon"]["status"] == b["flash-gluon"]["status"] == "UNSUPPORTED"
+    assert "fp16 or bf16" in a["flash-gluon"]["error"]  # these runs are fp32
     assert "Leaderboard configuration" in proc.stdout
     assert "flash (split backward)" in proc.stdout
 

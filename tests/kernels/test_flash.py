@@ -275,6 +275,19 @@ def test_auto_backward_is_split_where_the_gluon_kernel_does_not_apply(gen):
         fa.flash_attention(q, q, q, backward="gluon")
 
 
+def test_auto_takes_the_gluon_kernel_from_its_measured_key_count(monkeypatch):
+    """Where the Hopper kernel applies, "auto" takes it from AUTO_MIN_KEYS keys on (below that
+    the split kernels were measured faster); "gluon" takes it at any length."""
+    from lmprof.kernels import flash_gluon
+
+    monkeypatch.setattr(flash_gluon, "unsupported", lambda q, k: None)
+    q = torch.empty(1, 1, 8, 64, dtype=torch.bfloat16)
+    n = flash_gluon.AUTO_MIN_KEYS
+    assert fa.resolve_backward("auto", q, torch.empty(1, 1, n - 1, 64)) == "split"
+    assert fa.resolve_backward("auto", q, torch.empty(1, 1, n, 64)) == "gluon"
+    assert fa.resolve_backward("gluon", q, q) == "gluon"
+
+
 @pytest.mark.parametrize("dtype,d,env,api,reason", [
     (torch.float32, 64, "1", True, "fp16 or bf16 inputs, not float32"),
     (torch.bfloat16, 32, "1", True, "d_head 64 only, not 32"),
@@ -495,15 +508,17 @@ def test_gpu_gluon_backward_matches_reference(gen, dtype, is_causal, shape):
 @needs_cuda
 def test_gpu_gluon_backward_takes_views_and_three_dim_inputs_and_is_the_default(gen):
     """Transposed (B, T, h, d) views, the stride-0 gradient of o.sum() and (B, T, d) inputs are
-    copied to contiguous ones first; "auto" picks this kernel where it applies."""
+    copied to contiguous ones first; "auto" picks this kernel where it applies from 16384 keys."""
     skip_unless_it_runs("gluon", torch.bfloat16, 64)
     b, t, h, d = 2, 300, 3, 64
     q, k, v = (randn(gen, b, t, h, d, dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
-    assert fa.resolve_backward("auto", q, k) == "gluon"
+    assert fa.resolve_backward("auto", q, k) == "split"  # too few keys for "auto" to take it
+    long_k = torch.empty(1, 1, 16384, 64, dtype=torch.bfloat16, device=DEVICE)
+    assert fa.resolve_backward("auto", q, long_k) == "gluon"
     fa.COMPILED.pop("_flash_bwd_ws_kernel", None)
     got = run_attention(fa.flash_attention, q, k, v, torch.ones_like(q).expand(q.shape),
-                        is_causal=True)
-    assert "_flash_bwd_ws_kernel" in fa.COMPILED  # the default ran it
+                        is_causal=True, backward="gluon")
+    assert "_flash_bwd_ws_kernel" in fa.COMPILED
     split = run_attention(fa.flash_attention, q, k, v, torch.ones_like(q), is_causal=True,
                           backward="split")
     for name, g, w in zip(("o", "dq", "dk", "dv"), got, split):
