@@ -20,17 +20,21 @@ committed Triton kernel); a cast gives dQ. ``--reduce``: 1 this kernel, 4 dQ by 
 relaxed atomics instead; timing only (dQ wrong): 0 no dQ staging or reduce, 2 the reduce of every
 other tile, 3 the staging store and barrier without the reduce.
 
-``--reduce 5``: the warp-specialised form (below ``_gl_bwd5_ws_kernel``): 128 keys per program
+``--reduce 5`` / ``6``: the warp-specialised form, which is now the product's backward
+(``lmprof.kernels.flash_gluon._flash_bwd_ws_kernel``, imported from there): 128 keys per program
 in two compute warpgroups that do not run in lockstep and a producer warp; each tile's 128-key dQ
-partial summed by one warpgroup's two products, so half the reduce bytes.
+partial summed by one warpgroup's two products, so half the reduce bytes; 5 loads L and D at each
+tile's top, 6 (as the product) one tile ahead. ``--leaderboard N`` times the leaderboard cell as
+``capture attention`` does.
 
 Outcome (Triton 3.9, 2026-11-28; notes, twenty-fourth session; bench/results/gluon_bwd5*.json):
 correct (dK, dV equal the split kernels' bit for bit, dQ within 4e-4). 64-key tiles: the five
 products alone take 2.57 ms at the leaderboard shape on the H100 — under cuDNN's whole backward —
 but the dQ reduce (8.6 GB of fp32 adds) adds 1.1-1.3 ms: end to end 5.00 ms at best against the
 split's 5.28 and cuDNN's 4.45 in the same run. Warp-specialised (H200): backward 3.36 ms, end to
-end 4.73 against the split's 5.35 and cuDNN's 4.46 in the same run (0.94x cuDNN). Not used by the
-product.
+end 4.73 against the split's 5.35 and cuDNN's 4.46 in the same run (0.94x cuDNN). With L and D a
+tile ahead (twenty-fifth session, H100, leaderboard method): backward 2.97-3.07 ms against cuDNN's
+3.03-3.11, end to end 4.25-4.33 against 4.24-4.35.
 
 Needs a Hopper GPU and Triton 3.9's Gluon API (``tma.async_load``, ``tma.async_atomic_add``,
 ``gl.barrier``); contiguous 16-bit (B, h, T, d) with d 64.
