@@ -19,8 +19,9 @@ Implementations: ``naive`` (softmax(QKᵀ)V in PyTorch), ``naive-compiled`` (the
 ``torch.compile``), ``sdpa-default`` (torch's own backend choice), ``sdpa-flash``,
 ``sdpa-efficient``, ``sdpa-cudnn``, ``sdpa-math`` (one SDPA backend each), ``flash`` (this
 project's kernels with their default backward, "auto": the Hopper Gluon kernel where it applies
-from 16384 keys on, else the split Triton kernels), ``flash-split``, ``flash-atomic`` and ``flash-gluon`` (one
-backward each; ``flash-gluon`` is an UNSUPPORTED row where the Hopper kernel does not apply).
+from 16384 keys on, else the split Triton kernels), ``flash-split``, ``flash-atomic`` and
+``flash-gluon`` (one backward each; ``flash-gluon`` is an UNSUPPORTED row where the Hopper kernel
+does not apply).
 Each flash row names the backward that ran (``backward``).
 
 Writes ``<out>/<run-id>/run.json`` (``kind: attention``) and ``attention.json`` (the rows), both
@@ -58,8 +59,7 @@ PART_A = dict(batch=8, d=(16, 32, 64, 128), seq=(256, 1024, 4096, 8192, 16384), 
                      "sdpa-math", "flash"))
 PART_B = dict(batch=1, heads=16, seq=16384, d=64, dtype="bf16", causal=True,
               impls=("flash", "flash-split", "flash-atomic", "sdpa-default", "sdpa-cudnn",
-                     "sdpa-flash",
-                     "sdpa-efficient"))
+                     "sdpa-flash", "sdpa-efficient"))
 PART_C = dict(tokens=16384, width=2048, d=(16, 32, 64, 128), dtype=("bf16", "fp32"), causal=True,
               seq=tuple(2**i for i in range(7, 17)),
               impls=("flash", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn"))

@@ -11,8 +11,8 @@ over key tiles with a running row max ``m`` and row sum ``l`` in fp32 (online so
 log2(e) is folded into the score scale so the exponential is ``exp2``); saves O and the
 log-sum-exp L = ln Σ exp(scale·q·k) (natural log, fp32, shape (B, h, Tq)). Backward: P =
 exp(scale·q·k − L) is recomputed per tile, with D = rowsum(O∘dO) (fp32, shape (B·h, Tq)), and
-- ``backward="split"`` (the default's fallback): dQ in one kernel (one program per query tile, looping over key
-  tiles), launched first, whose programs also compute D for their rows and store it; then dK/dV in
+- ``backward="split"`` (what "auto" falls back to): dQ in one kernel (one program per query
+  tile, looping over key tiles), launched first, whose programs also compute D for their rows and store it; then dK/dV in
   another (one program per key tile, looping over query tiles), which reads D. No atomics and no
   separate D pass; Q·Kᵀ and dO·Vᵀ are computed twice (7 tile matmuls per tile pair instead of 5).
 - ``backward="atomic"``: D by a pre-pass (``_flash_bwd_preprocess``), then one kernel per key tile
@@ -77,7 +77,7 @@ MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BACKWARD_MODES = ("split", "atomic")  # the portable Triton backwards (interpreted in CPU tests)
 # "gluon": the Hopper kernel of flash_gluon (16-bit, d_head 64, sm_90, Triton with Gluon's TMA
-# reduce); "auto" (the default): "gluon" where it applies, else "split".
+# reduce); "auto" (the default): "gluon" where it applies from 16384 keys on, else "split".
 BACKWARD_CHOICES = ("auto", *BACKWARD_MODES, "gluon")
 
 # NVTX ranges around the launches, so a profile shows which kernels belong to the op.
@@ -1091,9 +1091,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
     q: (B, h, Tq, d) or (B, Tq, d); k, v: (B, h, Tk, d) or (B, Tk, d). ``scale`` defaults to
     1/√d. ``is_causal`` aligns top-left like torch SDPA. ``backward`` picks the backward kernels:
     "auto" (default: "gluon" where it applies and Tk ≥ 16384, else "split"), "split" (dK/dV and
-    dQ kernels),
-    "atomic" (one kernel, dQ by atomic adds) or "gluon" (the Hopper kernel of ``flash_gluon``:
-    16-bit, d_head 64, sm_90). Returns o shaped like q (contiguous).
+    dQ kernels), "atomic" (one kernel, dQ by atomic adds) or "gluon" (the Hopper kernel of
+    ``flash_gluon``: 16-bit, d_head 64, sm_90). Returns o shaped like q (contiguous).
     """
     check_inputs(q, k, v)
     _scale(q.shape[-1], scale)
@@ -1103,6 +1102,6 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
         raise ValueError(f"backward={backward!r}; choose one of {', '.join(BACKWARD_CHOICES)}")
     if q.dim() == 3:  # (B, T, d): one head, as a view
         q4, k4, v4 = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
-        backward = resolve_backward(backward, q4, k4)  # before the forward: a refusal is now
+        backward = resolve_backward(backward, q4, k4)  # before the forward: refuse at once
         return FlashAttentionFn.apply(q4, k4, v4, is_causal, scale, backward).squeeze(1)
     return FlashAttentionFn.apply(q, k, v, is_causal, scale, resolve_backward(backward, q, k))

@@ -1,10 +1,10 @@
 """Hopper backward of FlashAttention in Gluon: one warp-specialised kernel, five products per tile.
 
-Used by ``flash.flash_backward`` for ``backward="gluon"`` and, where it applies, for the default
-``backward="auto"``. It applies (``unsupported`` says why not otherwise) to 16-bit (fp16, bf16)
-inputs with d_head 64 on a Hopper GPU (sm_90: ``wgmma``, TMA) with a Triton whose Gluon has the
-Hopper TMA loads and bulk reduce-adds (``tma.async_load``, ``tma.async_atomic_add``; Triton 3.9 —
-3.6's Gluon has neither name). Not under ``TRITON_INTERPRET`` (Gluon has no interpreter), so CI
+Used by ``flash.flash_backward`` for ``backward="gluon"`` and, where it applies and there are at
+least ``AUTO_MIN_KEYS`` keys, for the default ``backward="auto"``. It applies (``unsupported``
+says why not otherwise) to 16-bit (fp16, bf16) inputs with d_head 64 on a Hopper GPU (sm_90:
+``wgmma``, TMA) with a Triton whose Gluon has the Hopper TMA loads and bulk reduce-adds
+(``tma.async_load``, ``tma.async_atomic_add``; Triton 3.9 — 3.6's Gluon has neither name). Not under ``TRITON_INTERPRET`` (Gluon has no interpreter), so CI
 tests the portable kernels; the GPU tests cover this one. Inputs are used as contiguous (B, h, T,
 d) tensors: q, k, v and dO that are not are copied once (one read and one write each).
 
@@ -26,7 +26,7 @@ ptxas serialise every wgmma of the kernel (its warning C7514).
 Before the kernel: D = rowsum(O∘dO) by ``flash._flash_bwd_preprocess`` and a zeroed fp32 dQ; after
 it, a cast of dQ to the inputs' dtype. Measured against cuDNN and the split Triton kernels in
 bench/notes/flash_attention.md (twenty-fourth and twenty-fifth sessions) and
-bench/results/attention_leaderboard.md.
+bench/results/capture_attention_*_triton3.9.0.json.
 """
 
 from __future__ import annotations
