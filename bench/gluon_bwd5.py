@@ -43,7 +43,6 @@ Needs a Hopper GPU and Triton 3.9's Gluon API (``tma.async_load``, ``tma.async_a
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import sys
@@ -63,6 +62,7 @@ except ImportError as exc:  # an older Triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import gluon_common  # noqa: E402
 from gluon_dkdv import _start_ring  # noqa: E402  (the 64-key kernel's prologue is its kernel's)
 
 # the warp-specialised kernel (``--reduce 5`` / ``6``) and the helpers both kernels share are
@@ -245,11 +245,6 @@ def _rel(x, ref) -> float:
     return err if math.isfinite(err) else float("inf")
 
 
-def _say(*what) -> None:
-    print("#", datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S"), *what,
-          file=sys.stderr, flush=True)
-
-
 # --reduce variants: 1 the kernel; for timing only (dQ wrong): 0 no staging and no reduce, 2 the
 # reduce of every other tile, 3 the staging store and barrier without the reduce
 _VARIANT = {1: "", 0: "_noreduce", 2: "_halfreduce", 3: "_stageonly", 4: "_red", 5: "_ws",
@@ -267,7 +262,7 @@ def run(shape, causal: bool, configs, reduces=(5, 1)) -> dict:
                    for _ in range(4))
     o, lse = flash.flash_forward(q, k, v, causal)
     ref = flash.flash_backward(q, k, v, o, lse, do, causal)
-    _say(shape, "causal" if causal else "", "references ready")
+    gluon_common.say(shape, "causal" if causal else "", "references ready")
     row = {"shape": list(shape), "causal": causal}
     # fp32 reference at small sizes: the error of each against it
     if t <= 2048:
@@ -303,7 +298,7 @@ def run(shape, causal: bool, configs, reduces=(5, 1)) -> dict:
             row[tag + "_err_vs_fp32"] = max(_rel(x, r) for x, r in zip(out, exact))
         row[tag + "_bwd_ms"] = do_bench(lambda: fn(q, k, v, o, lse, do, causal, **kw),
                                         warmup=25, rep=200)
-        _say(tag, row[tag + "_bwd_ms"])
+        gluon_common.say(tag, row[tag + "_bwd_ms"])
         if reduce in _FULL:
             def e2e():
                 o2, lse2 = flash.flash_forward(q, k, v, causal)
@@ -311,7 +306,7 @@ def run(shape, causal: bool, configs, reduces=(5, 1)) -> dict:
             row[tag + "_e2e_ms"] = do_bench(e2e, warmup=25, rep=200)
     row["split_bwd_ms"] = do_bench(lambda: flash.flash_backward(q, k, v, o, lse, do, causal),
                                    warmup=25, rep=200)
-    _say("split bwd", row["split_bwd_ms"])
+    gluon_common.say("split bwd", row["split_bwd_ms"])
     row["fwd_ms"] = do_bench(lambda: flash.flash_forward(q, k, v, causal), warmup=25, rep=200)
 
     def split_e2e():
@@ -365,32 +360,12 @@ _LB_GLUON = {"gluon-s2-noprefetch": (2, False), "gluon-s3": (3, True)}
 
 
 def leaderboard(rounds: int) -> list[dict]:
-    """The leaderboard cell timed as ``capture attention`` times it (``run_bench_cell``: forward,
-    ``loss.backward``, ``attn(...).sum().backward()``, do_bench medians): cuDNN, the product's
-    default ("flash": the Gluon backward on Hopper), the split Triton backward, and the Gluon
-    backward without prefetch and with a 3-deep ring, in ``rounds`` alternated rounds."""
-    from unittest import mock
-
-    from lmprof.capture import attention
-    real = attention.make_impl
-
-    def make_impl(name):
-        if name in _LB_GLUON:
-            stages, prefetch = _LB_GLUON[name]
-            return lambda q, k, v, causal: _GluonWS.apply(q, k, v, causal, stages, prefetch)
-        return real(name)
-
-    rows = []
-    with mock.patch.object(attention, "make_impl", make_impl):
-        for r in range(rounds):
-            for impl in ("sdpa-cudnn", "flash", "flash-split", *_LB_GLUON):
-                row = attention.run_bench_cell(impl, 1, 16, 16384, 64, torch.bfloat16, True,
-                                               torch.device("cuda"))
-                row["round"] = r
-                _say(impl, row.get("backward"), row.get("fwd_ms"), row.get("bwd_ms"),
-                     row.get("e2e_ms"), row.get("error"))
-                rows.append(row)
-    return rows
+    """The leaderboard cell for cuDNN, the product's default ("flash": the Gluon backward on
+    Hopper), the split Triton backward, and the Gluon backward without prefetch and with a 3-deep
+    ring (``gluon_common.leaderboard``)."""
+    extra = {name: (lambda q, k, v, causal, a=args: _GluonWS.apply(q, k, v, causal, *a))
+             for name, args in _LB_GLUON.items()}
+    return gluon_common.leaderboard(["sdpa-cudnn", "flash", "flash-split"], extra, rounds)
 
 
 def main() -> None:
@@ -417,23 +392,15 @@ def main() -> None:
     configs = [tuple(int(x) for x in c.split(",")) for c in (args.config or [
         "128,8,2", "64,4,2", "64,4,3"])]
 
-    def save():  # after every row: a step cut short by its time limit keeps what it measured
-        if args.out:
-            args.out.write_text(json.dumps({
-                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                "cuda": torch.version.cuda, "triton": triton.__version__, "rows": rows},
-                indent=1) + "\n")
-
     rows = leaderboard(args.leaderboard) if args.leaderboard else []
     for row in rows:
         print(json.dumps(row), flush=True)
-    save()
+    gluon_common.write_results(args.out, rows)
     for shape in shapes:
         for causal in ((True, False) if shape[2] <= 2048 else (True,)):
             rows.append(run(shape, causal, configs, args.reduce))
             print(json.dumps(rows[-1]), flush=True)
-            save()
+            gluon_common.write_results(args.out, rows)
 
 
 if __name__ == "__main__":

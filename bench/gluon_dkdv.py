@@ -25,7 +25,6 @@ warps; Triton 3.9). Needs a Hopper GPU and a Triton with ``triton.experimental.g
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import sys
@@ -47,6 +46,7 @@ except ImportError as exc:  # an older Triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_attention as ba  # noqa: E402
+import gluon_common  # noqa: E402
 from lmprof.kernels import flash  # noqa: E402
 
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -279,12 +279,7 @@ def main() -> None:
         for causal in ((True, False) if shape[2] <= 2048 else (True,)):
             rows.append(run(shape, causal, configs))
             print(json.dumps(rows[-1]), flush=True)
-    if args.out:
-        args.out.write_text(json.dumps({
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "cuda": torch.version.cuda, "triton": triton.__version__, "rows": rows},
-            indent=1) + "\n")
+    gluon_common.write_results(args.out, rows)
 
 
 if __name__ == "__main__":

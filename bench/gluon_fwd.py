@@ -23,7 +23,6 @@ Needs a Hopper GPU and Triton 3.9's Gluon (as lmprof/kernels/flash_gluon.py); co
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import sys
@@ -41,7 +40,9 @@ try:
 except ImportError as exc:  # an older Triton
     sys.exit(f"gluon_fwd: needs triton.experimental.gluon (Triton 3.9): {exc}")
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import gluon_common  # noqa: E402
 
 LN2 = gl.constexpr(0.6931471805599453)
 
@@ -217,11 +218,6 @@ def _rel(x, ref) -> float:
     return err if math.isfinite(err) else float("inf")
 
 
-def _say(*what) -> None:
-    print("#", datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S"), *what,
-          file=sys.stderr, flush=True)
-
-
 def run(shape, causal: bool, configs) -> dict:
     from triton.testing import do_bench
 
@@ -244,7 +240,7 @@ def run(shape, causal: bool, configs) -> dict:
             torch.cuda.synchronize()
         except Exception as exc:  # a compile or launch failure is a result here
             row[tag + "_error"] = " ".join(str(exc).split())[:300]
-            _say(tag, row[tag + "_error"])
+            gluon_common.say(tag, row[tag + "_error"])
             continue
         row[tag + "_o_rel_diff_vs_triton"] = _rel(o, o_ref)
         row[tag + "_lse_max_abs_diff"] = (lse - lse_ref).abs().max().item()
@@ -252,13 +248,13 @@ def run(shape, causal: bool, configs) -> dict:
             row[tag + "_err_vs_fp64"] = _rel(o, exact)
         row[tag + "_ms"] = do_bench(lambda: gluon_forward(q, k, v, causal, block_n, num_wg, stages,
                                                           regs), warmup=25, rep=200)
-        _say(shape, causal, tag, row[tag + "_ms"], row[tag + "_o_rel_diff_vs_triton"],
+        gluon_common.say(shape, causal, tag, row[tag + "_ms"], row[tag + "_o_rel_diff_vs_triton"],
              row[tag + "_lse_max_abs_diff"])
     row["triton_ms"] = do_bench(lambda: flash.flash_forward(q, k, v, causal), warmup=25, rep=200)
     if tq == tk:
         row["cudnn_ms"] = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(
             q, k, v, is_causal=causal), warmup=25, rep=200)
-    _say(shape, causal, "triton", row["triton_ms"], "cudnn", row.get("cudnn_ms"))
+    gluon_common.say(shape, causal, "triton", row["triton_ms"], "cudnn", row.get("cudnn_ms"))
     return row
 
 
@@ -281,30 +277,11 @@ class _GluonFwd(torch.autograd.Function):
 
 
 def leaderboard(rounds: int, configs) -> list[dict]:
-    """The leaderboard cell as ``capture attention`` times it (``run_bench_cell``) for cuDNN, the
-    product's default ("flash") and this forward with the product's backward, per config."""
-    from unittest import mock
-
-    from lmprof.capture import attention
-    real = attention.make_impl
-    names = {"gluon-fwd-" + "-".join(map(str, c)): c for c in configs}
-
-    def make_impl(name):
-        if name in names:
-            return lambda q, k, v, causal, c=names[name]: _GluonFwd.apply(q, k, v, causal, c)
-        return real(name)
-
-    rows = []
-    with mock.patch.object(attention, "make_impl", make_impl):
-        for r in range(rounds):
-            for impl in ("sdpa-cudnn", "flash", *names):
-                row = attention.run_bench_cell(impl, 1, 16, 16384, 64, torch.bfloat16, True,
-                                               torch.device("cuda"))
-                row["round"] = r
-                _say(impl, row.get("fwd_ms"), row.get("bwd_ms"), row.get("e2e_ms"),
-                     row.get("error"))
-                rows.append(row)
-    return rows
+    """The leaderboard cell for cuDNN, the product's default ("flash") and this forward with the
+    product's backward, per config (``gluon_common.leaderboard``)."""
+    extra = {"gluon-fwd-" + "-".join(map(str, c)):
+             (lambda q, k, v, causal, c=c: _GluonFwd.apply(q, k, v, causal, c)) for c in configs}
+    return gluon_common.leaderboard(["sdpa-cudnn", "flash"], extra, rounds)
 
 
 def main() -> None:
@@ -327,23 +304,15 @@ def main() -> None:
     configs = [tuple(int(x) for x in c.split(",")) for c in (args.config or [
         "128,2,2,240", "128,2,3,240", "64,2,3,240", "64,3,3,160"])]
 
-    def save():  # after every row: a step cut short by its time limit keeps what it measured
-        if args.out:
-            args.out.write_text(json.dumps({
-                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                "cuda": torch.version.cuda, "triton": triton.__version__, "rows": rows},
-                indent=1) + "\n")
-
     rows = leaderboard(args.leaderboard, configs) if args.leaderboard else []
     for row in rows:
         print(json.dumps(row), flush=True)
-    save()
+    gluon_common.write_results(args.out, rows)
     for shape in ([] if args.leaderboard else shapes):
         for causal in (True, False):
             rows.append(run(shape, causal, configs))
             print(json.dumps(rows[-1]), flush=True)
-            save()
+            gluon_common.write_results(args.out, rows)
 
 
 if __name__ == "__main__":
