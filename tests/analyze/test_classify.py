@@ -55,6 +55,8 @@ def test_names_from_other_gpus(name, expected, source):
         "_flash_bwd_dkdv_kernel",
         "_flash_bwd_dq_kernel",
         "_flash_bwd_preprocess",
+        "_flash_bwd_dkdv_dq_atomic_kernel",
+        "_flash_bwd_ws_kernel",  # the Gluon backward (lmprof.kernels.flash_gluon)
         # the Triton fused-attention tutorial
         "_attn_fwd",
         "_attn_bwd",
