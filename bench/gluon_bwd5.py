@@ -65,9 +65,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gluon_common  # noqa: E402
 from gluon_dkdv import _start_ring  # noqa: E402  (the 64-key kernel's prologue is its kernel's)
 
-# the warp-specialised kernel (``--reduce 5`` / ``6``) and the helpers both kernels share are
-# the product's (lmprof/kernels/flash_gluon.py, where the kernel is described)
-from lmprof.kernels import flash_gluon  # noqa: E402
+# the warp-specialised kernel (``--reduce 5`` / ``6``, run through flash._gluon_backward) and
+# the helpers both kernels share are the product's (lmprof/kernels/flash_gluon.py, where the
+# kernel is described)
 from lmprof.kernels.flash_gluon import _p_tile, _store_dkdv, descriptors  # noqa: E402
 
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -210,8 +210,7 @@ def _buffers(q, k, v, o, do):
 
     b, h, tq, d = q.shape
     delta = torch.empty((b, h, tq), dtype=torch.float32, device=q.device)
-    flash._flash_bwd_preprocess[(b * h, triton.cdiv(tq, 128))](
-        o, do, delta, *o.stride(), *do.stride(), h, tq, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=128)
+    flash._delta(o, do, delta, d)
     dq_acc = torch.zeros((b, h, tq, d), dtype=torch.float32, device=q.device)
     return delta, dq_acc, torch.empty_like(k), torch.empty_like(v)
 
@@ -231,13 +230,12 @@ def gluon_bwd5(q, k, v, o, lse, do, causal: bool, stages: int = 2, reduce: int =
 
 
 def gluon_bwd5_ws(q, k, v, o, lse, do, causal: bool, stages: int = 2, prefetch: bool = False):
-    """(dq, dk, dv) by the pre-pass, the warp-specialised kernel (the product's) and a cast
-    (contiguous 16-bit (B, h, T, d) tensors, d 64)."""
-    scale = 1 / math.sqrt(q.shape[-1])
-    delta, dq_acc, dk, dv = _buffers(q, k, v, o, do)
-    flash_gluon.launch(q, k, v, do, lse, delta, dq_acc, dk, dv, causal, scale, stages=stages,
-                       prefetch=prefetch)
-    return dq_acc.to(q.dtype), dk, dv
+    """(dq, dk, dv) by the product's Gluon backward (``flash._gluon_backward``: pre-pass,
+    warp-specialised kernel, cast) at this ring depth and prefetch."""
+    from lmprof.kernels import flash
+
+    return flash._gluon_backward(q, k, v, o, lse, do, causal, 1 / math.sqrt(q.shape[-1]),
+                                 stages=stages, prefetch=prefetch)
 
 
 def _rel(x, ref) -> float:

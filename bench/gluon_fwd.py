@@ -36,13 +36,13 @@ try:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
                                                                    warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 except ImportError as exc:  # an older Triton
     sys.exit(f"gluon_fwd: needs triton.experimental.gluon (Triton 3.9): {exc}")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gluon_common  # noqa: E402
+from lmprof.kernels import flash_gluon  # noqa: E402  (its TMA descriptors)
 
 LN2 = gl.constexpr(0.6931471805599453)
 
@@ -189,9 +189,6 @@ def _gl_fwd_ws_kernel(q_desc, k_desc, v_desc, O, LSE, seq_q, seq_k, qk_scale,
         ], [4, 4, 1], [COMPUTE_REGS, COMPUTE_REGS, 24])
 
 
-_SMEM16 = dict(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-
-
 def gluon_forward(q, k, v, causal: bool, block_n: int = 128, num_wg: int = 2, stages: int = 2,
                   regs: int = 240):
     """(o, lse) of contiguous 16-bit (B, h, T, 64) q, k, v: lse natural-log fp32 (B, h, Tq)."""
@@ -200,11 +197,7 @@ def gluon_forward(q, k, v, causal: bool, block_n: int = 128, num_wg: int = 2, st
     o = torch.empty_like(q)
     lse = torch.empty((b, h, tq), dtype=torch.float32, device=q.device)
 
-    def desc(t, rows):
-        flat = t.reshape(-1, d)
-        return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, d],
-                                gl.NVMMASharedLayout(**_SMEM16))
-
+    desc = flash_gluon.tma_descriptor
     scale = 1 / math.sqrt(d)
     _gl_fwd_ws_kernel[(triton.cdiv(tq, 64 * num_wg), b * h)](
         desc(q, 64), desc(k, block_n), desc(v, block_n), o, lse, tq, tk,

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from lmprof import rundir
 from lmprof.capture import devices, environment
 from lmprof.errors import UserError
+from lmprof.kernels import BackwardUnavailable
 
 RESULTS_FILE = "attention.json"
 RESULTS_VERSION = 1
@@ -182,7 +183,7 @@ def _status(exc: BaseException) -> tuple[str, str]:
         return "OOM", first
     if "No available kernel" in str(exc) or "No viable backend" in str(exc):
         return "UNSUPPORTED", "this SDPA backend does not take these inputs"
-    if "backward='gluon' cannot run here" in str(exc):  # flash-gluon off Hopper/16-bit/d 64
+    if isinstance(exc, BackwardUnavailable):  # flash-gluon off Hopper/16-bit/d 64
         return "UNSUPPORTED", first
     return "ERROR", f"{type(exc).__name__}: {first}"
 

@@ -10,6 +10,11 @@ from __future__ import annotations
 from lmprof.errors import UserError
 
 
+class BackwardUnavailable(ValueError):
+    """An explicitly chosen flash backward cannot run on these inputs or this machine (the message
+    says why); ``capture attention`` records it as an UNSUPPORTED row."""
+
+
 def check_flash_available(device, d_head: int | None = None) -> None:
     """Raise UserError when ``--attention flash`` cannot run on ``device`` (with this d_head)."""
     try:

@@ -62,6 +62,7 @@ import triton
 import triton.language as tl
 
 from lmprof.annotate import phase
+from lmprof.kernels import BackwardUnavailable
 
 try:  # host-side TMA descriptors (Triton ≥ 3.3): the atomic backward's bulk dQ reduce-add
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -999,10 +1000,7 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
                 *do.stride(), *dk.stride(), *dq.stride(), *common, **args)
             _record("_flash_bwd_dkdv_kernel", compiled)
         else:  # one kernel, which needs all of delta before it starts: a pre-pass computes it
-            pre_block = 32 if INTERPRET else 128
-            _flash_bwd_preprocess[(b * h, _cdiv(tq, pre_block))](
-                o, do, delta, *o.stride(), *do.stride(), h, tq, HEAD_DIM=d,
-                BLOCK_D=args["BLOCK_D"], BLOCK_M=pre_block)
+            _delta(o, do, delta, args["BLOCK_D"])
             tma = _tma_reduce_available(q)
             # dQ accumulates transposed, (B, h, d, Tq) in fp32 (see _bwd_kv_loop). With TMA it
             # is padded to BLOCK_D rows (one box per tile) and Tq to a multiple of 4 (the TMA unit
@@ -1020,6 +1018,16 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     return dq, dk, dv
 
 
+def _delta(o: torch.Tensor, do: torch.Tensor, delta: torch.Tensor, block_d: int) -> None:
+    """D = rowsum(O∘dO) into ``delta`` (B, h, Tq) by ``_flash_bwd_preprocess``: the pre-pass of
+    the backwards whose one kernel needs all of D before it starts (atomic, gluon)."""
+    b, h, tq, d = o.shape
+    pre_block = 32 if INTERPRET else 128
+    _flash_bwd_preprocess[(b * h, _cdiv(tq, pre_block))](
+        o, do, delta, *o.stride(), *do.stride(), h, tq, HEAD_DIM=d, BLOCK_D=block_d,
+        BLOCK_M=pre_block)
+
+
 def resolve_backward(mode: str, q: torch.Tensor, k: torch.Tensor) -> str:
     """The backward that ``mode`` means for these inputs: "auto" → "gluon" where the Hopper kernel
     applies and there are at least ``flash_gluon.AUTO_MIN_KEYS`` keys (where it was measured
@@ -1033,14 +1041,15 @@ def resolve_backward(mode: str, q: torch.Tensor, k: torch.Tensor) -> str:
     why = flash_gluon.unsupported(q, k)
     if mode == "gluon":
         if why is not None:
-            raise ValueError(f"backward='gluon' cannot run here: {why}")
+            raise BackwardUnavailable(f"backward='gluon' cannot run here: {why}")
         return "gluon"
     return "gluon" if why is None and k.shape[-2] >= flash_gluon.AUTO_MIN_KEYS else "split"
 
 
-def _gluon_backward(q, k, v, o, lse, do, is_causal: bool, sm_scale: float):
+def _gluon_backward(q, k, v, o, lse, do, is_causal: bool, sm_scale: float, **launch):
     """D by the pre-pass, the warp-specialised Gluon kernel into a zeroed fp32 dQ, then dQ's
-    cast. q, k, v and do are made contiguous (a copy of each that is not)."""
+    cast. q, k, v and do are made contiguous (a copy of each that is not). ``launch``: the
+    kernel's knobs (``flash_gluon.launch``: stages, prefetch), for bench/gluon_bwd5.py."""
     from lmprof.kernels import flash_gluon
 
     q, k, v, do = (t.contiguous() for t in (q, k, v, do))
@@ -1050,11 +1059,10 @@ def _gluon_backward(q, k, v, o, lse, do, is_causal: bool, sm_scale: float):
     dk = _alloc((b, h, tk, d), k.dtype, k.device)
     dv = _alloc((b, h, tk, d), v.dtype, v.device)
     with _on_device(q):
-        _flash_bwd_preprocess[(b * h, _cdiv(tq, 128))](
-            o, do, delta, *o.stride(), *do.stride(), h, tq, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=128)
+        _delta(o, do, delta, d)
         dq_acc = torch.zeros((b, h, tq, d), dtype=torch.float32, device=q.device)
         compiled = flash_gluon.launch(q, k, v, do, lse, delta, dq_acc, dk, dv, is_causal,
-                                      sm_scale)
+                                      sm_scale, **launch)
     _record("_flash_bwd_ws_kernel", compiled)
     dq = _alloc((b, h, tq, d), q.dtype, q.device)
     dq.copy_(dq_acc)

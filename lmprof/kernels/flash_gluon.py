@@ -277,18 +277,18 @@ if API:
     _SMEM16 = dict(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     _SMEM32 = dict(swizzle_byte_width=128, element_bitwidth=32, rank=2)
 
+    def tma_descriptor(t, rows: int, spec: dict = _SMEM16):
+        """TMA descriptor of a contiguous (..., d) tensor as a (rows·…, d) view, box (rows, d)."""
+        flat = t.reshape(-1, t.shape[-1])
+        return TensorDescriptor(flat, list(flat.shape), list(flat.stride()),
+                                [rows, t.shape[-1]], gl.NVMMASharedLayout(**spec))
+
     def descriptors(q, k, v, do, dq_acc, block_m: int = BLOCK_M, block_n: int = BLOCK_M):
         """TMA descriptors of the contiguous tensors as (B·h·T, d) views: Q, dO by query tile,
         K, V by key tile, the fp32 dQ accumulator by query tile."""
-        d = q.shape[-1]
-
-        def desc(t, rows, spec):
-            flat = t.reshape(-1, d)
-            return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, d],
-                                    gl.NVMMASharedLayout(**spec))
-
-        return (desc(q, block_m, _SMEM16), desc(k, block_n, _SMEM16), desc(v, block_n, _SMEM16),
-                desc(do, block_m, _SMEM16), desc(dq_acc, block_m, _SMEM32))
+        return (tma_descriptor(q, block_m), tma_descriptor(k, block_n),
+                tma_descriptor(v, block_n), tma_descriptor(do, block_m),
+                tma_descriptor(dq_acc, block_m, _SMEM32))
 
 
 def launch(q, k, v, do, lse, delta, dq_acc, dk, dv, is_causal: bool, sm_scale: float,
