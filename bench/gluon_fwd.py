@@ -1,7 +1,7 @@
 """Experiment: a warp-specialised flash-attention forward in Gluon (Hopper), against the committed
 Triton forward and cuDNN, in the same run.
 
-    python bench/gluon_fwd.py [--config BLOCK_N,warpgroups,stages,regs ...] [--out FILE]
+    python bench/gluon_fwd.py [--config BLOCK_N,warpgroups,stages,regs[,pingpong] ...] [--out FILE]
 
 Why (bench/notes/flash_attention.md, twenty-fifth session): with the Gluon backward the
 leaderboard's end-to-end gap to cuDNN is the forward's (1.28-1.37 ms against 1.23-1.25 on the
@@ -15,6 +15,11 @@ other's products. Everything is waited for before the loop's back edge (an async
 in flight there makes ptxas serialise every wgmma: its warning C7514), so the last tile is peeled
 off the loop (no wasted product). O and the natural-log L are stored as the committed forward
 stores them.
+
+A config whose fifth field is 1 runs the product's forward instead
+(``flash_gluon.launch_forward``: the same producer, the compute warpgroups in FlashAttention-3's
+ping-pong — taking turns to issue their products — with these tile knobs); it came out of this
+experiment (bench/notes/flash_attention.md, twenty-sixth session).
 
 Needs a Hopper GPU and Triton 3.9's Gluon (as lmprof/kernels/flash_gluon.py); contiguous 16-bit
 (B, h, T, 64).
@@ -42,25 +47,10 @@ except ImportError as exc:  # an older Triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gluon_common  # noqa: E402
-from lmprof.kernels import flash_gluon  # noqa: E402  (its TMA descriptors)
+from lmprof.kernels import flash_gluon  # noqa: E402  (its TMA descriptors and ping-pong forward)
+from lmprof.kernels.flash_gluon import _fwd_producer  # noqa: E402
 
 LN2 = gl.constexpr(0.6931471805599453)
-
-
-@gluon.jit
-def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
-                  q_row0, k_row0, m0, n_tiles, NUM_WG: gl.constexpr, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
-    for w in gl.static_range(NUM_WG):
-        tma.async_load(q_desc, [q_row0 + m0 + w * BLOCK_M, 0], q_bar, q_smem.index(w))
-    kv_bytes: gl.constexpr = 2 * k_desc.block_type.nbytes
-    for i in range(n_tiles):
-        s = i % STAGES
-        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # fresh barrier: passes
-        mbarrier.expect(ready.index(s), kv_bytes)
-        tma.async_load(k_desc, [k_row0 + i * BLOCK_N, 0], ready.index(s), k_smem.index(s))
-        tma.async_load(v_desc, [k_row0 + i * BLOCK_N, 0], ready.index(s), v_smem.index(s))
 
 
 @gluon.jit
@@ -190,7 +180,7 @@ def _gl_fwd_ws_kernel(q_desc, k_desc, v_desc, O, LSE, seq_q, seq_k, qk_scale,
 
 
 def gluon_forward(q, k, v, causal: bool, block_n: int = 128, num_wg: int = 2, stages: int = 2,
-                  regs: int = 240):
+                  regs: int = 240, pingpong: int = 0):
     """(o, lse) of contiguous 16-bit (B, h, T, 64) q, k, v: lse natural-log fp32 (B, h, Tq)."""
     b, h, tq, d = q.shape
     tk = k.shape[2]
@@ -199,6 +189,10 @@ def gluon_forward(q, k, v, causal: bool, block_n: int = 128, num_wg: int = 2, st
 
     desc = flash_gluon.tma_descriptor
     scale = 1 / math.sqrt(d)
+    if pingpong:  # the product's kernel (lmprof/kernels/flash_gluon.py) with these knobs
+        flash_gluon.launch_forward(q, k, v, o, lse, causal, 1 / math.sqrt(d), block_n, num_wg,
+                                   stages, regs)
+        return o, lse
     _gl_fwd_ws_kernel[(triton.cdiv(tq, 64 * num_wg), b * h)](
         desc(q, 64), desc(k, block_n), desc(v, block_n), o, lse, tq, tk,
         scale * 1.4426950408889634, HEAD_DIM=d, BLOCK_M=64, BLOCK_N=block_n, NUM_WG=num_wg,
@@ -226,10 +220,10 @@ def run(shape, causal: bool, configs) -> dict:
         exact = torch.nn.functional.scaled_dot_product_attention(
             q.double(), k.double(), v.double(), is_causal=causal)
         row["triton_err_vs_fp64"] = _rel(o_ref, exact)
-    for block_n, num_wg, stages, regs in configs:
-        tag = f"gluon_n{block_n}_wg{num_wg}_s{stages}_r{regs}"
+    for config in configs:
+        tag = "gluon_n{}_wg{}_s{}_r{}".format(*config) + ("_pp" if config[4:] and config[4] else "")
         try:
-            o, lse = gluon_forward(q, k, v, causal, block_n, num_wg, stages, regs)
+            o, lse = gluon_forward(q, k, v, causal, *config)
             torch.cuda.synchronize()
         except Exception as exc:  # a compile or launch failure is a result here
             row[tag + "_error"] = " ".join(str(exc).split())[:300]
@@ -239,8 +233,7 @@ def run(shape, causal: bool, configs) -> dict:
         row[tag + "_lse_max_abs_diff"] = (lse - lse_ref).abs().max().item()
         if "triton_err_vs_fp64" in row:
             row[tag + "_err_vs_fp64"] = _rel(o, exact)
-        row[tag + "_ms"] = do_bench(lambda: gluon_forward(q, k, v, causal, block_n, num_wg, stages,
-                                                          regs), warmup=25, rep=200)
+        row[tag + "_ms"] = do_bench(lambda: gluon_forward(q, k, v, causal, *config), warmup=25, rep=200)
         gluon_common.say(shape, causal, tag, row[tag + "_ms"], row[tag + "_o_rel_diff_vs_triton"],
              row[tag + "_lse_max_abs_diff"])
     row["triton_ms"] = do_bench(lambda: flash.flash_forward(q, k, v, causal), warmup=25, rep=200)
@@ -281,8 +274,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", action="append", default=None, help="B,H,Tq,Tk,D (repeatable)")
     ap.add_argument("--config", action="append", default=None,
-                    help="BLOCK_N,warpgroups,stages,regs (repeatable; default 128,2,2,240 "
-                         "128,2,3,240 64,2,3,240 64,3,3,160)")
+                    help="BLOCK_N,warpgroups,stages,regs[,pingpong] (repeatable; default "
+                         "128,2,2,240 128,2,3,240 64,2,3,240 64,3,3,160; pingpong 1: the "
+                         "product's kernel)")
     ap.add_argument("--out", type=Path, default=None, help="also write the rows here (JSON)")
     ap.add_argument("--leaderboard", type=int, default=0, metavar="ROUNDS",
                     help="time the leaderboard cell as `capture attention` does (cuDNN, flash, "

@@ -18,11 +18,11 @@ c. A sweep of seq 128–65536 × d_head 16–128 in bf16 and fp32 (causal by def
 Implementations: ``naive`` (softmax(QKᵀ)V in PyTorch), ``naive-compiled`` (the same under
 ``torch.compile``), ``sdpa-default`` (torch's own backend choice), ``sdpa-flash``,
 ``sdpa-efficient``, ``sdpa-cudnn``, ``sdpa-math`` (one SDPA backend each), ``flash`` (this
-project's kernels with their default backward, "auto": the Hopper Gluon kernel where it applies
-from 16384 keys on, else the split Triton kernels), ``flash-split``, ``flash-atomic`` and
-``flash-gluon`` (one backward each; ``flash-gluon`` is an UNSUPPORTED row where the Hopper kernel
-does not apply).
-Each flash row names the backward that ran (``backward``).
+project's kernels with their defaults, forward and backward "auto": the Hopper Gluon kernels
+where they apply and the sequence is long enough, else the Triton ones), ``flash-split`` and
+``flash-atomic`` (the Triton forward with one Triton backward each: the portable kernels), and
+``flash-gluon`` (the Gluon forward and backward; an UNSUPPORTED row where they do not apply).
+Each flash row names the forward and the backward that ran (``forward``, ``backward``).
 
 Writes ``<out>/<run-id>/run.json`` (``kind: attention``) and ``attention.json`` (the rows), both
 rewritten after every finished row (the run says ERROR "incomplete" until it ends, so a killed
@@ -45,15 +45,15 @@ import torch.nn.functional as F
 from lmprof import rundir
 from lmprof.capture import devices, environment
 from lmprof.errors import UserError
-from lmprof.kernels import BackwardUnavailable
+from lmprof.kernels import KernelUnavailable
 
 RESULTS_FILE = "attention.json"
 RESULTS_VERSION = 1
 
 IMPLS = ("naive", "naive-compiled", "sdpa-default", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn",
          "sdpa-math", "flash", "flash-split", "flash-atomic", "flash-gluon")
-_FLASH_MODES = {"flash": "auto", "flash-split": "split", "flash-atomic": "atomic",
-                "flash-gluon": "gluon"}
+_FLASH_MODES = {"flash": ("auto", "auto"), "flash-split": ("triton", "split"),
+                "flash-atomic": ("triton", "atomic"), "flash-gluon": ("gluon", "gluon")}  # fwd, bwd
 PART_A = dict(batch=8, d=(16, 32, 64, 128), seq=(256, 1024, 4096, 8192, 16384), dtype=("fp32",),
               causal=False,
               impls=("naive", "naive-compiled", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn",
@@ -95,11 +95,11 @@ def _sdpa(backend: str | None) -> Callable:
     return attend
 
 
-def _flash(mode: str) -> Callable:
+def _flash(forward: str, backward: str) -> Callable:
     def attend(q, k, v, is_causal):
         from lmprof.kernels.flash import flash_attention
 
-        return flash_attention(q, k, v, is_causal=is_causal, backward=mode)
+        return flash_attention(q, k, v, is_causal=is_causal, backward=backward, forward=forward)
 
     return attend
 
@@ -115,7 +115,7 @@ def make_impl(name: str) -> Callable:
                    "cudnn": "CUDNN_ATTENTION", "math": "MATH"}[name[5:]]
         return _sdpa(backend)
     if name in _FLASH_MODES:
-        return _flash(_FLASH_MODES[name])
+        return _flash(*_FLASH_MODES[name])
     raise UserError(f"unknown implementation {name!r}; choose from {', '.join(IMPLS)}")
 
 
@@ -166,15 +166,18 @@ def _inputs(shape_q, shape_k, dtype, device, seed=0):
     return rand(shape_q), rand(shape_k), rand(shape_k)
 
 
-def _backward_of(impl: str, q: torch.Tensor, k: torch.Tensor) -> dict[str, str]:
-    """{"backward": the flash backward these inputs get} for a flash implementation, else {}."""
+def _kernels_of(impl: str, q: torch.Tensor, k: torch.Tensor) -> dict[str, str]:
+    """{"forward": …, "backward": …}: the flash kernels these inputs get, for a flash
+    implementation (raises KernelUnavailable where an explicit one cannot run), else {}."""
     if impl not in _FLASH_MODES:
         return {}
-    from lmprof.kernels.flash import resolve_backward
+    from lmprof.kernels.flash import resolve_backward, resolve_forward
 
     if q.dim() == 3:
         q, k = q.unsqueeze(1), k.unsqueeze(1)
-    return {"backward": resolve_backward(_FLASH_MODES[impl], q, k)}
+    forward, backward = _FLASH_MODES[impl]
+    return {"forward": resolve_forward(forward, q, k),
+            "backward": resolve_backward(backward, q, k)}
 
 
 def _status(exc: BaseException) -> tuple[str, str]:
@@ -183,7 +186,7 @@ def _status(exc: BaseException) -> tuple[str, str]:
         return "OOM", first
     if "No available kernel" in str(exc) or "No viable backend" in str(exc):
         return "UNSUPPORTED", "this SDPA backend does not take these inputs"
-    if isinstance(exc, BackwardUnavailable):  # flash-gluon off Hopper/16-bit/d 64
+    if isinstance(exc, KernelUnavailable):  # flash-gluon off Hopper/16-bit/d 64
         return "UNSUPPORTED", first
     return "ERROR", f"{type(exc).__name__}: {first}"
 
@@ -197,7 +200,7 @@ def run_cs336_cell(impl: str, batch: int, seq: int, d: int, dtype: torch.dtype, 
     try:
         fn = make_impl(impl)
         q, k, v = _inputs((batch, seq, d), (batch, seq, d), dtype, device)
-        row.update(_backward_of(impl, q, k))
+        row.update(_kernels_of(impl, q, k))
         grad = torch.randn(batch, seq, d, device=device, dtype=dtype)
         for _ in range(warmup):
             fn(q, k, v, is_causal).backward(grad)
@@ -238,7 +241,7 @@ def run_bench_cell(impl: str, batch: int, heads: int, seq: int, d: int, dtype: t
         fn = make_impl(impl)
         shape = (batch, heads, seq, d)
         q, k, v = _inputs(shape, shape, dtype, device)
-        row.update(_backward_of(impl, q, k))
+        row.update(_kernels_of(impl, q, k))
         grads = [q, k, v]
         fwd_ms = bench_ms(lambda: fn(q, k, v, is_causal), device)
         loss = fn(q, k, v, is_causal).sum()

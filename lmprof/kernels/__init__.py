@@ -10,9 +10,17 @@ from __future__ import annotations
 from lmprof.errors import UserError
 
 
-class BackwardUnavailable(ValueError):
-    """An explicitly chosen flash backward cannot run on these inputs or this machine (the message
+class KernelUnavailable(ValueError):
+    """An explicitly chosen flash kernel cannot run on these inputs or this machine (the message
     says why); ``capture attention`` records it as an UNSUPPORTED row."""
+
+
+class BackwardUnavailable(KernelUnavailable):
+    """An explicitly chosen flash backward (``backward="gluon"``) cannot run here."""
+
+
+class ForwardUnavailable(KernelUnavailable):
+    """An explicitly chosen flash forward (``forward="gluon"``) cannot run here."""
 
 
 def check_flash_available(device, d_head: int | None = None) -> None:

@@ -9,7 +9,15 @@ The readable reference of the same algorithm is ``lmprof.kernels.attention_ref.a
 Algorithm (Dao 2023). Forward: one program per (batch·head, query tile of BLOCK_M rows); one pass
 over key tiles with a running row max ``m`` and row sum ``l`` in fp32 (online softmax, in base 2:
 log2(e) is folded into the score scale so the exponential is ``exp2``); saves O and the
-log-sum-exp L = ln Σ exp(scale·q·k) (natural log, fp32, shape (B, h, Tq)). Backward: P =
+log-sum-exp L = ln Σ exp(scale·q·k) (natural log, fp32, shape (B, h, Tq)).
+- ``forward="triton"``: ``_flash_fwd_kernel`` (portable; interpreted in CPU tests).
+- ``forward="gluon"``: the Hopper-only warp-specialised forward of ``lmprof.kernels.flash_gluon``
+  (same conditions as its backward, below): three compute warpgroups of 64 query rows take turns
+  on the tensor cores (FlashAttention-3's ping-pong), so one's products overlap another's
+  exponentials.
+- ``forward="auto"`` (default): "gluon" where it applies and Tk ≥
+  ``flash_gluon.AUTO_MIN_KEYS_FORWARD``, else "triton".
+Backward: P =
 exp(scale·q·k − L) is recomputed per tile, with D = rowsum(O∘dO) (fp32, shape (B·h, Tq)), and
 - ``backward="split"`` (what "auto" falls back to): dQ in one kernel (one program per query
   tile, looping over key tiles), launched first, whose programs also compute D for their rows and store it; then dK/dV in
@@ -62,7 +70,7 @@ import triton
 import triton.language as tl
 
 from lmprof.annotate import phase
-from lmprof.kernels import BackwardUnavailable
+from lmprof.kernels import BackwardUnavailable, ForwardUnavailable
 
 try:  # host-side TMA descriptors (Triton ≥ 3.3): the atomic backward's bulk dQ reduce-add
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -80,6 +88,7 @@ BACKWARD_MODES = ("split", "atomic")  # the portable Triton backwards (interpret
 # "gluon": the Hopper kernel of flash_gluon (16-bit, d_head 64, sm_90, Triton with Gluon's TMA
 # reduce); "auto" (the default): "gluon" where it applies from 16384 keys on, else "split".
 BACKWARD_CHOICES = ("auto", *BACKWARD_MODES, "gluon")
+FORWARD_CHOICES = ("auto", "triton", "gluon")  # the same rule for the forward
 
 # NVTX ranges around the launches, so a profile shows which kernels belong to the op.
 FORWARD_RANGE = "flash attention forward"
@@ -950,14 +959,24 @@ _FWD, _DQ, _DKDV = (_Launcher(k) for k in (_flash_fwd_kernel, _flash_bwd_dq_kern
 
 
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-                  scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  scale: float | None = None, mode: str = "auto"
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward on 4-D (B, h, T, d) inputs: returns (o contiguous, lse fp32 (B, h, Tq))."""
     check_inputs(q, k, v)
-    q, k, v = _vectorisable(q), _vectorisable(k), _vectorisable(v)
+    mode = resolve_forward(mode, q, k)
     b, h, tq, d = q.shape
     sm_scale = _scale(d, scale)
     o = _alloc((b, h, tq, d), q.dtype, q.device)
     lse = _alloc((b, h, tq), torch.float32, q.device)
+    if mode == "gluon":
+        from lmprof.kernels import flash_gluon
+
+        q, k, v = (t.contiguous() for t in (q, k, v))
+        with _on_device(q):
+            compiled = flash_gluon.launch_forward(q, k, v, o, lse, is_causal, sm_scale)
+        _record("_flash_fwd_ws_kernel", compiled)
+        return o, lse
+    q, k, v = _vectorisable(q), _vectorisable(k), _vectorisable(v)
     with _on_device(q):
         compiled = _FWD(
             _query_tile_grid(b * h, tq),
@@ -1031,19 +1050,42 @@ def _delta(o: torch.Tensor, do: torch.Tensor, delta: torch.Tensor, block_d: int)
 def resolve_backward(mode: str, q: torch.Tensor, k: torch.Tensor) -> str:
     """The backward that ``mode`` means for these inputs: "auto" → "gluon" where the Hopper kernel
     applies and there are at least ``flash_gluon.AUTO_MIN_KEYS`` keys (where it was measured
-    faster), else "split"; "gluon" where it does not apply raises ValueError saying why."""
+    faster), else "split"; "gluon" where it does not apply raises ValueError
+    (``BackwardUnavailable``) saying why."""
     if mode not in BACKWARD_CHOICES:
         raise ValueError(f"backward mode {mode!r}; choose one of {', '.join(BACKWARD_CHOICES)}")
     if mode in BACKWARD_MODES:
         return mode
     from lmprof.kernels import flash_gluon
 
+    return _resolve_gluon("backward", mode, q, k, flash_gluon.AUTO_MIN_KEYS, "split",
+                          BackwardUnavailable)
+
+
+def resolve_forward(mode: str, q: torch.Tensor, k: torch.Tensor) -> str:
+    """The forward that ``mode`` means: "auto" → "gluon" where the Hopper kernel applies and
+    there are at least ``flash_gluon.AUTO_MIN_KEYS_FORWARD`` keys, else "triton"; "gluon" where
+    it does not apply raises ValueError (``ForwardUnavailable``) saying why."""
+    if mode not in FORWARD_CHOICES:
+        raise ValueError(f"forward mode {mode!r}; choose one of {', '.join(FORWARD_CHOICES)}")
+    if mode == "triton":
+        return mode
+    from lmprof.kernels import flash_gluon
+
+    return _resolve_gluon("forward", mode, q, k, flash_gluon.AUTO_MIN_KEYS_FORWARD, "triton",
+                          ForwardUnavailable)
+
+
+def _resolve_gluon(what: str, mode: str, q, k, min_keys: int, fallback: str, error) -> str:
+    """"gluon" or "auto" → the kernel to run (see resolve_backward / resolve_forward)."""
+    from lmprof.kernels import flash_gluon
+
     why = flash_gluon.unsupported(q, k)
     if mode == "gluon":
         if why is not None:
-            raise BackwardUnavailable(f"backward='gluon' cannot run here: {why}")
+            raise error(f"{what}='gluon' cannot run here: {why}")
         return "gluon"
-    return "gluon" if why is None and k.shape[-2] >= flash_gluon.AUTO_MIN_KEYS else "split"
+    return "gluon" if why is None and k.shape[-2] >= min_keys else fallback
 
 
 def _gluon_backward(q, k, v, o, lse, do, is_causal: bool, sm_scale: float, **launch):
@@ -1073,9 +1115,10 @@ class FlashAttentionFn(torch.autograd.Function):
     """Autograd op on 4-D inputs; saves (q, k, v, o, lse) for the backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal: bool, scale: float | None, backward: str):
+    def forward(ctx, q, k, v, is_causal: bool, scale: float | None, backward: str,
+                forward: str):
         with phase(FORWARD_RANGE):
-            o, lse = flash_forward(q, k, v, is_causal, scale)
+            o, lse = flash_forward(q, k, v, is_causal, scale, forward)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.is_causal, ctx.scale, ctx.mode = is_causal, scale, backward
         return o
@@ -1085,7 +1128,7 @@ class FlashAttentionFn(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         with phase(BACKWARD_RANGE):
             dq, dk, dv = flash_backward(q, k, v, o, lse, do, ctx.is_causal, ctx.scale, ctx.mode)
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None
 
 
 # torch.compile does not trace into this function (a graph break around it, run eagerly): traced,
@@ -1093,14 +1136,18 @@ class FlashAttentionFn(torch.autograd.Function):
 # torch 2.11 / Triton 3.6: `capture run --compile --attention flash` ended in ERROR).
 @torch.compiler.disable
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-                    scale: float | None = None, backward: str = "auto") -> torch.Tensor:
+                    scale: float | None = None, backward: str = "auto",
+                    forward: str = "auto") -> torch.Tensor:
     """softmax(q·kᵀ·scale [+ causal mask])·v with the FlashAttention-2 Triton kernels.
 
     q: (B, h, Tq, d) or (B, Tq, d); k, v: (B, h, Tk, d) or (B, Tk, d). ``scale`` defaults to
     1/√d. ``is_causal`` aligns top-left like torch SDPA. ``backward`` picks the backward kernels:
     "auto" (default: "gluon" where it applies and Tk ≥ 16384, else "split"), "split" (dK/dV and
     dQ kernels), "atomic" (one kernel, dQ by atomic adds) or "gluon" (the Hopper kernel of
-    ``flash_gluon``: 16-bit, d_head 64, sm_90). Returns o shaped like q (contiguous).
+    ``flash_gluon``: 16-bit, d_head 64, sm_90). ``forward``: "auto" (default: "gluon" where it
+    applies and Tk ≥ ``flash_gluon.AUTO_MIN_KEYS_FORWARD``, else "triton"), "triton" or "gluon".
+    An explicit "gluon" that cannot run raises ValueError at once. Returns o shaped like q
+    (contiguous).
     """
     check_inputs(q, k, v)
     _scale(q.shape[-1], scale)
@@ -1108,8 +1155,12 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
         raise ValueError(f"is_causal must be True or False, got {is_causal!r}")
     if backward not in BACKWARD_CHOICES:
         raise ValueError(f"backward={backward!r}; choose one of {', '.join(BACKWARD_CHOICES)}")
-    if q.dim() == 3:  # (B, T, d): one head, as a view
-        q4, k4, v4 = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
-        backward = resolve_backward(backward, q4, k4)  # before the forward: refuse at once
-        return FlashAttentionFn.apply(q4, k4, v4, is_causal, scale, backward).squeeze(1)
-    return FlashAttentionFn.apply(q, k, v, is_causal, scale, resolve_backward(backward, q, k))
+    if forward not in FORWARD_CHOICES:
+        raise ValueError(f"forward={forward!r}; choose one of {', '.join(FORWARD_CHOICES)}")
+    squeeze = q.dim() == 3  # (B, T, d): one head, as a view
+    if squeeze:
+        q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+    # both resolved before the forward runs: an explicit kernel that cannot run is refused at once
+    backward, forward = resolve_backward(backward, q, k), resolve_forward(forward, q, k)
+    o = FlashAttentionFn.apply(q, k, v, is_causal, scale, backward, forward)
+    return o.squeeze(1) if squeeze else o

@@ -58,6 +58,13 @@ DTYPES = (torch.float16, torch.bfloat16)
 # keys (1.31 / 3.59 ms against 1.06 / 2.89 fwd+bwd) and faster at 16k and 32k (9.74 / 36.2
 # against 10.8 / 43.3). backward="gluon" runs it at any length.
 AUTO_MIN_KEYS = 16384
+# The forward: per program 64·FWD_WARPGROUPS query rows, one compute warpgroup per 64, key tiles
+# of FWD_BLOCK_N in a ring of FWD_STAGES (bench/gluon_fwd.py measured the alternatives).
+FWD_BLOCK_N = 128
+FWD_WARPGROUPS = 3
+FWD_STAGES = 3
+FWD_COMPUTE_REGS = 160
+AUTO_MIN_KEYS_FORWARD = 16384  # provisional: set from capture attention part c below
 
 
 def unsupported(q: torch.Tensor, k: torch.Tensor) -> str | None:
@@ -76,7 +83,8 @@ def unsupported(q: torch.Tensor, k: torch.Tensor) -> str | None:
         return "it needs a CUDA device (Gluon kernels are not interpreted)"
     if torch.cuda.get_device_capability(q.device)[0] != 9:
         return "it needs a Hopper GPU (sm_90: wgmma and TMA)"
-    rows = q.shape[0] * q.shape[1] * max(q.shape[2], k.shape[2]) + KEYS_PER_PROGRAM
+    rows = (q.shape[0] * q.shape[1] * max(q.shape[2], k.shape[2])
+            + max(KEYS_PER_PROGRAM, FWD_BLOCK_N, BLOCK_M * FWD_WARPGROUPS))  # reads past the end
     if rows >= 2**31:
         return "batch·heads·seq must stay below 2^31 rows (32-bit row indices)"
     return None
@@ -84,6 +92,7 @@ def unsupported(q: torch.Tensor, k: torch.Tensor) -> str | None:
 
 if API:
     LOG2E = gl.constexpr(1.4426950408889634)
+    LN2 = gl.constexpr(0.6931471805599453)
 
     @gluon.jit
     def _p_tile(s_t, lse2, qk_scale, rows, offs_n, start_m, key0, seq_q, seq_k,
@@ -274,6 +283,175 @@ if API:
                             STAGES)),
         ], [4, 1], [COMPUTE_REGS, 24])
 
+    # ------------------------------------------------------------------------------------------
+    # Forward: FlashAttention-3's ping-pong between compute warpgroups
+    # ------------------------------------------------------------------------------------------
+
+    @gluon.jit
+    def _fwd_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
+                      q_row0, k_row0, m0, n_tiles, NUM_WG: gl.constexpr, BLOCK_M: gl.constexpr,
+                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """Loads each warpgroup's Q tile once, then streams K and V tiles into the ring."""
+        mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
+        for w in gl.static_range(NUM_WG):
+            tma.async_load(q_desc, [q_row0 + m0 + w * BLOCK_M, 0], q_bar, q_smem.index(w))
+        kv_bytes: gl.constexpr = 2 * k_desc.block_type.nbytes
+        for i in range(n_tiles):
+            s = i % STAGES
+            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # fresh barrier: passes
+            mbarrier.expect(ready.index(s), kv_bytes)
+            tma.async_load(k_desc, [k_row0 + i * BLOCK_N, 0], ready.index(s), k_smem.index(s))
+            tma.async_load(v_desc, [k_row0 + i * BLOCK_N, 0], ready.index(s), v_smem.index(s))
+
+    @gluon.jit
+    def _softmax_p(s_cur, j, m_i, l_i, rows, cols, qk_scale, seq_k, n_full,
+                   IS_CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr):
+        """Key tile j's online-softmax step up to P: (P, the rescale α, the new max, the new
+        sum); the accumulator's rescale is the caller's. Only tiles from n_full on (crossing the
+        diagonal or the end of the keys) are masked."""
+        if j >= n_full:
+            keys = j * BLOCK_N + cols
+            keep = (keys < seq_k)[None, :]
+            if IS_CAUSAL:
+                keep = keep & (keys[None, :] <= rows[:, None])
+            s_cur = gl.where(keep, s_cur, -float("inf"))
+        m_new = gl.maximum(m_i, gl.max(s_cur, axis=1) * qk_scale)
+        p = gl.exp2(s_cur * qk_scale - m_new[:, None])
+        alpha = gl.exp2(m_i - m_new)
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        return p, alpha, m_new, l_i
+
+    @gluon.jit
+    def _fwd_compute(W: gl.constexpr, NUM_WG: gl.constexpr, O, LSE, q_smem, k_smem, v_smem,
+                     q_bar, ready, empty, turn, seq_q, seq_k, qk_scale, q_row0, m0, n_tiles,
+                     n_full, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+        """Warpgroup W's 64 query rows. The warpgroups take turns (``turn`` mbarriers: W waits
+        for its own, and lets W + 1 go once its products are issued) to issue one tile's
+        products — S = Q·Kᵀ of this tile and P·V of the one before — so that the tensor cores
+        run one warpgroup's products while the others compute their exponentials. Nothing is
+        in flight across the loop's back edge."""
+        dtype: gl.constexpr = q_smem.dtype
+        FIRST: gl.constexpr = 1 if W == 0 else 0  # warpgroup 0's first turn waits for no one
+        NEXT: gl.constexpr = (W + 1) % NUM_WG
+        mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BLOCK_N, 16])
+        mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])
+        op_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
+        s_rows: gl.constexpr = gl.SliceLayout(1, mma_s)
+        o_rows: gl.constexpr = gl.SliceLayout(1, mma_o)
+        rows = m0 + W * BLOCK_M + gl.arange(0, BLOCK_M, layout=s_rows)
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_s))
+        q_me = q_smem.index(W)
+        m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, layout=s_rows)
+        l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_rows)
+        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=mma_o)
+        zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma_s)
+        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(ready.index(0), 0)
+        mbarrier.wait(turn.index(W), FIRST)  # turn 0: S of tile 0
+        s_tok = warpgroup_mma(q_me, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False,
+                              is_async=True)
+        mbarrier.arrive(turn.index(NEXT))
+        s_cur = warpgroup_mma_wait(num_outstanding=0, deps=[s_tok])
+        p, alpha, m_i, l_i = _softmax_p(s_cur, 0, m_i, l_i, rows, cols, qk_scale, seq_k,
+                                        n_full, IS_CAUSAL, BLOCK_N)
+        p_op = gl.convert_layout(p.to(dtype), op_a)
+        for j in range(1, n_tiles):  # turn j: S of tile j, P·V of tile j - 1
+            st = j % STAGES
+            pst = (j - 1) % STAGES
+            mbarrier.wait(ready.index(st), (j // STAGES) & 1)
+            mbarrier.wait(turn.index(W), (j & 1) ^ FIRST)
+            s_tok = warpgroup_mma(q_me, k_smem.index(st).permute((1, 0)), zero_s,
+                                  use_acc=False, is_async=True)
+            pv_tok = warpgroup_mma(p_op, v_smem.index(pst), acc, is_async=True)
+            mbarrier.arrive(turn.index(NEXT))
+            s_cur = warpgroup_mma_wait(num_outstanding=1, deps=[s_tok])  # P·V may still run
+            p, alpha, m_i, l_i = _softmax_p(s_cur, j, m_i, l_i, rows, cols, qk_scale, seq_k,
+                                            n_full, IS_CAUSAL, BLOCK_N)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=[pv_tok])
+            mbarrier.arrive(empty.index(pst))
+            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+            p_op = gl.convert_layout(p.to(dtype), op_a)
+        last = (n_tiles - 1) % STAGES
+        mbarrier.wait(turn.index(W), (n_tiles & 1) ^ FIRST)  # turn n_tiles: P·V of the last
+        pv_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+        mbarrier.arrive(turn.index(NEXT))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[pv_tok])
+        mbarrier.arrive(empty.index(last))
+        o = acc / gl.convert_layout(l_i, o_rows)[:, None]
+        lse = (m_i + gl.log2(l_i)) * LN2
+        gl.store(LSE + q_row0 + rows, lse, mask=rows < seq_q)
+        o_r = m0 + W * BLOCK_M + gl.arange(0, BLOCK_M, layout=o_rows)
+        o_c = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma_o))
+        offs = (q_row0 + o_r)[:, None].to(gl.int64) * HEAD_DIM + o_c[None, :]
+        gl.store(O + offs, o.to(dtype), mask=(o_r < seq_q)[:, None])
+
+    @gluon.jit
+    def _flash_fwd_ws_kernel(q_desc, k_desc, v_desc, O, LSE, seq_q, seq_k, qk_scale,
+                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                             BLOCK_N: gl.constexpr, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
+                             IS_CAUSAL: gl.constexpr, COMPUTE_REGS: gl.constexpr):
+        """Grid (B·h, query tiles of NUM_WG·64 rows): every head's tile t runs before any head's
+        tile t + 1, and under a causal mask the longest (last) tiles come first."""
+        dtype: gl.constexpr = q_desc.dtype
+        ROWS: gl.constexpr = NUM_WG * BLOCK_M
+        tile = gl.program_id(1)
+        if IS_CAUSAL:
+            tile = gl.num_programs(1) - 1 - tile
+        m0 = tile * ROWS
+        pid_bh = gl.program_id(0)
+        q_row0 = pid_bh * seq_q  # this head's first row in the (B·h·T, d) views
+        k_row0 = pid_bh * seq_k
+        if IS_CAUSAL:  # top-left: row r sees keys 0 .. r
+            n_tiles = gl.cdiv(gl.minimum(m0 + ROWS, seq_k), BLOCK_N)
+            n_full = gl.minimum(m0 + 1, seq_k) // BLOCK_N
+        else:
+            n_tiles = gl.cdiv(seq_k, BLOCK_N)
+            n_full = seq_k // BLOCK_N
+        q_smem = gl.allocate_shared_memory(dtype, [NUM_WG, BLOCK_M, HEAD_DIM], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=NUM_WG)
+        for i in gl.static_range(NUM_WG):
+            mbarrier.init(turn.index(i), count=1)
+        # Gluon takes the partitions as a literal list: one list per warpgroup count
+        if NUM_WG == 2:
+            gl.warp_specialize([
+                (_fwd_compute, (0, NUM_WG, O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty,
+                                turn, seq_q, seq_k, qk_scale, q_row0, m0, n_tiles, n_full,
+                                HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL)),
+                (_fwd_compute, (1, NUM_WG, O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty,
+                                turn, seq_q, seq_k, qk_scale, q_row0, m0, n_tiles, n_full,
+                                HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL)),
+                (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready,
+                                 empty, q_row0, k_row0, m0, n_tiles, NUM_WG, BLOCK_M, BLOCK_N,
+                                 STAGES)),
+            ], [4, 1], [COMPUTE_REGS, 24])
+        else:
+            gl.warp_specialize([
+                (_fwd_compute, (0, NUM_WG, O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty,
+                                turn, seq_q, seq_k, qk_scale, q_row0, m0, n_tiles, n_full,
+                                HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL)),
+                (_fwd_compute, (1, NUM_WG, O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty,
+                                turn, seq_q, seq_k, qk_scale, q_row0, m0, n_tiles, n_full,
+                                HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL)),
+                (_fwd_compute, (2, NUM_WG, O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty,
+                                turn, seq_q, seq_k, qk_scale, q_row0, m0, n_tiles, n_full,
+                                HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, IS_CAUSAL)),
+                (_fwd_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready,
+                                 empty, q_row0, k_row0, m0, n_tiles, NUM_WG, BLOCK_M, BLOCK_N,
+                                 STAGES)),
+            ], [4, 4, 1], [COMPUTE_REGS, COMPUTE_REGS, 24])
+
     _SMEM16 = dict(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     _SMEM32 = dict(swizzle_byte_width=128, element_bitwidth=32, rank=2)
 
@@ -305,3 +483,18 @@ def launch(q, k, v, do, lse, delta, dq_acc, dk, dv, is_causal: bool, sm_scale: f
         IS_CAUSAL=bool(is_causal), COMPUTE_REGS=COMPUTE_REGS, PREFETCH=prefetch, num_warps=4)
 
 
+
+
+def launch_forward(q, k, v, o, lse, is_causal: bool, sm_scale: float,
+                   block_n: int = FWD_BLOCK_N, warpgroups: int = FWD_WARPGROUPS,
+                   stages: int = FWD_STAGES, regs: int = FWD_COMPUTE_REGS):
+    """Run the forward on contiguous (B, h, T, 64) 16-bit q, k, v into o (like q) and the
+    natural-log logsumexp lse (fp32 (B, h, Tq)). Returns the compiled kernel. The tile knobs are
+    for bench/gluon_fwd.py."""
+    b, h, tq, d = q.shape
+    grid = (b * h, -(-tq // (BLOCK_M * warpgroups)))
+    return _flash_fwd_ws_kernel[grid](
+        tma_descriptor(q, BLOCK_M), tma_descriptor(k, block_n), tma_descriptor(v, block_n), o,
+        lse, tq, k.shape[2], sm_scale * 1.4426950408889634, HEAD_DIM=d, BLOCK_M=BLOCK_M,
+        BLOCK_N=block_n, NUM_WG=warpgroups, STAGES=stages, IS_CAUSAL=bool(is_causal),
+        COMPUTE_REGS=regs, num_warps=4)

@@ -36,14 +36,16 @@ def test_parts_a_and_b_write_a_run_directory(tmp_path):
     assert a["sdpa-cudnn"]["status"] == "UNSUPPORTED"  # no cuDNN attention on CPU: a row, not a crash
     b = {r["impl"]: r for r in results["part_b"]}
     assert b["flash"]["e2e_ms"] > 0 and b["flash"]["heads"] == 2 and b["flash"]["causal"] is True
-    # each flash row names the backward that ran: "auto" is the split kernels here (CPU)
+    # each flash row names the kernels that ran: "auto" is the Triton forward and the split
+    # backward here (CPU)
     assert a["flash"]["backward"] == b["flash"]["backward"] == "split"
-    assert "backward" not in a["naive"]
-    # the Hopper kernel asked for by name where it does not apply: a row saying why
+    assert a["flash"]["forward"] == b["flash"]["forward"] == "triton"
+    assert "backward" not in a["naive"] and "forward" not in a["naive"]
+    # the Hopper kernels asked for by name where they do not apply: a row saying why
     assert a["flash-gluon"]["status"] == b["flash-gluon"]["status"] == "UNSUPPORTED"
     assert "fp16 or bf16" in a["flash-gluon"]["error"]  # these runs are fp32
     assert "Leaderboard configuration" in proc.stdout
-    assert "flash (split backward)" in proc.stdout
+    assert "flash (triton forward, split backward)" in proc.stdout
 
 
 @pytest.mark.parametrize("args,message", [

@@ -62,24 +62,25 @@ naive_o = ref.attention_naive
 
 
 def check_against_reference(gen, shape_q, shape_k, dtype, is_causal, backward="split",
-                            scale=None):
+                            scale=None, forward="auto"):
     """Kernel error ≤ 2 × PyTorch's own error at this dtype (+ a small floor), for o, L, dq, dk, dv."""
     q = randn(gen, *shape_q, dtype=dtype)
     k = randn(gen, *shape_k, dtype=dtype)
     v = randn(gen, *shape_k, dtype=dtype)
     do = randn(gen, *shape_q, dtype=dtype)
     kw = dict(is_causal=is_causal, scale=scale)
-    got = run_attention(fa.flash_attention, q, k, v, do, backward=backward, **kw)
+    got = run_attention(fa.flash_attention, q, k, v, do, backward=backward, forward=forward, **kw)
     torch_own = run_attention(naive_o, q, k, v, do, **kw)
     exact = run_attention(naive_o, q.double(), k.double(), v.double(), do.double(), **kw)
     names = ("o", "dq", "dk", "dv")
-    msg = f"seed {gen.initial_seed()}, {dtype}, q{shape_q} k{shape_k}, causal={is_causal}, {backward}"
+    msg = (f"seed {gen.initial_seed()}, {dtype}, q{shape_q} k{shape_k}, causal={is_causal}, "
+           f"forward {forward}, backward {backward}")
     for name, g, t, e in zip(names, got, torch_own, exact):
         err, bar = max_err(g, e, name), max_err(t, e, name)
         assert err <= 2 * bar + ATOL[dtype], f"{name}: error {err:.2e} > 2 × torch's {bar:.2e}; {msg}"
     # The saved log-sum-exp, against the exact one.
     q4, k4, v4 = (t if t.dim() == 4 else t.unsqueeze(1) for t in (q, k, v))
-    _, lse = fa.flash_forward(q4, k4, v4, is_causal, scale)
+    _, lse = fa.flash_forward(q4, k4, v4, is_causal, scale, forward)
     lse_exact = ref.logsumexp_naive(q4.double(), k4.double(), is_causal, scale)
     lse_tol = 1e-5 if dtype == torch.float32 else 1e-2  # scores from 16-bit inputs, fp32 sums
     assert max_err(lse, lse_exact, "lse") <= lse_tol, msg
@@ -266,13 +267,29 @@ def test_bad_backward_mode():
         fa.flash_attention(*_bad(), backward="fast")
 
 
-def test_auto_backward_is_split_where_the_gluon_kernel_does_not_apply(gen):
-    """On CPU (interpreter) "auto" means the split kernels; asking for "gluon" says why not."""
+def test_bad_forward_mode():
+    with pytest.raises(ValueError, match="forward='split'; choose one of auto, triton, gluon"):
+        fa.flash_attention(*_bad(), forward="split")
+
+
+def test_auto_is_triton_where_the_gluon_kernels_do_not_apply(gen):
+    """On CPU (interpreter) "auto" means the Triton forward and the split backward; asking for
+    "gluon" says why not, before anything runs."""
+    from lmprof.kernels import BackwardUnavailable, ForwardUnavailable
+
     q = randn(gen, 1, 2, 45, 64, dtype=torch.bfloat16)
     assert fa.resolve_backward("auto", q, q) == "split"
     assert fa.resolve_backward("atomic", q, q) == "atomic"
-    with pytest.raises(ValueError, match="backward='gluon' cannot run here: it needs a CUDA"):
+    assert fa.resolve_forward("auto", q, q) == "triton"
+    assert fa.resolve_forward("triton", q, q) == "triton"
+    with pytest.raises(BackwardUnavailable, match="backward='gluon' cannot run here: it needs a CUDA"):
         fa.flash_attention(q, q, q, backward="gluon")
+    fa.COMPILED.clear()
+    with pytest.raises(ForwardUnavailable, match="forward='gluon' cannot run here: it needs a CUDA"):
+        fa.flash_attention(q, q, q, forward="gluon")
+    with pytest.raises(ForwardUnavailable):
+        fa.flash_forward(q, q, q, mode="gluon")
+    assert not fa.COMPILED  # refused before any kernel ran
 
 
 def test_auto_takes_the_gluon_kernel_from_its_measured_key_count(monkeypatch):
@@ -286,6 +303,10 @@ def test_auto_takes_the_gluon_kernel_from_its_measured_key_count(monkeypatch):
     assert fa.resolve_backward("auto", q, torch.empty(1, 1, n - 1, 64)) == "split"
     assert fa.resolve_backward("auto", q, torch.empty(1, 1, n, 64)) == "gluon"
     assert fa.resolve_backward("gluon", q, q) == "gluon"
+    n = flash_gluon.AUTO_MIN_KEYS_FORWARD
+    assert fa.resolve_forward("auto", q, torch.empty(1, 1, n - 1, 64)) == "triton"
+    assert fa.resolve_forward("auto", q, torch.empty(1, 1, n, 64)) == "gluon"
+    assert fa.resolve_forward("gluon", q, q) == "gluon"
 
 
 @pytest.mark.parametrize("dtype,d,env,api,reason", [
@@ -303,6 +324,7 @@ def test_gluon_kernel_says_why_it_does_not_apply(monkeypatch, dtype, d, env, api
     q = torch.zeros(1, 1, 8, d, dtype=dtype)
     assert reason in flash_gluon.unsupported(q, q)
     assert fa.resolve_backward("auto", q, q) == "split"
+    assert fa.resolve_forward("auto", q, q) == "triton"
 
 
 @pytest.mark.parametrize("flag", ["yes", 1, None])
@@ -463,7 +485,7 @@ ALL_BACKWARDS = (*fa.BACKWARD_MODES, "gluon")
 
 
 def skip_unless_it_runs(backward: str, dtype: torch.dtype, d: int) -> None:
-    """Skip a "gluon" case on inputs or a machine the Hopper kernel does not take (the reason
+    """Skip a "gluon" case on inputs or a machine the Hopper kernels do not take (the reason
     is in the skip message; the portable modes always run)."""
     if backward == "gluon":
         from lmprof.kernels import flash_gluon
@@ -471,7 +493,7 @@ def skip_unless_it_runs(backward: str, dtype: torch.dtype, d: int) -> None:
         probe = torch.empty(1, 1, 1, d, dtype=dtype, device=DEVICE)
         why = flash_gluon.unsupported(probe, probe)
         if why:
-            pytest.skip(f"gluon backward: {why}")
+            pytest.skip(f"gluon kernels: {why}")
 
 
 @gpu
@@ -496,36 +518,50 @@ def test_gpu_matches_reference(gen, dtype, is_causal, backward, shape):
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 # one query and key; lengths that end inside a 64-row tile and a 128-key program, both ways
 # round; keys past every query (causal: programs with no query tile); several programs per head
+# (the forward: 192 query rows and 128 keys per program; heads whose last program has rows for
+# one or two of its three warpgroups)
 @pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 3, 97, 113), (2, 3, 113, 97),
-                                   (1, 2, 1000, 2047), (1, 2, 2047, 1000), (2, 2, 4096, 4096)])
-def test_gpu_gluon_backward_matches_reference(gen, dtype, is_causal, shape):
+                                   (1, 2, 1000, 2047), (1, 2, 2047, 1000), (2, 2, 4096, 4096),
+                                   (3, 2, 130, 250)])
+@pytest.mark.parametrize("forward,backward", [("triton", "gluon"), ("gluon", "split"),
+                                              ("gluon", "gluon")])
+def test_gpu_gluon_kernels_match_reference(gen, dtype, is_causal, shape, forward, backward):
     b, h, tq, tk = shape
     skip_unless_it_runs("gluon", dtype, 64)
-    check_against_reference(gen, (b, h, tq, 64), (b, h, tk, 64), dtype, is_causal, "gluon")
+    check_against_reference(gen, (b, h, tq, 64), (b, h, tk, 64), dtype, is_causal, backward,
+                            forward=forward)
 
 
 @gpu
 @needs_cuda
-def test_gpu_gluon_backward_takes_views_and_three_dim_inputs_and_auto_takes_it_long(gen):
+def test_gpu_gluon_kernels_take_views_and_three_dim_inputs_and_auto_takes_them_long(gen):
     """Transposed (B, T, h, d) views, the stride-0 gradient of o.sum() and (B, T, d) inputs are
-    copied to contiguous ones first; "auto" picks this kernel where it applies from 16384 keys."""
+    copied to contiguous ones first; "auto" picks the Gluon kernels where they apply from their
+    measured key counts."""
     skip_unless_it_runs("gluon", torch.bfloat16, 64)
     b, t, h, d = 2, 300, 3, 64
     q, k, v = (randn(gen, b, t, h, d, dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
+    from lmprof.kernels import flash_gluon
+
     assert fa.resolve_backward("auto", q, k) == "split"  # too few keys for "auto" to take it
+    assert fa.resolve_forward("auto", q, k) == "triton"
     long_k = torch.empty(1, 1, 16384, 64, dtype=torch.bfloat16, device=DEVICE)
     assert fa.resolve_backward("auto", q, long_k) == "gluon"
+    assert fa.resolve_forward("auto", q, long_k) == (
+        "gluon" if 16384 >= flash_gluon.AUTO_MIN_KEYS_FORWARD else "triton")
     fa.COMPILED.pop("_flash_bwd_ws_kernel", None)
+    fa.COMPILED.pop("_flash_fwd_ws_kernel", None)
     got = run_attention(fa.flash_attention, q, k, v, torch.ones_like(q).expand(q.shape),
-                        is_causal=True, backward="gluon")
-    assert "_flash_bwd_ws_kernel" in fa.COMPILED
+                        is_causal=True, backward="gluon", forward="gluon")
+    assert {"_flash_bwd_ws_kernel", "_flash_fwd_ws_kernel"} <= set(fa.COMPILED)
     split = run_attention(fa.flash_attention, q, k, v, torch.ones_like(q), is_causal=True,
-                          backward="split")
+                          backward="split", forward="triton")
     for name, g, w in zip(("o", "dq", "dk", "dv"), got, split):
         assert max_err(g, w, name) <= 2e-2 * w.abs().max().item(), name
     q3, k3, v3, do3 = (randn(gen, 2, 200, 64, dtype=torch.float16) for _ in range(4))
-    got3 = run_attention(fa.flash_attention, q3, k3, v3, do3, backward="gluon")
-    want3 = run_attention(fa.flash_attention, q3, k3, v3, do3, backward="split")
+    got3 = run_attention(fa.flash_attention, q3, k3, v3, do3, backward="gluon", forward="gluon")
+    want3 = run_attention(fa.flash_attention, q3, k3, v3, do3, backward="split",
+                          forward="triton")
     for name, g, w in zip(("o", "dq", "dk", "dv"), got3, want3):
         assert g.shape == w.shape and max_err(g, w, name) <= 1e-2 * w.abs().max().item(), name
 
@@ -551,8 +587,9 @@ def test_gpu_under_torch_compile_matches_eager(gen, dtype):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("backward", ALL_BACKWARDS)
-def test_gpu_seq_65536_where_naive_runs_out_of_memory(gen, backward):
+@pytest.mark.parametrize("forward,backward", [("triton", b) for b in ALL_BACKWARDS]
+                         + [("gluon", "gluon")])
+def test_gpu_seq_65536_where_naive_runs_out_of_memory(gen, forward, backward):
     """B=1, h=16, T=65536, d=64, bf16, causal: the naive path cannot hold the 16·T² scores."""
     b, h, t, d = 1, 16, 65536, 64
     skip_unless_it_runs(backward, torch.bfloat16, d)
@@ -560,7 +597,8 @@ def test_gpu_seq_65536_where_naive_runs_out_of_memory(gen, backward):
     with pytest.raises(torch.OutOfMemoryError):
         naive_o(q, k, v, is_causal=True)
     torch.cuda.empty_cache()
-    got = run_attention(fa.flash_attention, q, k, v, do, is_causal=True, backward=backward)
+    got = run_attention(fa.flash_attention, q, k, v, do, is_causal=True, backward=backward,
+                        forward=forward)
     torch_own = run_attention(F.scaled_dot_product_attention, q, k, v, do, is_causal=True)
     # fp32 reference, tile by tile (1024 queries × all keys at a time; one head at a time).
     exact = [torch.empty(q.shape, dtype=torch.float32, device=DEVICE) for _ in range(4)]

@@ -64,6 +64,22 @@ def test_flash_rows_name_their_backward():
     assert "part_b[0].backward is 3" in section._shape_problem(results)
 
 
+def test_flash_rows_name_their_forward_too():
+    """Rows written since the Gluon forward carry ``forward`` beside ``backward``."""
+    results = _results()
+    results["part_b"][0].update(forward="gluon", backward="gluon")
+    results["part_c"][0].update(forward="gluon", backward="gluon")
+    results["part_c"][3].update(forward="triton", backward="split")
+    assert section._shape_problem(results) is None
+    assert "flash (gluon forward, gluon backward)" in section.render_tables(results)
+    table = section.part_c_table(results["part_c"]).set_index("Seq")
+    assert table.loc[1024, "flash forward"] == "gluon"
+    assert table.loc[4096, "flash forward"] == "triton"
+    assert table.loc[4096, "flash backward"] == "split"
+    results["part_c"][3]["forward"] = ["triton"]
+    assert "part_c[3].forward" in section._shape_problem(results)
+
+
 def test_section_in_report(tmp_path):
     run = tmp_path / "runs" / "20260101T000000Z-attention-abc-0000"
     run.mkdir(parents=True)

@@ -29,9 +29,11 @@ def _status(row: dict) -> str:
 
 
 def _impl(row: dict) -> str:
-    """The implementation's name, with the backward a flash row ran (``capture attention`` writes
-    it since the Gluon backward came: "flash (gluon backward)")."""
-    return f"{row['impl']} ({row['backward']} backward)" if row.get("backward") else row["impl"]
+    """The implementation's name, with the kernels a flash row ran (``capture attention`` writes
+    the backward since the Gluon backward came, the forward since the Gluon forward came:
+    "flash (gluon forward, gluon backward)")."""
+    ran = [f"{row[part]} {part}" for part in ("forward", "backward") if row.get(part)]
+    return f"{row['impl']} ({', '.join(ran)})" if ran else row["impl"]
 
 
 def part_a_table(rows: list[dict]) -> pd.DataFrame:
@@ -82,11 +84,12 @@ def part_c_frame(rows: list[dict], keys: tuple[str, ...] = ("dtype", "d", "seq")
                              for _, row in wide[sdpa].iterrows()]
         if "flash" in wide.columns:
             wide["speedup"] = wide["best_sdpa_ms"] / wide["flash"]
-    if "backward" in ok.columns:  # which backward the flash rows ran at each point
-        flash = ok[ok["impl"] == "flash"].dropna(subset=["backward"])
-        if not flash.empty:
-            wide["flash_backward"] = flash.groupby(keys)["backward"].agg(
-                lambda b: "/".join(sorted(set(b))))
+    for part in ("forward", "backward"):  # which kernels the flash rows ran at each point
+        if part in ok.columns:
+            flash = ok[ok["impl"] == "flash"].dropna(subset=[part])
+            if not flash.empty:
+                wide[f"flash_{part}"] = flash.groupby(keys)[part].agg(
+                    lambda b: "/".join(sorted(set(b))))
     return wide.reset_index()
 
 
@@ -101,13 +104,15 @@ def part_c_table(rows: list[dict], keys: tuple[str, ...] = ("dtype", "d", "seq")
     if "runs" in keys:
         view["Runs"] = wide["runs"]
     for col in wide.columns:
-        if col in (*keys, "best_sdpa_ms", "best_sdpa", "speedup", "flash_backward"):
+        if col in (*keys, "best_sdpa_ms", "best_sdpa", "speedup", "flash_forward",
+                   "flash_backward"):
             continue
         view[f"{col} (ms)"] = [_fmt(v, ".3f") for v in wide[col]]
     if "best_sdpa" in wide:
         view["Best SDPA"] = wide["best_sdpa"].fillna("")
-    if "flash_backward" in wide:
-        view["flash backward"] = wide["flash_backward"].fillna("")
+    for part in ("forward", "backward"):
+        if f"flash_{part}" in wide:
+            view[f"flash {part}"] = wide[f"flash_{part}"].fillna("")
     if "speedup" in wide:
         view["flash vs best SDPA"] = [_fmt(v, ".2f") + ("×" if pd.notna(v) else "")
                                       for v in wide["speedup"]]
@@ -257,7 +262,7 @@ def _combined_body(ctx: ReportContext, runs: list[tuple[dict, dict]]) -> list[st
 
 
 _NUMBER = (int, float)
-_ROW_TYPES = {**dict.fromkeys(("impl", "dtype", "status", "error", "backward"), str),
+_ROW_TYPES = {**dict.fromkeys(("impl", "dtype", "status", "error", "forward", "backward"), str),
               **dict.fromkeys(("batch", "heads", "seq", "d"), int), "causal": bool}
 
 
