@@ -1,14 +1,24 @@
-"""Hopper backward of FlashAttention in Gluon: one warp-specialised kernel, five products per tile.
+"""Hopper forward and backward of FlashAttention in Gluon: warp-specialised kernels.
 
-Used by ``flash.flash_backward`` for ``backward="gluon"`` and, where it applies and there are at
-least ``AUTO_MIN_KEYS`` keys, for the default ``backward="auto"``. It applies (``unsupported``
-says why not otherwise) to 16-bit (fp16, bf16) inputs with d_head 64 on a Hopper GPU (sm_90:
-``wgmma``, TMA) with a Triton whose Gluon has the Hopper TMA loads and bulk reduce-adds
-(``tma.async_load``, ``tma.async_atomic_add``; Triton 3.9 — 3.6's Gluon has neither name). Not under ``TRITON_INTERPRET`` (Gluon has no interpreter), so CI
-tests the portable kernels; the GPU tests cover this one. Inputs are used as contiguous (B, h, T,
-d) tensors: q, k, v and dO that are not are copied once (one read and one write each).
+Used by ``flash.flash_forward`` for ``forward="gluon"`` and ``flash.flash_backward`` for
+``backward="gluon"`` and, where they apply and there are at least ``AUTO_MIN_KEYS_FORWARD`` /
+``AUTO_MIN_KEYS`` keys, for the defaults ``forward="auto"`` / ``backward="auto"``. They apply
+(``unsupported`` says why not otherwise) to 16-bit (fp16, bf16) inputs with d_head 64 on a Hopper
+GPU (sm_90: ``wgmma``, TMA) with a Triton whose Gluon has the Hopper TMA loads and bulk
+reduce-adds (``tma.async_load``, ``tma.async_atomic_add``; Triton 3.9 — 3.6's Gluon has neither
+name). Not under ``TRITON_INTERPRET`` (Gluon has no interpreter), so CI tests the portable
+kernels; the GPU tests cover these. Inputs are used as contiguous (B, h, T, d) tensors: q, k, v
+and dO that are not are copied once (one read and one write each).
 
-Per program: 128 keys of one head, in shared memory for the whole loop, split between two compute
+Forward (``_flash_fwd_ws_kernel``): per program 192 query rows of one head, three compute
+warpgroups of 64 rows (``_fwd_compute``) and a one-warp producer (``_fwd_producer``) that loads
+the Q tiles once and streams 128-key K/V tiles into a 3-deep ring. The compute warpgroups take
+turns to issue their products (FlashAttention-3's ping-pong, one ``turn`` mbarrier each), so that
+the tensor cores run one warpgroup's S = Q·Kᵀ and P·V while the others compute their
+exponentials; each waits for its S before its P·V, so its softmax starts while P·V runs. Measured
+against the Triton forward and cuDNN in bench/notes/flash_attention.md (twenty-sixth session).
+
+Backward (``_flash_bwd_ws_kernel``), one kernel, five products per tile. Per program: 128 keys of one head, in shared memory for the whole loop, split between two compute
 warpgroups of 64 keys each (``_ws_compute``), with a one-warp producer (``_ws_producer``) that
 loads K and V once and fills a ring of Q/dO tiles (64 queries each) by TMA (``ready`` / ``empty``
 mbarriers; ``empty`` counts both warpgroups). Per query tile each compute warpgroup does, for its
