@@ -258,7 +258,7 @@ def run(shape, causal: bool, configs, reduces=(5, 1)) -> dict:
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16, generator=g)
                    for _ in range(4))
-    o, lse = flash.flash_forward(q, k, v, causal)
+    o, lse = flash.flash_forward(q, k, v, causal, mode="triton")
     ref = flash.flash_backward(q, k, v, o, lse, do, causal)
     gluon_common.say(shape, "causal" if causal else "", "references ready")
     row = {"shape": list(shape), "causal": causal}
@@ -299,16 +299,17 @@ def run(shape, causal: bool, configs, reduces=(5, 1)) -> dict:
         gluon_common.say(tag, row[tag + "_bwd_ms"])
         if reduce in _FULL:
             def e2e():
-                o2, lse2 = flash.flash_forward(q, k, v, causal)
+                o2, lse2 = flash.flash_forward(q, k, v, causal, mode="triton")
                 fn(q, k, v, o2, lse2, do, causal, **kw)
             row[tag + "_e2e_ms"] = do_bench(e2e, warmup=25, rep=200)
     row["split_bwd_ms"] = do_bench(lambda: flash.flash_backward(q, k, v, o, lse, do, causal),
                                    warmup=25, rep=200)
     gluon_common.say("split bwd", row["split_bwd_ms"])
-    row["fwd_ms"] = do_bench(lambda: flash.flash_forward(q, k, v, causal), warmup=25, rep=200)
+    row["fwd_ms"] = do_bench(lambda: flash.flash_forward(q, k, v, causal, mode="triton"),
+                             warmup=25, rep=200)
 
     def split_e2e():
-        o2, lse2 = flash.flash_forward(q, k, v, causal)
+        o2, lse2 = flash.flash_forward(q, k, v, causal, mode="triton")
         flash.flash_backward(q, k, v, o2, lse2, do, causal)
     row["split_e2e_ms"] = do_bench(split_e2e, warmup=25, rep=200)
     # cuDNN (SDPA's default backend on these machines), forward + backward and forward alone
@@ -338,7 +339,7 @@ class _GluonWS(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, is_causal, stages, prefetch):
         from lmprof.kernels import flash
-        o, lse = flash.flash_forward(q, k, v, is_causal)
+        o, lse = flash.flash_forward(q, k, v, is_causal, mode="triton")
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.args = is_causal, stages, prefetch
         return o

@@ -98,10 +98,19 @@ def unsupported(q: torch.Tensor, k: torch.Tensor) -> str | None:
         return "it needs a CUDA device (Gluon kernels are not interpreted)"
     if torch.cuda.get_device_capability(q.device)[0] != 9:
         return "it needs a Hopper GPU (sm_90: wgmma and TMA)"
-    rows = (q.shape[0] * q.shape[1] * max(q.shape[2], k.shape[2])
-            + max(KEYS_PER_PROGRAM, FWD_BLOCK_N, BLOCK_M * FWD_WARPGROUPS))  # reads past the end
-    if rows >= 2**31:
+    return _too_large(q.shape[0] * q.shape[1], q.shape[2], k.shape[2])
+
+
+def _too_large(heads: int, tq: int, tk: int) -> str | None:
+    """Why B·h heads of Tq queries and Tk keys exceed the kernels' indexing, or None: row indices
+    are 32-bit (the last tile reads a little past the end), and a grid's second dimension (the
+    forward's query tiles, the backward's key tiles) holds at most 65535 programs."""
+    longest = max(tq, tk)
+    if heads * longest + max(KEYS_PER_PROGRAM, FWD_BLOCK_N, BLOCK_M * FWD_WARPGROUPS) >= 2**31:
         return "batch·heads·seq must stay below 2^31 rows (32-bit row indices)"
+    if -(-tq // (BLOCK_M * FWD_WARPGROUPS)) > 65535 or -(-tk // KEYS_PER_PROGRAM) > 65535:
+        return (f"sequences of at most {65535 * KEYS_PER_PROGRAM} keys and "
+                f"{65535 * BLOCK_M * FWD_WARPGROUPS} queries (65535 programs per head)")
     return None
 
 

@@ -327,6 +327,16 @@ def test_gluon_kernel_says_why_it_does_not_apply(monkeypatch, dtype, d, env, api
     assert fa.resolve_forward("auto", q, q) == "triton"
 
 
+def test_gluon_kernels_say_when_the_inputs_are_too_large_for_their_indexing():
+    from lmprof.kernels import flash_gluon
+
+    assert flash_gluon._too_large(16, 16384, 16384) is None
+    assert flash_gluon._too_large(1, 65535 * 128, 65535 * 128) is None
+    assert "65535 programs per head" in flash_gluon._too_large(1, 1, 65535 * 128 + 1)
+    assert "65535 programs per head" in flash_gluon._too_large(1, 65535 * 192 + 1, 1)
+    assert "2^31 rows" in flash_gluon._too_large(2**16, 2**15, 1)
+
+
 @pytest.mark.parametrize("flag", ["yes", 1, None])
 def test_is_causal_must_be_a_bool(flag):
     with pytest.raises(ValueError, match="is_causal must be True or False"):
