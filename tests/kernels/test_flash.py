@@ -548,17 +548,17 @@ def test_gpu_gluon_kernels_take_views_and_three_dim_inputs_and_auto_takes_them_l
     """Transposed (B, T, h, d) views, the stride-0 gradient of o.sum() and (B, T, d) inputs are
     copied to contiguous ones first; "auto" picks the Gluon kernels where they apply from their
     measured key counts."""
+    from lmprof.kernels import flash_gluon
+
     skip_unless_it_runs("gluon", torch.bfloat16, 64)
     b, t, h, d = 2, 300, 3, 64
     q, k, v = (randn(gen, b, t, h, d, dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
-    from lmprof.kernels import flash_gluon
-
-    assert fa.resolve_backward("auto", q, k) == "split"  # too few keys for "auto" to take it
+    assert fa.resolve_backward("auto", q, k) == "split"  # too few keys for "auto" to take them
     assert fa.resolve_forward("auto", q, k) == "triton"
-    long_k = torch.empty(1, 1, 16384, 64, dtype=torch.bfloat16, device=DEVICE)
-    assert fa.resolve_backward("auto", q, long_k) == "gluon"
-    assert fa.resolve_forward("auto", q, long_k) == (
-        "gluon" if 16384 >= flash_gluon.AUTO_MIN_KEYS_FORWARD else "triton")
+    for n, resolve in ((flash_gluon.AUTO_MIN_KEYS, fa.resolve_backward),
+                       (flash_gluon.AUTO_MIN_KEYS_FORWARD, fa.resolve_forward)):
+        long_k = torch.empty(1, 1, n, 64, dtype=torch.bfloat16, device=DEVICE)
+        assert resolve("auto", q, long_k) == "gluon"  # on this machine they apply
     fa.COMPILED.pop("_flash_bwd_ws_kernel", None)
     fa.COMPILED.pop("_flash_fwd_ws_kernel", None)
     got = run_attention(fa.flash_attention, q, k, v, torch.ones_like(q).expand(q.shape),
