@@ -1053,13 +1053,10 @@ def resolve_backward(mode: str, q: torch.Tensor, k: torch.Tensor) -> str:
     faster), else "split"; "gluon" where it does not apply raises ValueError
     (``BackwardUnavailable``) saying why."""
     if mode not in BACKWARD_CHOICES:
-        raise ValueError(f"backward mode {mode!r}; choose one of {', '.join(BACKWARD_CHOICES)}")
+        raise ValueError(f"backward={mode!r}; choose one of {', '.join(BACKWARD_CHOICES)}")
     if mode in BACKWARD_MODES:
         return mode
-    from lmprof.kernels import flash_gluon
-
-    return _resolve_gluon("backward", mode, q, k, flash_gluon.AUTO_MIN_KEYS, "split",
-                          BackwardUnavailable)
+    return _resolve_gluon("backward", mode, q, k, "split", BackwardUnavailable)
 
 
 def resolve_forward(mode: str, q: torch.Tensor, k: torch.Tensor) -> str:
@@ -1067,17 +1064,15 @@ def resolve_forward(mode: str, q: torch.Tensor, k: torch.Tensor) -> str:
     there are at least ``flash_gluon.AUTO_MIN_KEYS_FORWARD`` keys, else "triton"; "gluon" where
     it does not apply raises ValueError (``ForwardUnavailable``) saying why."""
     if mode not in FORWARD_CHOICES:
-        raise ValueError(f"forward mode {mode!r}; choose one of {', '.join(FORWARD_CHOICES)}")
+        raise ValueError(f"forward={mode!r}; choose one of {', '.join(FORWARD_CHOICES)}")
     if mode == "triton":
         return mode
-    from lmprof.kernels import flash_gluon
-
-    return _resolve_gluon("forward", mode, q, k, flash_gluon.AUTO_MIN_KEYS_FORWARD, "triton",
-                          ForwardUnavailable)
+    return _resolve_gluon("forward", mode, q, k, "triton", ForwardUnavailable)
 
 
-def _resolve_gluon(what: str, mode: str, q, k, min_keys: int, fallback: str, error) -> str:
-    """"gluon" or "auto" → the kernel to run (see resolve_backward / resolve_forward)."""
+def _resolve_gluon(what: str, mode: str, q, k, fallback: str, error) -> str:
+    """"gluon" or "auto" → the kernel to run for ``what`` ("forward" / "backward"; see
+    resolve_forward / resolve_backward)."""
     from lmprof.kernels import flash_gluon
 
     why = flash_gluon.unsupported(q, k)
@@ -1085,6 +1080,8 @@ def _resolve_gluon(what: str, mode: str, q, k, min_keys: int, fallback: str, err
         if why is not None:
             raise error(f"{what}='gluon' cannot run here: {why}")
         return "gluon"
+    min_keys = (flash_gluon.AUTO_MIN_KEYS_FORWARD if what == "forward"
+                else flash_gluon.AUTO_MIN_KEYS)
     return "gluon" if why is None and k.shape[-2] >= min_keys else fallback
 
 
@@ -1153,14 +1150,11 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
     _scale(q.shape[-1], scale)
     if not isinstance(is_causal, bool):  # as SDPA: a flag, not anything truthy
         raise ValueError(f"is_causal must be True or False, got {is_causal!r}")
-    if backward not in BACKWARD_CHOICES:
-        raise ValueError(f"backward={backward!r}; choose one of {', '.join(BACKWARD_CHOICES)}")
-    if forward not in FORWARD_CHOICES:
-        raise ValueError(f"forward={forward!r}; choose one of {', '.join(FORWARD_CHOICES)}")
     squeeze = q.dim() == 3  # (B, T, d): one head, as a view
     if squeeze:
         q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
-    # both resolved before the forward runs: an explicit kernel that cannot run is refused at once
+    # both resolved (and a bad mode refused) before the forward runs: an explicit kernel that
+    # cannot run is refused at once
     backward, forward = resolve_backward(backward, q, k), resolve_forward(forward, q, k)
     o = FlashAttentionFn.apply(q, k, v, is_causal, scale, backward, forward)
     return o.squeeze(1) if squeeze else o
