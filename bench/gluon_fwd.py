@@ -3,13 +3,17 @@ Triton forward and cuDNN, in the same run.
 
     python bench/gluon_fwd.py [--config BLOCK_N,warpgroups,stages,regs ...] [--out FILE]
     python bench/gluon_fwd.py --leaderboard ROUNDS [--config ...] [--out FILE]
+    python bench/gluon_fwd.py --part-c D [--out FILE]
 
 Runs ``lmprof.kernels.flash_gluon.launch_forward`` — a one-warp producer streaming K/V tiles of
 BLOCK_N keys into a ring of ``stages``, ``warpgroups`` compute warpgroups of 64 query rows in
 FlashAttention-3's ping-pong, ``regs`` registers per compute thread — per config, checks o and L
 against the Triton forward (and o against an fp64 reference at small shapes), and times it; with
 ``--leaderboard`` it times the leaderboard cell as ``capture attention`` does instead (cuDNN,
-the product's default ``flash``, and this forward with the product's backward per config).
+the product's default ``flash``, and this forward with the product's backward per config); with
+``--part-c D`` it times the product's forwards (``flash_forward`` with mode "triton" and "gluon")
+and cuDNN's alone at ``capture attention --part c``'s shapes (16384 tokens, 2048 / D heads, bf16,
+causal), which is where ``flash_gluon.AUTO_MIN_KEYS_FORWARD[D]`` comes from.
 
 History (bench/notes/flash_attention.md): the twenty-fifth session's kernel here had the same
 producer and warpgroups, not in ping-pong (each issued its next tile's S before its softmax):
@@ -18,7 +22,7 @@ warpgroups (twenty-sixth session) gave 1.16 ms with 128-key tiles and three warp
 configuration the product took; that kernel is the product's now, and the one without turns is
 in git history (commit 47d681d).
 
-Needs a Hopper GPU and Triton 3.9's Gluon; contiguous 16-bit (B, h, T, 64)."""
+Needs a Hopper GPU and Triton 3.9's Gluon; contiguous 16-bit (B, h, T, d)."""
 
 from __future__ import annotations
 
@@ -38,13 +42,13 @@ from lmprof.kernels import flash_gluon  # noqa: E402
 
 def gluon_forward(q, k, v, causal: bool, block_n: int = 128, warpgroups: int = 3,
                   stages: int = 3, regs: int = 160):
-    """(o, lse) of contiguous 16-bit (B, h, T, 64) q, k, v by the product's Gluon forward with
+    """(o, lse) of contiguous 16-bit (B, h, T, d) q, k, v by the product's Gluon forward with
     these knobs: lse natural-log fp32 (B, h, Tq)."""
     b, h, tq, d = q.shape
     o = torch.empty_like(q)
     lse = torch.empty((b, h, tq), dtype=torch.float32, device=q.device)
-    flash_gluon.launch_forward(q, k, v, o, lse, causal, 1 / math.sqrt(d), block_n, warpgroups,
-                               stages, regs)
+    flash_gluon.launch_forward(q, k, v, o, lse, causal, 1 / math.sqrt(d),
+                               (block_n, warpgroups, stages, regs))
     return o, lse
 
 
@@ -121,6 +125,29 @@ def leaderboard(rounds: int, configs) -> list[dict]:
     return gluon_common.leaderboard(["sdpa-cudnn", "flash"], extra, rounds)
 
 
+def part_c(d: int) -> list[dict]:
+    """Forward alone, product modes and cuDNN, at part c's causal bf16 shapes for this d."""
+    from triton.testing import do_bench
+
+    from lmprof.capture.attention import PART_C
+    from lmprof.kernels import flash
+    rows = []
+    for seq in (512, 1024, 2048, 4096, 8192, 16384, 32768):
+        b, h = max(1, PART_C["tokens"] // seq), max(1, PART_C["width"] // d)
+        g = torch.Generator(device="cuda").manual_seed(seq)
+        q, k, v = (torch.randn(b, h, seq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+                   for _ in range(3))
+        row = {"shape": [b, h, seq, d], "causal": True}
+        for mode in ("triton", "gluon"):
+            row[mode + "_ms"] = do_bench(lambda: flash.flash_forward(q, k, v, True, mode=mode),
+                                         warmup=25, rep=200)
+        row["cudnn_ms"] = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True), warmup=25, rep=200)
+        gluon_common.say(row)
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", action="append", default=None, help="B,H,Tq,Tk,D (repeatable)")
@@ -132,6 +159,9 @@ def main() -> None:
                     help="time the leaderboard cell as `capture attention` does (cuDNN, flash, "
                          "this forward with the product's backward per --config), ROUNDS "
                          "alternated rounds, instead of the per-shape rows")
+    ap.add_argument("--part-c", type=int, default=0, metavar="D",
+                    help="time the product's forwards and cuDNN's at part c's shapes for this "
+                         "d_head instead of the per-shape rows")
     args = ap.parse_args()
     if not flash_gluon.API:
         sys.exit("gluon_fwd: needs a Triton whose Gluon has the Hopper TMA calls (Triton 3.9)")
@@ -143,6 +173,9 @@ def main() -> None:
     configs = [tuple(int(x) for x in c.split(",")) for c in (args.config or [
         "128,3,3,160", "128,2,3,240", "64,3,3,160"])]
 
+    if args.part_c:
+        gluon_common.write_results(args.out, part_c(args.part_c))
+        return
     rows = leaderboard(args.leaderboard, configs) if args.leaderboard else []
     for row in rows:
         print(json.dumps(row), flush=True)

@@ -12,11 +12,11 @@ log2(e) is folded into the score scale so the exponential is ``exp2``); saves O 
 log-sum-exp L = ln Σ exp(scale·q·k) (natural log, fp32, shape (B, h, Tq)).
 - ``forward="triton"``: ``_flash_fwd_kernel`` (portable; interpreted in CPU tests).
 - ``forward="gluon"``: the Hopper-only warp-specialised forward of ``lmprof.kernels.flash_gluon``
-  (same conditions as its backward, below): three compute warpgroups of 64 query rows take turns
-  on the tensor cores (FlashAttention-3's ping-pong), so one's products overlap another's
-  exponentials.
+  (same conditions as its backward, below, but d_head 64 or 128): three compute warpgroups of 64
+  query rows take turns on the tensor cores (FlashAttention-3's ping-pong), so one's products
+  overlap another's exponentials.
 - ``forward="auto"`` (default): "gluon" where it applies and Tk ≥
-  ``flash_gluon.AUTO_MIN_KEYS_FORWARD`` (8192: where it was measured faster), else "triton".
+  ``flash_gluon.AUTO_MIN_KEYS_FORWARD[d_head]`` (where it was measured faster), else "triton".
 Backward: P = exp(scale·q·k − L) is recomputed per tile, with D = rowsum(O∘dO) (fp32, shape
 (B·h, Tq)), and
 - ``backward="split"`` (what "auto" falls back to): dQ in one kernel (one program per query
@@ -1061,8 +1061,8 @@ def resolve_backward(mode: str, q: torch.Tensor, k: torch.Tensor) -> str:
 
 def resolve_forward(mode: str, q: torch.Tensor, k: torch.Tensor) -> str:
     """The forward that ``mode`` means: "auto" → "gluon" where the Hopper kernel applies and
-    there are at least ``flash_gluon.AUTO_MIN_KEYS_FORWARD`` keys, else "triton"; "gluon" where
-    it does not apply raises ValueError (``ForwardUnavailable``) saying why."""
+    there are at least ``flash_gluon.AUTO_MIN_KEYS_FORWARD[d_head]`` keys, else "triton";
+    "gluon" where it does not apply raises ValueError (``ForwardUnavailable``) saying why."""
     if mode not in FORWARD_CHOICES:
         raise ValueError(f"forward={mode!r}; choose one of {', '.join(FORWARD_CHOICES)}")
     if mode == "triton":
@@ -1075,14 +1075,16 @@ def _resolve_gluon(what: str, mode: str, q, k, fallback: str, error) -> str:
     resolve_forward / resolve_backward)."""
     from lmprof.kernels import flash_gluon
 
-    why = flash_gluon.unsupported(q, k)
+    why = flash_gluon.unsupported(q, k, what)
     if mode == "gluon":
         if why is not None:
             raise error(f"{what}='gluon' cannot run here: {why}")
         return "gluon"
-    min_keys = (flash_gluon.AUTO_MIN_KEYS_FORWARD if what == "forward"
+    if why is not None:
+        return fallback
+    min_keys = (flash_gluon.AUTO_MIN_KEYS_FORWARD[q.shape[-1]] if what == "forward"
                 else flash_gluon.AUTO_MIN_KEYS)
-    return "gluon" if why is None and k.shape[-2] >= min_keys else fallback
+    return "gluon" if k.shape[-2] >= min_keys else fallback
 
 
 def _gluon_backward(q, k, v, o, lse, do, is_causal: bool, sm_scale: float, **launch):
@@ -1141,10 +1143,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
     1/√d. ``is_causal`` aligns top-left like torch SDPA. ``backward`` picks the backward kernels:
     "auto" (default: "gluon" where it applies and Tk ≥ 16384, else "split"), "split" (dK/dV and
     dQ kernels), "atomic" (one kernel, dQ by atomic adds) or "gluon" (the Hopper kernel of
-    ``flash_gluon``: 16-bit, d_head 64, sm_90). ``forward``: "auto" (default: "gluon" where it
-    applies and Tk ≥ ``flash_gluon.AUTO_MIN_KEYS_FORWARD``, else "triton"), "triton" or "gluon".
-    An explicit "gluon" that cannot run raises ValueError at once. Returns o shaped like q
-    (contiguous).
+    ``flash_gluon``: 16-bit, d_head 64, sm_90). ``forward``: "auto" (default: "gluon" — 16-bit,
+    d_head 64 or 128, sm_90 — where it applies and Tk ≥ ``flash_gluon.AUTO_MIN_KEYS_FORWARD
+    [d_head]``, else "triton"), "triton" or "gluon". An explicit "gluon" that cannot run raises
+    ValueError at once. Returns o shaped like q (contiguous).
     """
     check_inputs(q, k, v)
     _scale(q.shape[-1], scale)

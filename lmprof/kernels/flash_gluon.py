@@ -3,8 +3,8 @@
 Used by ``flash.flash_forward`` for ``forward="gluon"`` and ``flash.flash_backward`` for
 ``backward="gluon"`` and, where they apply and there are at least ``AUTO_MIN_KEYS_FORWARD`` /
 ``AUTO_MIN_KEYS`` keys, for the defaults ``forward="auto"`` / ``backward="auto"``. They apply
-(``unsupported`` says why not otherwise) to 16-bit (fp16, bf16) inputs with d_head 64 on a Hopper
-GPU (sm_90: ``wgmma``, TMA) with a Triton whose Gluon has the Hopper TMA loads and bulk
+(``unsupported`` says why not otherwise) to 16-bit (fp16, bf16) inputs with d_head 64 (the
+forward: 64 or 128, the keys of ``FWD_CONFIGS``) on a Hopper GPU (sm_90: ``wgmma``, TMA) with a Triton whose Gluon has the Hopper TMA loads and bulk
 reduce-adds (``tma.async_load``, ``tma.async_atomic_add``; Triton 3.9 — 3.6's Gluon has neither
 name). Not under ``TRITON_INTERPRET`` (Gluon has no interpreter), so CI tests the portable
 kernels; the GPU tests cover these. Inputs are used as contiguous (B, h, T, d) tensors: q, k, v
@@ -12,11 +12,13 @@ and dO that are not are copied once (one read and one write each).
 
 Forward (``_flash_fwd_ws_kernel``): per program 192 query rows of one head, three compute
 warpgroups of 64 rows (``_fwd_compute``) and a one-warp producer (``_fwd_producer``) that loads
-the Q tiles once and streams 128-key K/V tiles into a 3-deep ring. The compute warpgroups take
+the Q tiles once and streams K/V tiles (128 keys at d 64, 64 at d 128: ``FWD_CONFIGS``) into a
+3-deep ring. The compute warpgroups take
 turns to issue their products (FlashAttention-3's ping-pong, one ``turn`` mbarrier each), so that
 the tensor cores run one warpgroup's S = Q·Kᵀ and P·V while the others compute their
 exponentials; each waits for its S before its P·V, so its softmax starts while P·V runs. Measured
-against the Triton forward and cuDNN in bench/notes/flash_attention.md (twenty-sixth session).
+against the Triton forward and cuDNN in bench/notes/flash_attention.md (twenty-sixth session; d
+128 in the twenty-seventh).
 
 Backward (``_flash_bwd_ws_kernel``), one kernel, five products per tile. Per program: 128 keys of one head, in shared memory for the whole loop, split between two compute
 warpgroups of 64 keys each (``_ws_compute``), with a one-warp producer (``_ws_producer``) that
@@ -68,30 +70,37 @@ DTYPES = (torch.float16, torch.bfloat16)
 # keys (1.31 / 3.59 ms against 1.06 / 2.89 fwd+bwd) and faster at 16k and 32k (9.74 / 36.2
 # against 10.8 / 43.3). backward="gluon" runs it at any length.
 AUTO_MIN_KEYS = 16384
-# The forward: per program 64·FWD_WARPGROUPS query rows, one compute warpgroup per 64, key tiles
-# of FWD_BLOCK_N in a ring of FWD_STAGES (bench/gluon_fwd.py measured the alternatives).
-FWD_BLOCK_N = 128
-FWD_WARPGROUPS = 3
-FWD_STAGES = 3
-FWD_COMPUTE_REGS = 160
-# "auto" takes the forward from this many keys on: measured on an H200 (forward alone, bf16,
-# d 64, causal, 16384 tokens of 32 heads, 2026-11-28) it is slower than the Triton forward at
-# 512–4096 keys (0.231 / 0.335 / 0.463 / 0.812 ms against 0.177 / 0.259 / 0.426 / 0.770) and
-# faster from 8192 (1.349 / 2.482 against 1.435 / 2.794 at 8k / 16k). forward="gluon" runs it at
-# any length.
-AUTO_MIN_KEYS_FORWARD = 8192
+# The forward, per d_head it takes: (keys per tile, compute warpgroups of 64 query rows each,
+# K/V ring depth, registers per compute thread), the fastest of bench/gluon_fwd.py's candidates
+# at part c's long causal shapes (H200, bf16; d 64 at (1, 16, 16384): 1.16 ms against 1.30–1.41
+# for the others; d 128 at (1, 16, 32768): 7.52 ms against 7.55–8.94, 2026-11-28 12:16 UTC).
+FWD_CONFIGS = {64: (128, 3, 3, 160), 128: (64, 3, 3, 160)}
+FWD_ROWS = BLOCK_M * max(c[1] for c in FWD_CONFIGS.values())  # query rows per program, at most
+FWD_KEYS = max(c[0] for c in FWD_CONFIGS.values())  # keys per tile, at most
+# "auto" takes the forward from this many keys on, per d_head: measured on an H200 (forward
+# alone, bf16, causal, part c's shapes: 16384 tokens, 2048 / d heads; d 128 by
+# bench/gluon_fwd.py --part-c, d 64 by an earlier device script). d 64 (2026-11-28 04:37 UTC) is
+# slower than the Triton forward at 512–4096 keys (0.231 / 0.335 / 0.463 / 0.812 ms against
+# 0.177 / 0.259 / 0.426 / 0.770) and faster from 8192 (1.349 / 2.482 against 1.435 / 2.794 at
+# 8k / 16k). d 128 (12:20 UTC) is slower at 512–2048 (0.172 / 0.246 / 0.374 against 0.149 /
+# 0.217 / 0.366) and faster from 4096 (0.607 / 1.052 / 1.999 / 7.604 against 0.653 / 1.241 /
+# 2.372 / 9.193 at 4k–32k). forward="gluon" runs it at any length.
+AUTO_MIN_KEYS_FORWARD = {64: 8192, 128: 4096}
 
 
-def unsupported(q: torch.Tensor, k: torch.Tensor) -> str | None:
-    """Why this kernel cannot run on these inputs, or None when it can."""
+def unsupported(q: torch.Tensor, k: torch.Tensor, what: str = "backward") -> str | None:
+    """Why the ``what`` kernel ("forward" or "backward") cannot run on these inputs, or None
+    when it can."""
     from lmprof.kernels import flash
 
     if os.environ.get("LMPROF_FLASH_GLUON", "1") == "0":
         return "LMPROF_FLASH_GLUON=0"
     if q.dtype not in DTYPES:
         return f"it takes fp16 or bf16 inputs, not {str(q.dtype).removeprefix('torch.')}"
-    if q.shape[-1] != HEAD_DIM:
-        return f"it takes d_head {HEAD_DIM} only, not {q.shape[-1]}"
+    dims = tuple(FWD_CONFIGS) if what == "forward" else (HEAD_DIM,)
+    if q.shape[-1] not in dims:
+        return (f"the Gluon {what} takes d_head {' or '.join(map(str, dims))}"
+                f"{' only' if len(dims) == 1 else ''}, not {q.shape[-1]}")
     if not API:
         return "this Triton's Gluon lacks the Hopper TMA calls it needs (Triton 3.9 has them)"
     if flash.INTERPRET or q.device.type != "cuda":
@@ -106,11 +115,11 @@ def _too_large(heads: int, tq: int, tk: int) -> str | None:
     are 32-bit (the last tile reads a little past the end), and a grid's second dimension (the
     forward's query tiles, the backward's key tiles) holds at most 65535 programs."""
     longest = max(tq, tk)
-    if heads * longest + max(KEYS_PER_PROGRAM, FWD_BLOCK_N, BLOCK_M * FWD_WARPGROUPS) >= 2**31:
+    if heads * longest + max(KEYS_PER_PROGRAM, FWD_KEYS, FWD_ROWS) >= 2**31:
         return "batch·heads·seq must stay below 2^31 rows (32-bit row indices)"
-    if -(-tq // (BLOCK_M * FWD_WARPGROUPS)) > 65535 or -(-tk // KEYS_PER_PROGRAM) > 65535:
+    if -(-tq // FWD_ROWS) > 65535 or -(-tk // KEYS_PER_PROGRAM) > 65535:
         return (f"sequences of at most {65535 * KEYS_PER_PROGRAM} keys and "
-                f"{65535 * BLOCK_M * FWD_WARPGROUPS} queries (65535 programs per head)")
+                f"{65535 * FWD_ROWS} queries (65535 programs per head)")
     return None
 
 
@@ -509,13 +518,13 @@ def launch(q, k, v, do, lse, delta, dq_acc, dk, dv, is_causal: bool, sm_scale: f
 
 
 
-def launch_forward(q, k, v, o, lse, is_causal: bool, sm_scale: float,
-                   block_n: int = FWD_BLOCK_N, warpgroups: int = FWD_WARPGROUPS,
-                   stages: int = FWD_STAGES, regs: int = FWD_COMPUTE_REGS):
-    """Run the forward on contiguous (B, h, T, 64) 16-bit q, k, v into o (like q) and the
-    natural-log logsumexp lse (fp32 (B, h, Tq)). Returns the compiled kernel. The tile knobs are
-    for bench/gluon_fwd.py."""
+def launch_forward(q, k, v, o, lse, is_causal: bool, sm_scale: float, config=None):
+    """Run the forward on contiguous (B, h, T, d) 16-bit q, k, v (d a key of FWD_CONFIGS) into o
+    (like q) and the natural-log logsumexp lse (fp32 (B, h, Tq)). Returns the compiled kernel.
+    ``config`` (keys per tile, warpgroups, ring depth, registers) replaces FWD_CONFIGS[d], for
+    bench/gluon_fwd.py."""
     b, h, tq, d = q.shape
+    block_n, warpgroups, stages, regs = config or FWD_CONFIGS[d]
     grid = (b * h, -(-tq // (BLOCK_M * warpgroups)))
     return _flash_fwd_ws_kernel[grid](
         tma_descriptor(q, BLOCK_M), tma_descriptor(k, block_n), tma_descriptor(v, block_n), o,

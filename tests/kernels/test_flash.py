@@ -297,34 +297,42 @@ def test_auto_takes_the_gluon_kernel_from_its_measured_key_count(monkeypatch):
     the split kernels were measured faster); "gluon" takes it at any length."""
     from lmprof.kernels import flash_gluon
 
-    monkeypatch.setattr(flash_gluon, "unsupported", lambda q, k: None)
+    monkeypatch.setattr(flash_gluon, "unsupported", lambda q, k, what: None)
     q = torch.empty(1, 1, 8, 64, dtype=torch.bfloat16)
     n = flash_gluon.AUTO_MIN_KEYS
     assert fa.resolve_backward("auto", q, torch.empty(1, 1, n - 1, 64)) == "split"
     assert fa.resolve_backward("auto", q, torch.empty(1, 1, n, 64)) == "gluon"
     assert fa.resolve_backward("gluon", q, q) == "gluon"
-    n = flash_gluon.AUTO_MIN_KEYS_FORWARD
-    assert fa.resolve_forward("auto", q, torch.empty(1, 1, n - 1, 64)) == "triton"
-    assert fa.resolve_forward("auto", q, torch.empty(1, 1, n, 64)) == "gluon"
-    assert fa.resolve_forward("gluon", q, q) == "gluon"
+    for d, n in flash_gluon.AUTO_MIN_KEYS_FORWARD.items():  # the forward's count is per d_head
+        q = torch.empty(1, 1, 8, d, dtype=torch.bfloat16)
+        assert fa.resolve_forward("auto", q, torch.empty(1, 1, n - 1, d)) == "triton"
+        assert fa.resolve_forward("auto", q, torch.empty(1, 1, n, d)) == "gluon"
+        assert fa.resolve_forward("gluon", q, q) == "gluon"
 
 
-@pytest.mark.parametrize("dtype,d,env,api,reason", [
-    (torch.float32, 64, "1", True, "fp16 or bf16 inputs, not float32"),
-    (torch.bfloat16, 32, "1", True, "d_head 64 only, not 32"),
-    (torch.float16, 64, "0", True, "LMPROF_FLASH_GLUON=0"),
-    (torch.bfloat16, 64, "1", False, "Gluon lacks the Hopper TMA calls"),
-    (torch.bfloat16, 64, "1", True, "needs a CUDA device"),
+@pytest.mark.parametrize("dtype,d,env,api,reason,forward_reason", [
+    (torch.float32, 64, "1", True, "fp16 or bf16 inputs, not float32", None),
+    (torch.bfloat16, 32, "1", True, "the Gluon backward takes d_head 64 only, not 32",
+     "the Gluon forward takes d_head 64 or 128, not 32"),
+    (torch.bfloat16, 128, "1", True, "the Gluon backward takes d_head 64 only, not 128",
+     "needs a CUDA device"),
+    (torch.float16, 64, "0", True, "LMPROF_FLASH_GLUON=0", None),
+    (torch.bfloat16, 64, "1", False, "Gluon lacks the Hopper TMA calls", None),
+    (torch.bfloat16, 64, "1", True, "needs a CUDA device", None),
 ])
-def test_gluon_kernel_says_why_it_does_not_apply(monkeypatch, dtype, d, env, api, reason):
-    from lmprof.kernels import flash_gluon
+def test_gluon_kernel_says_why_it_does_not_apply(monkeypatch, dtype, d, env, api, reason,
+                                                 forward_reason):
+    from lmprof.kernels import ForwardUnavailable, flash_gluon
 
     monkeypatch.setenv("LMPROF_FLASH_GLUON", env)
     monkeypatch.setattr(flash_gluon, "API", api)
     q = torch.zeros(1, 1, 8, d, dtype=dtype)
     assert reason in flash_gluon.unsupported(q, q)
+    assert (forward_reason or reason) in flash_gluon.unsupported(q, q, "forward")
     assert fa.resolve_backward("auto", q, q) == "split"
     assert fa.resolve_forward("auto", q, q) == "triton"
+    with pytest.raises(ForwardUnavailable, match=forward_reason or reason):
+        fa.resolve_forward("gluon", q, q)
 
 
 def test_gluon_kernels_say_when_the_inputs_are_too_large_for_their_indexing():
@@ -494,14 +502,15 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 ALL_BACKWARDS = (*fa.BACKWARD_MODES, "gluon")
 
 
-def skip_unless_it_runs(backward: str, dtype: torch.dtype, d: int) -> None:
-    """Skip a "gluon" case on inputs or a machine the Hopper kernels do not take (the reason
-    is in the skip message; the portable modes always run)."""
+def skip_unless_it_runs(backward: str, dtype: torch.dtype, d: int, what: str = "backward"
+                        ) -> None:
+    """Skip a "gluon" case on inputs or a machine the Hopper ``what`` kernel does not take (the
+    reason is in the skip message; the portable modes always run)."""
     if backward == "gluon":
         from lmprof.kernels import flash_gluon
 
         probe = torch.empty(1, 1, 1, d, dtype=dtype, device=DEVICE)
-        why = flash_gluon.unsupported(probe, probe)
+        why = flash_gluon.unsupported(probe, probe, what)
         if why:
             pytest.skip(f"gluon kernels: {why}")
 
@@ -544,6 +553,21 @@ def test_gpu_gluon_kernels_match_reference(gen, dtype, is_causal, shape, forward
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+# as above, at d_head 128 (64-key tiles): the Gluon forward with the split backward
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 3, 97, 113), (2, 3, 113, 97),
+                                   (1, 2, 1000, 2047), (1, 2, 2047, 1000), (2, 2, 4096, 4096),
+                                   (3, 2, 130, 250)])
+def test_gpu_gluon_forward_d128_matches_reference(gen, dtype, is_causal, shape):
+    b, h, tq, tk = shape
+    skip_unless_it_runs("gluon", dtype, 128, "forward")
+    check_against_reference(gen, (b, h, tq, 128), (b, h, tk, 128), dtype, is_causal, "split",
+                            forward="gluon")
+
+
+@gpu
+@needs_cuda
 def test_gpu_gluon_kernels_take_views_and_three_dim_inputs_and_auto_takes_them_long(gen):
     """Transposed (B, T, h, d) views, the stride-0 gradient of o.sum() and (B, T, d) inputs are
     copied to contiguous ones first; "auto" picks the Gluon kernels where they apply from their
@@ -556,7 +580,7 @@ def test_gpu_gluon_kernels_take_views_and_three_dim_inputs_and_auto_takes_them_l
     assert fa.resolve_backward("auto", q, k) == "split"  # too few keys for "auto" to take them
     assert fa.resolve_forward("auto", q, k) == "triton"
     for n, resolve in ((flash_gluon.AUTO_MIN_KEYS, fa.resolve_backward),
-                       (flash_gluon.AUTO_MIN_KEYS_FORWARD, fa.resolve_forward)):
+                       (flash_gluon.AUTO_MIN_KEYS_FORWARD[64], fa.resolve_forward)):
         long_k = torch.empty(1, 1, n, 64, dtype=torch.bfloat16, device=DEVICE)
         assert resolve("auto", q, long_k) == "gluon"  # on this machine they apply
     fa.COMPILED.pop("_flash_bwd_ws_kernel", None)
