@@ -3,22 +3,22 @@
 Used by ``flash.flash_forward`` for ``forward="gluon"`` and ``flash.flash_backward`` for
 ``backward="gluon"`` and, where they apply and there are at least ``AUTO_MIN_KEYS_FORWARD`` /
 ``AUTO_MIN_KEYS`` keys, for the defaults ``forward="auto"`` / ``backward="auto"``. They apply
-(``unsupported`` says why not otherwise) to 16-bit (fp16, bf16) inputs with d_head 64 (the
-forward: 64 or 128, the keys of ``FWD_CONFIGS``) on a Hopper GPU (sm_90: ``wgmma``, TMA) with a Triton whose Gluon has the Hopper TMA loads and bulk
-reduce-adds (``tma.async_load``, ``tma.async_atomic_add``; Triton 3.9 — 3.6's Gluon has neither
-name). Not under ``TRITON_INTERPRET`` (Gluon has no interpreter), so CI tests the portable
-kernels; the GPU tests cover these. Inputs are used as contiguous (B, h, T, d) tensors: q, k, v
-and dO that are not are copied once (one read and one write each).
+(``unsupported`` says why not otherwise) to 16-bit (fp16, bf16) inputs with d_head 64 (the forward:
+64 or 128, the keys of ``FWD_CONFIGS``) on a Hopper GPU (sm_90: ``wgmma``, TMA) with a Triton whose
+Gluon has the Hopper TMA loads and bulk reduce-adds (``tma.async_load``, ``tma.async_atomic_add``;
+Triton 3.9 — 3.6's Gluon has neither name). Not under ``TRITON_INTERPRET`` (Gluon has no
+interpreter), so CI tests the portable kernels; the GPU tests cover these. Inputs are used as
+contiguous (B, h, T, d) tensors: q, k, v and dO that are not are copied once (one read and one write
+each).
 
-Forward (``_flash_fwd_ws_kernel``): per program 192 query rows of one head, three compute
-warpgroups of 64 rows (``_fwd_compute``) and a one-warp producer (``_fwd_producer``) that loads
-the Q tiles once and streams K/V tiles (128 keys at d 64, 64 at d 128: ``FWD_CONFIGS``) into a
-3-deep ring. The compute warpgroups take
-turns to issue their products (FlashAttention-3's ping-pong, one ``turn`` mbarrier each), so that
-the tensor cores run one warpgroup's S = Q·Kᵀ and P·V while the others compute their
-exponentials; each waits for its S before its P·V, so its softmax starts while P·V runs. Measured
-against the Triton forward and cuDNN in bench/notes/flash_attention.md (twenty-sixth session; d
-128 in the twenty-seventh).
+Forward (``_flash_fwd_ws_kernel``): per program 192 query rows of one head, three compute warpgroups
+of 64 rows (``_fwd_compute``) and a one-warp producer (``_fwd_producer``) that loads the Q tiles
+once and streams K/V tiles (128 keys at d 64, 64 at d 128: ``FWD_CONFIGS``) into a 3-deep ring. The
+compute warpgroups take turns to issue their products (FlashAttention-3's ping-pong, one ``turn``
+mbarrier each), so that the tensor cores run one warpgroup's S = Q·Kᵀ and P·V while the others
+compute their exponentials; each waits for its S before its P·V, so its softmax starts while P·V
+runs. Measured against the Triton forward and cuDNN in bench/notes/flash_attention.md (twenty-sixth
+session; d 128 in the twenty-seventh).
 
 Backward (``_flash_bwd_ws_kernel``), one kernel, five products per tile. Per program: 128 keys of one head, in shared memory for the whole loop, split between two compute
 warpgroups of 64 keys each (``_ws_compute``), with a one-warp producer (``_ws_producer``) that
