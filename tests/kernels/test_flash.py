@@ -537,33 +537,19 @@ def test_gpu_matches_reference(gen, dtype, is_causal, backward, shape):
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 # one query and key; lengths that end inside a 64-row tile and a 128-key program, both ways
 # round; keys past every query (causal: programs with no query tile); several programs per head
-# (the forward: 192 query rows and 128 keys per program; heads whose last program has rows for
-# one or two of its three warpgroups)
+# (the forward: 192 query rows and 128 keys per program, 64 at d 128; heads whose last program
+# has rows for one or two of its three warpgroups)
 @pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 3, 97, 113), (2, 3, 113, 97),
                                    (1, 2, 1000, 2047), (1, 2, 2047, 1000), (2, 2, 4096, 4096),
                                    (3, 2, 130, 250)])
-@pytest.mark.parametrize("forward,backward", [("triton", "gluon"), ("gluon", "split"),
-                                              ("gluon", "gluon")])
-def test_gpu_gluon_kernels_match_reference(gen, dtype, is_causal, shape, forward, backward):
+@pytest.mark.parametrize("forward,backward,d", [("triton", "gluon", 64), ("gluon", "split", 64),
+                                                ("gluon", "gluon", 64), ("gluon", "split", 128)])
+def test_gpu_gluon_kernels_match_reference(gen, dtype, is_causal, shape, forward, backward, d):
     b, h, tq, tk = shape
-    skip_unless_it_runs("gluon", dtype, 64)
-    check_against_reference(gen, (b, h, tq, 64), (b, h, tk, 64), dtype, is_causal, backward,
+    skip_unless_it_runs(forward, dtype, d, "forward")
+    skip_unless_it_runs(backward, dtype, d)
+    check_against_reference(gen, (b, h, tq, d), (b, h, tk, d), dtype, is_causal, backward,
                             forward=forward)
-
-
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-# as above, at d_head 128 (64-key tiles): the Gluon forward with the split backward
-@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 3, 97, 113), (2, 3, 113, 97),
-                                   (1, 2, 1000, 2047), (1, 2, 2047, 1000), (2, 2, 4096, 4096),
-                                   (3, 2, 130, 250)])
-def test_gpu_gluon_forward_d128_matches_reference(gen, dtype, is_causal, shape):
-    b, h, tq, tk = shape
-    skip_unless_it_runs("gluon", dtype, 128, "forward")
-    check_against_reference(gen, (b, h, tq, 128), (b, h, tk, 128), dtype, is_causal, "split",
-                            forward="gluon")
 
 
 @gpu
