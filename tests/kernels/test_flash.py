@@ -303,7 +303,8 @@ def test_auto_takes_the_gluon_kernel_from_its_measured_key_count(monkeypatch):
     assert fa.resolve_backward("auto", q, torch.empty(1, 1, n - 1, 64)) == "split"
     assert fa.resolve_backward("auto", q, torch.empty(1, 1, n, 64)) == "gluon"
     assert fa.resolve_backward("gluon", q, q) == "gluon"
-    for d, n in flash_gluon.AUTO_MIN_KEYS_FORWARD.items():  # the forward's count is per d_head
+    for d in flash_gluon.FWD_CONFIGS:  # every d_head the forward takes has its own count
+        n = flash_gluon.AUTO_MIN_KEYS_FORWARD[d]
         q = torch.empty(1, 1, 8, d, dtype=torch.bfloat16)
         assert fa.resolve_forward("auto", q, torch.empty(1, 1, n - 1, d)) == "triton"
         assert fa.resolve_forward("auto", q, torch.empty(1, 1, n, d)) == "gluon"
