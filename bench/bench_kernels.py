@@ -6,7 +6,8 @@ training steps): x100 is about 435k kernels, 824k runtime calls and 31k NVTX ran
 a fresh process, measures:
 
 1. bare load: the needed columns of the export into DuckDB (``lmprof.analyze.nsys.load``, DuckDB's
-   sqlite scanner), the baseline the analysis is compared with;
+   sqlite scanner, on the connection the analysis uses: ``nsys.connect``), the baseline the
+   analysis is compared with;
 2. ``analyze kernels REPORT`` producing every table (a)-(f), csv to a scratch folder.
 
 Targets (issue 3, on a 2-core CPU machine): x100 analysis <= 1.5x the bare load; x1000 under 10x
@@ -119,8 +120,9 @@ def run_child(cmd: list[str]) -> tuple[float, int, float]:
     return wall, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
 
 
-_LOAD = ("import sys, duckdb; from lmprof.analyze import nsys; "
-         "nsys.load(duckdb.connect(), sys.argv[1])")
+# (the connection the analysis loads into: the sqlite scanner loaded unchecked, as there)
+_LOAD = ("import sys; from lmprof.analyze import nsys; "
+         "nsys.load(nsys.connect(), sys.argv[1])")
 
 
 def counts(path: Path) -> dict[str, int]:

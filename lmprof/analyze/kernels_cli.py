@@ -88,8 +88,7 @@ def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: st
     yields (connection, traces) and closes the connection and its spill directory after.
     ``defer``: one report's phase_instances is built by the tables that read it (beside the
     others, see kernel_tables.results) or by ``Trace.ready`` before the database is kept."""
-    from lmprof.analyze import db as dbmod
-    from lmprof.analyze.nsys import expand_reports, resolve_report
+    from lmprof.analyze.nsys import connect, expand_reports, resolve_report
     from lmprof.analyze.trace import configure
 
     resolved, seen = [], set()
@@ -99,7 +98,7 @@ def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: st
             seen.add(path.resolve())
             resolved.append((path, record))
     with tempfile.TemporaryDirectory(prefix="lmprof-duckdb-") as spill:
-        con = dbmod.connect(db)
+        con = connect(db)
         try:
             configure(con, spill)
             if db:

@@ -256,8 +256,16 @@ def _scanner_file() -> Path:
     return path
 
 
+def connect(path: str | Path | None = None, threads: int | None = None
+            ) -> duckdb.DuckDBPyConnection:
+    """``db.connect`` with the sqlite scanner already loaded, unchecked (``db.connect`` says why
+    that is safe and what it saves): the connection to give ``load``. ``load`` also works on
+    any other connection, loading the scanner there with DuckDB's signature check."""
+    return db.connect(path, threads, extension=_scanner_file())
+
+
 def _attach(duck: duckdb.DuckDBPyConnection, path: Path) -> None:
-    ext = _scanner_file()
+    ext = _scanner_file()  # (loaded already by ``connect``: its LOAD is then a no-op)
     try:
         duck.execute(f"LOAD {literal(str(ext))}")
     except duckdb.Error as exc:

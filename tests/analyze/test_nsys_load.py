@@ -176,6 +176,37 @@ def test_missing_sqlite_scanner_is_a_one_line_user_error(monkeypatch):
         nsys.load(duckdb.connect(), REPORT)
 
 
+def test_connect_loads_the_scanner_then_refuses_unsigned_extensions(tmp_path):
+    """``nsys.connect`` loads the installed scanner without DuckDB's signature check, then turns
+    unsigned extensions off for good: a file that is not a signed extension is refused."""
+    con = nsys.connect()
+    loaded = con.execute("SELECT loaded FROM duckdb_extensions() "
+                         "WHERE extension_name = 'sqlite_scanner'").fetchall()
+    assert loaded == [(True,)]
+    assert con.execute("SELECT current_setting('allow_unsigned_extensions')").fetchall() == \
+        [(False,)]
+    with pytest.raises(duckdb.Error, match="allow_unsigned_extensions"):
+        con.execute("SET allow_unsigned_extensions = true")
+    # the scanner with one byte changed (its metadata intact): refused, never opened
+    tampered = bytearray(nsys._scanner_file().read_bytes())
+    tampered[len(tampered) // 2] ^= 0xFF
+    (tmp_path / "tampered.duckdb_extension").write_bytes(tampered)
+    with pytest.raises(duckdb.Error, match="signature is either missing or invalid"):
+        con.execute(f"LOAD '{tmp_path / 'tampered.duckdb_extension'}'")
+    # and the connection loads an export (the LOAD in ``load`` is then a no-op)
+    export = nsys.load(con, REPORT)
+    assert export.rows["_kernels"] == source_count("CUPTI_ACTIVITY_KIND_KERNEL")
+    con.close()
+
+
+def test_connect_with_a_broken_extension_is_a_one_line_user_error(tmp_path):
+    fake = tmp_path / "broken.duckdb_extension"
+    fake.write_bytes(b"not an extension")
+    with pytest.raises(UserError, match="cannot load DuckDB's extension") as caught:
+        nsys.db.connect(extension=fake)
+    assert "\n" not in str(caught.value)
+
+
 def test_beside_runs_after_the_nvtx_tables_and_before_load_returns():
     """``beside`` sees the NVTX events, strings and session row (on its own connection) and has
     finished when ``load`` returns."""

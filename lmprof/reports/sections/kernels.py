@@ -49,7 +49,7 @@ def _exports(ctx: ReportContext) -> list[tuple[Path, dict | None, bool]]:
 
 
 def section(ctx: ReportContext) -> str | None:
-    from lmprof.analyze import db, kernel_tables, kernels
+    from lmprof.analyze import kernel_tables, kernels, nsys
     from lmprof.analyze.trace import Options, configure, prepare, tell_apart
 
     exports = _exports(ctx)
@@ -57,7 +57,7 @@ def section(ctx: ReportContext) -> str | None:
         return None
     options = ctx.kernel_options or Options()
     spill = tempfile.TemporaryDirectory(prefix="lmprof-duckdb-")
-    con = db.connect()
+    con = nsys.connect()
     configure(con, spill.name)
     parts, traces, problems = [_INTRO], [], []
     try:
