@@ -48,10 +48,9 @@ def connect(path: str | Path | None = None, threads: int | None = None,
             # the path as a literal: DuckDB imports pandas for any bound parameter
             con.execute(f"LOAD {sqlfile.literal(str(extension))}")
             con.execute("SET allow_unsigned_extensions = false")
-        except duckdb.Error as exc:
+        except duckdb.Error:
             con.close()
-            raise UserError(f"cannot load DuckDB's extension {str(extension)!r}: "
-                            f"{' '.join(str(exc).split())[:300]}") from None
+            raise  # (the caller names the extension: nsys.connect)
     if threads:
         con.execute(f"SET threads = {int(threads)}")
     return con

@@ -261,7 +261,15 @@ def connect(path: str | Path | None = None, threads: int | None = None
     """``db.connect`` with the sqlite scanner already loaded, unchecked (``db.connect`` says why
     that is safe and what it saves): the connection to give ``load``. ``load`` also works on
     any other connection, loading the scanner there with DuckDB's signature check."""
-    return db.connect(path, threads, extension=_scanner_file())
+    ext = _scanner_file()
+    try:
+        return db.connect(path, threads, extension=ext)
+    except duckdb.Error as exc:
+        raise _scanner_error(ext, exc) from None
+
+
+def _scanner_error(ext: Path, exc: duckdb.Error) -> UserError:
+    return UserError(f"cannot load DuckDB's sqlite scanner ({ext}): {_first_line(exc)}")
 
 
 def _attach(duck: duckdb.DuckDBPyConnection, path: Path) -> None:
@@ -269,8 +277,7 @@ def _attach(duck: duckdb.DuckDBPyConnection, path: Path) -> None:
     try:
         duck.execute(f"LOAD {literal(str(ext))}")
     except duckdb.Error as exc:
-        raise UserError(f"cannot load DuckDB's sqlite scanner ({ext}): "
-                        f"{_first_line(exc)}") from None
+        raise _scanner_error(ext, exc) from None
     try:
         duck.execute(f"ATTACH {literal(str(path.resolve()))} AS {_SRC} (TYPE sqlite, READ_ONLY)")
     except duckdb.Error as exc:

@@ -199,11 +199,12 @@ def test_connect_loads_the_scanner_then_refuses_unsigned_extensions(tmp_path):
     con.close()
 
 
-def test_connect_with_a_broken_extension_is_a_one_line_user_error(tmp_path):
+def test_connect_with_a_broken_extension_is_a_one_line_user_error(tmp_path, monkeypatch):
     fake = tmp_path / "broken.duckdb_extension"
     fake.write_bytes(b"not an extension")
-    with pytest.raises(UserError, match="cannot load DuckDB's extension") as caught:
-        nsys.db.connect(extension=fake)
+    monkeypatch.setattr(nsys, "_scanner_file", lambda: fake)
+    with pytest.raises(UserError, match="cannot load DuckDB's sqlite scanner") as caught:
+        nsys.connect()
     assert "\n" not in str(caught.value)
 
 
