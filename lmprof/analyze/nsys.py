@@ -256,14 +256,13 @@ def _scanner_file() -> Path:
     return path
 
 
-def connect(path: str | Path | None = None, threads: int | None = None
-            ) -> duckdb.DuckDBPyConnection:
+def connect(path: str | Path | None = None) -> duckdb.DuckDBPyConnection:
     """``db.connect`` with the sqlite scanner already loaded, unchecked (``db.connect`` says why
     that is safe and what it saves): the connection to give ``load``. ``load`` also works on
     any other connection, loading the scanner there with DuckDB's signature check."""
     ext = _scanner_file()
     try:
-        return db.connect(path, threads, extension=ext)
+        return db.connect(path, extension=ext)
     except duckdb.Error as exc:
         raise _scanner_error(ext, exc) from None
 
