@@ -194,6 +194,19 @@ def test_attribution_matches_containment_on_random_nesting(seed, max_bucket_rows
     ranges = ranges.to_dict("records")
     assert all(r["level"] is None and r["parent_id"] is None
                for r in ranges if r["style"] == "StartEnd")
+    # range ids number the ranges by start, then thread, the longer first (ties of all three
+    # may take either id); a push/pop range's level counts the ranges of its thread open at its
+    # push (at one instant, a range of positive length that ends there has closed; one of zero
+    # length opens and closes in its turn), its parent is the innermost of them
+    by_id = sorted(ranges, key=lambda r: r["range_id"])
+    assert [r["range_id"] for r in by_id] == list(range(len(ranges)))
+    assert [(r["start_ns"], r["global_tid"], -r["end_ns"]) for r in by_id] == \
+        sorted((r["start_ns"], r["global_tid"], -r["end_ns"]) for r in ranges)
+    for r in by_id:
+        if r["style"] == "PushPop":
+            open_ = [q["range_id"] for q in by_id[:r["range_id"]] if q["style"] == "PushPop"
+                     and q["global_tid"] == r["global_tid"] and q["end_ns"] > r["start_ns"]]
+            assert (r["level"], r["parent_id"]) == (len(open_), max(open_, default=None)), r
     # GPU ops and their launching calls, as nsys.load leaves them: op ids number kernels, then
     # memcpy, then memset, then graphs traced whole, each by export row (1..n here); a call
     # matches by (process, correlation id)
