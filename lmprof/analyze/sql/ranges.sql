@@ -23,8 +23,9 @@
 -- dropped at the end), not window row numbers: a table created by a query with ORDER BY keeps that
 -- order (DuckDB preserves it whatever preserve_insertion_order says), so a row's rowid is its
 -- position, and a thread's rows are consecutive where the thread is the first sort key. Sorting
--- into a table cost about a third of what the same row_number() window did (emit_nvtx x100, 1.5M
--- ranges: ranges.sql 1.65-1.76 -> 1.40-1.46 s, 3.3-3.5 -> 2.7-2.8 s of CPU, 2 threads; the same
+-- into a table cost 0.35-0.5x the CPU of the same row_number() window (emit_nvtx x100, 1.5M
+-- ranges, 2 threads: the range order 0.29-0.41 against 0.77-0.86 s, the edges 0.36-0.38 against
+-- 0.93 s; all of ranges.sql 1.65-1.76 -> 1.40-1.46 s, 3.3-3.5 -> 2.7-2.8 s of CPU; the same
 -- rows). The text joins back by the event's row at the end: no names carried through the sorts.
 
 -- _nvtx_order: every range in range_id order (start, thread, longer first); rowid = range_id.
