@@ -37,7 +37,8 @@ SELECT e.rowid AS event_row, e.event_type = types.pp AS push_pop, e.start_ns,
        coalesce(e.end_ns, greatest(types.trace_end_ns, e.start_ns)) AS end_ns, e.global_tid
 FROM _nvtx_events e CROSS JOIN types
 WHERE e.event_type IN (types.pp, types.se)
-ORDER BY e.start_ns, e.global_tid, coalesce(e.end_ns, greatest(types.trace_end_ns, e.start_ns)) DESC;
+ORDER BY e.start_ns, e.global_tid,
+         coalesce(e.end_ns, greatest(types.trace_end_ns, e.start_ns)) DESC;
 
 -- _nvtx_edges: the opens (delta 1) and closes (-1) of each thread's push/pop ranges, the thread's
 -- consecutive, in the order of its stack: at equal times closes before opens (kind 0), except that
@@ -60,9 +61,7 @@ ORDER BY edge_row;
 
 CREATE OR REPLACE TABLE nvtx_ranges AS
 WITH types AS (
-    SELECT nvtx_push_pop_type AS pp, nvtx_start_end_type AS se, nvtx_domain_create_type AS dc,
-           trace_end_ns
-    FROM session
+    SELECT nvtx_domain_create_type AS dc FROM session
 ), domains AS (
     SELECT DISTINCT ON (e.global_tid >> 24, e.domain_id)
            e.global_tid >> 24 AS gpid, e.domain_id,
