@@ -18,7 +18,7 @@ from lmprof.analyze import magic, sqlfile
 from lmprof.errors import UserError
 
 
-def connect(path: str | Path | None = None, threads: int | None = None,
+def connect(path: str | Path | None = None,
             extension: Path | None = None) -> duckdb.DuckDBPyConnection:
     """In memory, or the DuckDB file ``path`` (``--db``), created if absent. An existing file
     that is not a DuckDB database is refused before DuckDB sees it (it would try to open an
@@ -51,8 +51,6 @@ def connect(path: str | Path | None = None, threads: int | None = None,
         except duckdb.Error:
             con.close()
             raise  # (the caller names the extension: nsys.connect)
-    if threads:
-        con.execute(f"SET threads = {int(threads)}")
     return con
 
 
