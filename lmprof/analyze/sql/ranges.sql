@@ -33,12 +33,12 @@ CREATE OR REPLACE TABLE _nvtx_order AS
 WITH types AS (
     SELECT nvtx_push_pop_type AS pp, nvtx_start_end_type AS se, trace_end_ns FROM session
 )
-SELECT e.rowid AS event_row, e.event_type = types.pp AS push_pop, e.start_ns,
-       coalesce(e.end_ns, greatest(types.trace_end_ns, e.start_ns)) AS end_ns, e.global_tid
-FROM _nvtx_events e CROSS JOIN types
-WHERE e.event_type IN (types.pp, types.se)
-ORDER BY e.start_ns, e.global_tid,
-         coalesce(e.end_ns, greatest(types.trace_end_ns, e.start_ns)) DESC;
+SELECT *
+FROM (SELECT e.rowid AS event_row, e.event_type = types.pp AS push_pop, e.start_ns,
+             coalesce(e.end_ns, greatest(types.trace_end_ns, e.start_ns)) AS end_ns, e.global_tid
+      FROM _nvtx_events e CROSS JOIN types
+      WHERE e.event_type IN (types.pp, types.se))
+ORDER BY start_ns, global_tid, end_ns DESC;
 
 -- _nvtx_edges: the opens (delta 1) and closes (-1) of each thread's push/pop ranges, the thread's
 -- consecutive, in the order of its stack: at equal times closes before opens (kind 0), except that
