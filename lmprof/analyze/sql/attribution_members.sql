@@ -73,6 +73,9 @@ SELECT {'op_id': l.op_id, 'kind': l.kind, 'name_id': l.name_id, 'start_ns': l.st
         'phase_range_id': a.phase_range_id, 'step_range_id': a.step_range_id} AS o
 FROM _launched_ops l
 LEFT JOIN a USING (op_id)
-LEFT JOIN nvtx_ranges n ON n.range_id = a.phase_range_id;
+-- (the phase ranges alone: a few thousand rows to hash, not every range; emit_nvtx x100's 1.5M:
+-- 0.05 against 0.08-0.10 s)
+LEFT JOIN (SELECT range_id, phase FROM nvtx_ranges WHERE phase IS NOT NULL) n
+  ON n.range_id = a.phase_range_id;
 
 DROP TABLE _launched_ops;
