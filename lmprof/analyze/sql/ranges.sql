@@ -61,8 +61,8 @@ ORDER BY edge_row;
 
 -- _nvtx_parents: each push/pop range's nesting level and parent. A statement of its own: joined
 -- into nvtx_ranges as a table, not a subquery of the statement below (the same rows; emit_nvtx
--- x100, 1.5M ranges, 2 threads: 0.77-0.85 s of wall and 1.5-1.7 s of CPU for both statements
--- against 1.2-1.7 s and 2.3-3.2 s as one).
+-- x100, 1.5M ranges, 2 threads, 13 runs: 0.66-1.02 s of wall and 1.3-2.0 s of CPU for both
+-- statements against 1.1-1.8 s and 2.1-3.5 s as one).
 CREATE OR REPLACE TABLE _nvtx_parents AS
 WITH firsts AS (
     SELECT global_tid, min(edge_row) AS first_edge, min(rowid) AS first_push
