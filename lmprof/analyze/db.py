@@ -31,6 +31,8 @@ def connect(path: str | Path | None = None,
     (0.08-0.10 s of wall and 0.15-0.20 s of CPU on the 2-core VM, per database, against 2 ms
     unchecked), and proves nothing pip's hash check of the wheel did not: whoever could replace
     that file could replace DuckDB itself."""
+    if path and (problem := magic.not_a_file(path)):
+        raise UserError(f"--db {problem}")
     if path and Path(path).is_file() and Path(path).stat().st_size:
         found = magic.file_kind(path)
         if found != "duckdb":

@@ -1,9 +1,12 @@
 """What a file is by its first bytes: the two databases this tool reads or writes (an nsys SQLite
 export, a DuckDB file from ``--db``), a memory snapshot (a pickle, raw or compressed), and an
-Nsight Systems report by its name. Imports nothing, so the snapshot reader can use it too."""
+Nsight Systems report by its name; and the inputs no reader can open (named pipes, devices).
+Imports only the standard library, so the snapshot reader can use it too."""
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 SQLITE = b"SQLite format 3\x00"
@@ -31,6 +34,27 @@ def kind(head: bytes) -> str | None:
 def snapshot_like(head: bytes) -> bool:
     """Whether a file's first bytes are a pickle's or a compressed file's (a memory snapshot)."""
     return head.startswith(PICKLE) or any(head.startswith(p) for p, _ in COMPRESSED)
+
+
+# What a path is that exists but is neither a regular file nor a directory.
+_SPECIAL = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
+            (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def not_a_file(path: str | Path) -> str | None:
+    """The one-line problem with an input ``path`` that exists but is a named pipe, a device or
+    a socket, else None (also when it cannot be stat'ed: opening it says why). Checked before an
+    input is opened: opening a named pipe waits for a writer, forever if none comes, and a pipe
+    (a shell's ``<(...)``) cannot be read from the start again or seeked in, as SQLite and the
+    snapshot reader do."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    for test, what in _SPECIAL:
+        if test(mode):
+            return f"{str(path)!r} is {what}, not a file: give the path of the file itself"
+    return None
 
 
 def file_kind(path: str | Path) -> str | None:

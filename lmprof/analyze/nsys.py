@@ -168,6 +168,8 @@ def _check_file(path: Path) -> None:
         raise UserError(f"no such file: {str(path)!r}")
     if path.is_dir():
         raise UserError(f"{str(path)!r} is a directory, not an nsys SQLite export")
+    if problem := magic.not_a_file(path):
+        raise UserError(problem)
     try:
         with open(path, "rb") as fh:
             head = fh.read(magic.HEAD)
@@ -519,6 +521,8 @@ def resolve_report(arg: str | Path, nsys_path: str | None = None) -> tuple[Path,
             return _sqlite_for_rep(rep, nsys_path), record
         raise UserError(f"run directory {record['run_dir']!r} has no nsys export "
                         "(capture it with 'capture run --nsys')")
+    if problem := magic.not_a_file(p):
+        raise UserError(problem)
     if p.suffix in magic.REP_SUFFIXES:
         return _sqlite_for_rep(p, nsys_path), rundir.find_run_for(p)
     return p, rundir.find_run_for(p)

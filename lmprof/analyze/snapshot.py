@@ -68,6 +68,8 @@ def _other_kind(path: Path, head: bytes) -> str | None:
 def _open(path: Path) -> tuple[BinaryIO, str, BinaryIO]:
     """The snapshot's (decompressed) stream, its kind, and the file under it (a decompressor
     given a file object does not close it)."""
+    if problem := magic.not_a_file(path):
+        raise UserError(problem)
     try:
         f = open(path, "rb")
     except (FileNotFoundError, NotADirectoryError):

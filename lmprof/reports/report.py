@@ -82,6 +82,8 @@ _KINDS_HELP = ("a run directory, a sweep directory or directory of runs, an nsys
 def _file_kind(path: Path) -> str:
     """"export" or "snapshot" for a file given to the report, by its first bytes or its name
     (``magic``); a one-line error otherwise."""
+    if problem := magic.not_a_file(path):
+        raise UserError(problem)
     try:
         with open(path, "rb") as fh:
             head = fh.read(magic.HEAD)
