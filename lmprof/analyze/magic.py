@@ -44,7 +44,7 @@ _SPECIAL = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"
 def not_a_file(path: str | Path) -> str | None:
     """The one-line problem with an input ``path`` that exists but is a named pipe, a device or
     a socket, else None (also when it cannot be stat'ed: opening it says why). Checked before an
-    input is opened: opening a named pipe waits for a writer, forever if none comes, and a pipe
+    input is opened: opening a named pipe waits for a writer, for ever if none comes, and a pipe
     (a shell's ``<(...)``) cannot be read from the start again or seeked in, as SQLite and the
     snapshot reader do."""
     try:

@@ -521,8 +521,8 @@ def resolve_report(arg: str | Path, nsys_path: str | None = None) -> tuple[Path,
             return _sqlite_for_rep(rep, nsys_path), record
         raise UserError(f"run directory {record['run_dir']!r} has no nsys export "
                         "(capture it with 'capture run --nsys')")
-    if problem := magic.not_a_file(p):
-        raise UserError(problem)
     if p.suffix in magic.REP_SUFFIXES:
+        if problem := magic.not_a_file(p):  # (nsys would wait on a pipe; SQLite: _check_file)
+            raise UserError(problem)
         return _sqlite_for_rep(p, nsys_path), rundir.find_run_for(p)
     return p, rundir.find_run_for(p)

@@ -407,18 +407,20 @@ def test_bad_input_exits_2_with_one_line(tmp_path, arg, message):
 
 
 @pytest.mark.parametrize("args", [
-    ("kernels", "{pipe}"), ("sql", "{pipe}", "SELECT 1"), ("memory", "{pipe}"),
-    ("report", "{pipe}", "-o", "out"), ("kernels", "{report}", "--db", "{pipe}"),
-    ("memory", "{snapshot}", "--db", "{pipe}"), ("kernels", "/dev/null"), ("memory", "/dev/zero"),
+    ("kernels", "{pipe}"), ("kernels", "{rep}"), ("sql", "{pipe}", "SELECT 1"),
+    ("memory", "{pipe}"), ("report", "{pipe}", "-o", "out"),
+    ("kernels", "{report}", "--db", "{pipe}"), ("memory", "{snapshot}", "--db", "{pipe}"),
+    ("kernels", "/dev/null"), ("memory", "/dev/zero"),
 ])
 def test_pipes_and_devices_are_refused_without_waiting(tmp_path, args):
     """A named pipe with no writer would block the open for ever, and a shell's <(...) pipe
     cannot be seeked in: each input (and --db) that is not a file is a one-line error at once,
     before anything opens it or writes beside it."""
-    pipe = tmp_path / "pipe.sqlite"
+    pipe, rep = tmp_path / "pipe.sqlite", tmp_path / "pipe.nsys-rep"  # (nsys would read rep)
     os.mkfifo(pipe)
-    argv = [a.format(pipe=pipe, report=REPORT, snapshot=REPORT.parent / "memory.pickle.xz")
-            for a in args]
+    os.mkfifo(rep)
+    argv = [a.format(pipe=pipe, rep=rep, report=REPORT,
+                     snapshot=REPORT.parent / "memory.pickle.xz") for a in args]
     proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", *argv], cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
                           text=True, timeout=120)
@@ -426,7 +428,7 @@ def test_pipes_and_devices_are_refused_without_waiting(tmp_path, args):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("error: ") and f"is {what}, not a file" in proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe.sqlite"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe.nsys-rep", "pipe.sqlite"]
 
 
 def _fake_nsys(tmp_path: Path, fail: bool = False) -> Path:
