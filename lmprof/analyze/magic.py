@@ -1,13 +1,15 @@
 """What a file is by its first bytes: the two databases this tool reads or writes (an nsys SQLite
 export, a DuckDB file from ``--db``), a memory snapshot (a pickle, raw or compressed), and an
 Nsight Systems report by its name; and the inputs no reader can open (named pipes, devices).
-Imports only the standard library, so the snapshot reader can use it too."""
+Imports only the standard library and ``lmprof.errors``, so the snapshot reader can use it too."""
 
 from __future__ import annotations
 
 import os
 import stat
 from pathlib import Path
+
+from lmprof.errors import UserError
 
 SQLITE = b"SQLite format 3\x00"
 HEAD = 16  # bytes to read: the SQLite header string; DuckDB's "DUCK" sits at bytes 8-11
@@ -55,6 +57,18 @@ def not_a_file(path: str | Path) -> str | None:
         if test(mode):
             return f"{str(path)!r} is {what}, not a file: give the path of the file itself"
     return None
+
+
+def read_head(path: str | Path) -> bytes:
+    """An input file's first ``HEAD`` bytes, for ``kind`` and ``snapshot_like``; a one-line
+    ``UserError`` for a path ``not_a_file`` refuses or that cannot be read."""
+    if problem := not_a_file(path):
+        raise UserError(problem)
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(HEAD)
+    except OSError as exc:
+        raise UserError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
 
 
 def file_kind(path: str | Path) -> str | None:

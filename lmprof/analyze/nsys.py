@@ -168,14 +168,7 @@ def _check_file(path: Path) -> None:
         raise UserError(f"no such file: {str(path)!r}")
     if path.is_dir():
         raise UserError(f"{str(path)!r} is a directory, not an nsys SQLite export")
-    if problem := magic.not_a_file(path):
-        raise UserError(problem)
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(magic.HEAD)
-    except OSError as exc:
-        raise UserError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
-    if magic.kind(head) != "sqlite":
+    if magic.kind(magic.read_head(path)) != "sqlite":
         raise UserError(f"{str(path)!r} is not an SQLite file (export one with "
                         "'nsys export --type=sqlite')")
 

@@ -82,13 +82,7 @@ _KINDS_HELP = ("a run directory, a sweep directory or directory of runs, an nsys
 def _file_kind(path: Path) -> str:
     """"export" or "snapshot" for a file given to the report, by its first bytes or its name
     (``magic``); a one-line error otherwise."""
-    if problem := magic.not_a_file(path):
-        raise UserError(problem)
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(magic.HEAD)
-    except OSError as exc:
-        raise UserError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    head = magic.read_head(path)
     if path.suffix in magic.REP_SUFFIXES or magic.kind(head) == "sqlite":
         return "export"
     if magic.snapshot_like(head) or ".pickle" in path.name:
