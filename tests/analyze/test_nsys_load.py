@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 
 import duckdb
@@ -295,3 +296,18 @@ def test_gpu_op_rows_estimates_the_ops_without_changing_the_file(tmp_path):
         assert nsys._gpu_op_rows(corrupt, {"CUPTI_ACTIVITY_KIND_KERNEL"}) is None
     finally:
         corrupt.close()
+
+
+def test_read_head_refuses_what_it_cannot_read(tmp_path):
+    """The one reader of an input's first bytes: a file's bytes, a pipe refused before it is
+    opened, and any error of the open as one line that names the path."""
+    from lmprof.analyze import magic
+
+    (tmp_path / "f").write_bytes(b"SQLite format 3\x00 and more")
+    assert magic.read_head(tmp_path / "f") == b"SQLite format 3\x00"
+    os.mkfifo(tmp_path / "p")
+    with pytest.raises(UserError, match="is a named pipe, not a file"):
+        magic.read_head(tmp_path / "p")
+    (tmp_path / "d").mkdir()
+    with pytest.raises(UserError, match=r"cannot read '.*d': Is a directory"):
+        magic.read_head(tmp_path / "d")
