@@ -161,18 +161,20 @@ def _shortened(values: Iterable[Any], spec: int | Callable[[str], str]) -> list[
 
 def _float_formats(columns: list[list[Any]], default: str,
                    headers: list[str] | None = None) -> list[str]:
-    """Per column, how its floats print: without decimals where every one is a whole number
-    (a mean that is a count, a reserved size in whole MiB, a sum of integers fetched as float),
-    one decimal in percent columns (headers ending "(%)", as nsys prints its shares) and where
-    values reach 1000 (MiB, launches per second: thousandths are noise there), else
+    """Per column, how its floats print: one decimal in percent columns (headers ending "(%)", as
+    nsys prints its shares), else without decimals where every one is a whole number (a mean
+    that is a count, a reserved size in whole MiB, a sum of integers fetched as float), one
+    decimal where values reach 1000 (MiB, launches per second: thousandths are noise there), else
     ``default``."""
     formats = []
     for i, values in enumerate(columns):
         floats = [v for v in values if isinstance(v, float) and math.isfinite(v)]
         percent = headers is not None and str(headers[i]).endswith("(%)")
-        if floats and all(v.is_integer() and abs(v) < 2**53 for v in floats):
+        if floats and percent:  # 0.0 beside 81.0, also where a column's shares are all whole
+            formats.append(".1f")
+        elif floats and all(v.is_integer() and abs(v) < 2**53 for v in floats):
             formats.append(".0f")
-        elif floats and (percent or max(abs(v) for v in floats) >= 1000):
+        elif floats and max(abs(v) for v in floats) >= 1000:
             formats.append(".1f")
         else:
             formats.append(default)

@@ -287,20 +287,20 @@ def test_lanes_at_most():
 
 def test_markdown_precision_follows_each_column():
     # whole numbers print whole (a mean that is a count), values from 1000 up with one decimal
-    # (MiB, launches per second), the rest with three; rows and DataFrames alike
+    # (MiB, launches per second), percent columns with one even where every share is whole (0.0
+    # beside 81.0 in another column), the rest with three; rows and DataFrames alike; a user's own
+    # query (raw) keeps three in its percent-named column
     con = duckdb.connect()
-    # (MiB, launches per second) and in percent columns, the rest with three; rows and
-    # DataFrames alike; a user's own query (raw) keeps three in its percent-named column
-    sql = ("SELECT * FROM (VALUES (874.0, 37268.3741, 0.0123, 2.5, 36.6612, 'a'), "
-           "(1077.0, 512.25, NULL, 1.0, 0.038, 'b')) t(kernels_per_instance, launches_per_s, "
-           "mean_s, ratio, busy_pct, label)")
+    sql = ("SELECT * FROM (VALUES (874.0, 37268.3741, 0.0123, 2.5, 36.6612, 0.0, 'a'), "
+           "(1077.0, 512.25, NULL, 1.0, 0.038, 100.0, 'b')) t(kernels_per_instance, "
+           "launches_per_s, mean_s, ratio, busy_pct, gemm_pct, label)")
     rows = Table.fetch(con.execute(sql))
     assert isinstance(rows, Table)
     text = render(rows, "md")
     assert text == render(con.execute(sql).df(), "md")
     body = [[c.strip() for c in ln.strip("|").split("|")] for ln in text.splitlines()[2:]]
-    assert body == [["874", "37268.4", "12.300", "2.500", "36.7", "a"],
-                    ["1077", "512.2", "", "1.000", "0.0", "b"]]
+    assert body == [["874", "37268.4", "12.300", "2.500", "36.7", "0.0", "a"],
+                    ["1077", "512.2", "", "1.000", "0.0", "100.0", "b"]]
     raw = render(rows, "md", raw=True)
     assert [ln.split("|")[5].strip() for ln in raw.splitlines()[2:]] == ["36.661", "0.038"]
 
