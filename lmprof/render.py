@@ -243,9 +243,11 @@ def _table_csv(table: Table) -> str:
     return buf.getvalue()
 
 
-def _table_json(table: Table) -> str:
-    rows = [{k: _json_safe(v) for k, v in zip(table.columns, row)} for row in table.rows]
-    return json.dumps(rows, indent=1, default=str)
+def _json_rows(df: pd.DataFrame | Table) -> list[dict[str, Any]]:
+    """A table's rows as JSON objects (NaN and infinities as null)."""
+    if isinstance(df, Table):
+        return [{k: _json_safe(v) for k, v in zip(df.columns, row)} for row in df.rows]
+    return [{k: _json_safe(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
 
 
 def for_display(df: pd.DataFrame, shorten: Shorten | None = None) -> pd.DataFrame:
@@ -303,44 +305,57 @@ def _json_safe(v):
     return v
 
 
+def _check(df: pd.DataFrame | Table | str, fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise UserError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if isinstance(df, str) and fmt != "md":
+        raise ValueError("a table rendered as markdown has no csv or json form")
+
+
 def render(df: pd.DataFrame | Table | str, fmt: str, shorten: Shorten | None = None,
            raw: bool = False) -> str:
     """``df`` as md, csv or json; ``raw`` keeps markdown's column names and values as they are
     (a user's own query), else unit columns are scaled and named for people. A ``str`` is a
     table its caller already rendered as markdown (md only)."""
-    if fmt not in FORMATS:
-        raise UserError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    _check(df, fmt)
     if isinstance(df, str):
-        if fmt != "md":
-            raise ValueError("a table rendered as markdown has no csv or json form")
         return df
     if isinstance(df, Table):
         if fmt == "md":
             return _table_markdown(df, shorten, ".3f", raw)
-        return _table_csv(df) if fmt == "csv" else _table_json(df)
-    if fmt == "md":
+        if fmt == "csv":
+            return _table_csv(df)
+    elif fmt == "md":
         return to_markdown(df, shorten, raw=raw)
-    if fmt == "csv":
+    elif fmt == "csv":
         return df.to_csv(index=False)
-    rows = [{k: _json_safe(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
-    return json.dumps(rows, indent=1, default=str)
+    return json.dumps(_json_rows(df), indent=1, default=str)
 
 
 def emit(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: str | Path | None,
          shorten: Shorten | None = None, notes: dict[str, str] | None = None,
          raw: bool = False) -> str:
     """Render named tables to one text (stdout), and write each to ``out/<name>.<fmt>`` if given
-    (``raw``: see ``render``)."""
+    (``raw``: see ``render``). On stdout one table is its rows (markdown under a title, csv, or
+    a JSON list); several are, in markdown, titled sections; in csv, each table after a
+    ``# name`` line (csv has no form for several tables); in JSON, one object of the tables'
+    rows by name, so that the whole output parses."""
     notes = notes or {}
     parts = []
-    for name, df in tables.items():
-        body = render(df, fmt, shorten, raw)
-        if fmt == "md":
-            title = f"## {name.replace('_', ' ')}\n\n"
-            note = f"{notes[name]}\n\n" if name in notes else ""
-            parts.append(f"{title}{note}{body}\n")
-        else:
-            parts.append(body if len(tables) == 1 else f"# {name}\n{body}")
+    if fmt == "json" and len(tables) > 1:
+        for df in tables.values():
+            _check(df, fmt)
+        parts.append(json.dumps({name: _json_rows(df) for name, df in tables.items()},
+                                indent=1, default=str))
+    else:
+        for name, df in tables.items():
+            body = render(df, fmt, shorten, raw)
+            if fmt == "md":
+                title = f"## {name.replace('_', ' ')}\n\n"
+                note = f"{notes[name]}\n\n" if name in notes else ""
+                parts.append(f"{title}{note}{body}\n")
+            else:
+                parts.append(body if len(tables) == 1 else f"# {name}\n{body}")
     if out is not None:
         out_dir = Path(out)
         try:

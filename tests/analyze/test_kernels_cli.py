@@ -77,6 +77,23 @@ def test_phase_tables_are_consistent_with_the_kernels(tmp_path):
             idle.loc[phase, "gpu_busy_ns"]
 
 
+def test_json_on_stdout_parses_with_every_table(tmp_path):
+    """`--format json` is for tools: all tables on stdout are one JSON object of them by name,
+    each the rows written to --out; one table is its list of rows."""
+    code, out, err = run("kernels", str(REPORT), "--format", "json", "--out", str(tmp_path))
+    assert code == 0, err
+    tables = json.loads(out)
+    assert list(tables) == ["phase_timing", "top_kernels", "top_non_gemm_kernels",
+                            "gemm_fraction", "softmax_vs_matmul", "class_breakdown", "gpu_idle"]
+    for name, rows in tables.items():
+        assert rows and rows == json.loads((tmp_path / f"{name}.json").read_text()), name
+    code, out, err = run("kernels", str(REPORT), "--format", "json", "--table", "gemm_fraction")
+    assert code == 0 and json.loads(out) == tables["gemm_fraction"], err
+    code, out, err = run("kernels", str(REPORT), "--format", "csv", "--table", "gemm_fraction",
+                         "--table", "gpu_idle")
+    assert code == 0 and out.startswith("# gemm_fraction\nphase,") and "\n# gpu_idle\n" in out
+
+
 def test_softmax_vs_matmul_uses_run_json_flops(tmp_path):
     report = writable_copy(tmp_path)
     write_run_json(tmp_path, context_length=256, batch_size=4, d_model=768, num_heads=12,

@@ -83,7 +83,7 @@ def test_multi_device_snapshot_is_per_device(tmp_path):
     res = CliRunner().invoke(analyze, ["memory", str(f), "--format", "json"],
                              catch_exceptions=False)
     assert res.exit_code == 0
-    peak = json.loads(res.output.split("# memory_by_phase")[0].split("# memory_peak\n")[1])
+    peak = json.loads(res.output)["memory_peak"]
     assert [r["device"] for r in peak] == [0, 1]
     assert peak[1]["peak_allocated_bytes"] == seg1["blocks"][0]["size"]
 
