@@ -28,7 +28,9 @@ _DTYPE_BYTES = {"fp32": 4, "float32": 4, "tf32": 4, "bf16": 2, "bfloat16": 2, "f
 
 
 def phase_timing(trace: Trace) -> Result:
-    """(a) Per phase: NVTX wall time, GPU kernel time and span, busy %, launch rate, runner."""
+    """(a) Per phase: NVTX wall time, GPU kernel time and span, busy %, launch rate, runner.
+    The launch rate counts CUDA calls: ``_graph_launch_names`` names the calls (runtime and
+    driver API) that launch a CUDA graph, one call for all the GPU work it ran."""
     summary = ((trace.record or {}).get("timings") or {}).get("summary") or {}
     rows = []
     for phase, stats in summary.items():
@@ -38,7 +40,10 @@ def phase_timing(trace: Trace) -> Result:
     con = trace.use()
     con.execute("CREATE OR REPLACE TEMP TABLE _runner_timing (phase VARCHAR, mean_ns DOUBLE)")
     sqlfile.insert_rows(con, "_runner_timing", [("phase", "VARCHAR"), ("mean_ns", "DOUBLE")], rows)
-    return trace.execute("phase_timing")
+    con.execute("CREATE OR REPLACE TEMP TABLE _graph_launch_names AS SELECT id FROM _strings "
+                "WHERE value LIKE 'cudaGraphLaunch%' OR value LIKE 'cuGraphLaunch%'")
+    graphs = con.execute("SELECT count(*) > 0 FROM _graph_launch_names").fetchall()[0][0]
+    return trace.execute("phase_timing", graphs=bool(graphs))
 
 
 def process_timing(trace: Trace) -> Result:
@@ -156,7 +161,9 @@ def softmax_vs_matmul(trace: Trace) -> Result:
 TABLES: dict[str, tuple[Callable[..., Result], str | None, str]] = {
     "phase_timing": (phase_timing, "ranges",
                      "Means per NVTX range instance. GPU span: first to last GPU op attributed to "
-                     "the instance; busy: union of op intervals / span. Runner: run.json timing."),
+                     "the instance; busy: union of op intervals / span. Launches: CUDA calls "
+                     "that launched kernels (one per graph launch, however many kernels it "
+                     "ran). Runner: run.json timing."),
     "process_timing": (process_timing, "processes",
                        "Phase timing per process (data-parallel ranks); start lag: how much later "
                        "than the earliest process it starts the k-th instance of the phase."),

@@ -494,3 +494,25 @@ def test_graphs_traced_whole_are_said_to_be_missing(exports):
     ops = tr.df("SELECT CAST(kind AS VARCHAR) AS kind, count(*) AS n FROM gpu_ops GROUP BY 1")
     assert ops.values.tolist() == [["graph", 4]]
     assert kernels.range_summary(tr).set_index("range").loc[":iter", "gpu_ops"] == 4
+
+
+@pytest.mark.parametrize("name", ["graph", "graphnode"])
+def test_a_graph_launch_is_one_launch_however_many_kernels_it_ran(exports, name):
+    """The launch rate counts CUDA calls: a cudaGraphLaunch is one, whether nsys traced the
+    graph as one op or node by node (605 kernels a launch here), not one per kernel."""
+    import sqlite3
+
+    con = sqlite3.connect(exports / name / "report.sqlite")
+    iters = con.execute("SELECT n.start, n.\"end\" FROM NVTX_EVENTS n "
+                        "LEFT JOIN StringIds s ON s.id = n.textId "
+                        "WHERE coalesce(n.text, s.value) = 'iter'").fetchall()
+    calls = con.execute("SELECT r.start FROM CUPTI_ACTIVITY_KIND_RUNTIME r "
+                        "JOIN StringIds s ON s.id = r.nameId "
+                        "WHERE s.value LIKE 'cudaGraphLaunch%'").fetchall()
+    con.close()
+    inside = sum(any(a <= t < b for a, b in iters) for (t,) in calls)
+    assert inside == len(iters) == 4
+    timing = kernels.phase_timing(_trace(exports, name)).set_index("phase")
+    wall_s = sum(b - a for a, b in iters) / 1e9
+    assert timing.loc["step", "launches_per_s"] == pytest.approx(inside / wall_s, rel=1e-12)
+    assert timing.loc["step", "kernels_per_instance"] == (605 if name == "graphnode" else 0)
