@@ -8,6 +8,8 @@ In memory by default; ``--db FILE`` persists it.
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +17,7 @@ from pathlib import Path
 import duckdb
 
 from lmprof.analyze import magic, sqlfile
-from lmprof.errors import UserError
+from lmprof.errors import UserError, damaged_input
 
 
 def connect(path: str | Path | None = None,
@@ -54,6 +56,52 @@ def connect(path: str | Path | None = None,
             con.close()
             raise  # (the caller names the extension: nsys.connect)
     return con
+
+
+@contextlib.contextmanager
+def staged(path: str | Path | None) -> Iterator[str | None]:
+    """The file a command that keeps its database (``--db PATH``) opens, so that PATH changes
+    only when the command ends well: a copy of PATH (or a new file) beside it, ``PATH.partial``,
+    which replaces PATH once the block ends without error, and is removed otherwise. A run that
+    fails halfway (a damaged snapshot or export) so leaves the tables of earlier runs as they
+    were, and no new PATH. PATH itself stays open meanwhile (checked as ``connect`` checks it),
+    so DuckDB's file lock still keeps a second run from writing it at the same time. Without
+    PATH: None (in memory). The caller closes its connection to the copy inside the block."""
+    if not path:
+        yield None
+        return
+    target = Path(path)
+    work = target.with_name(target.name + ".partial")
+    holder = connect(target) if target.exists() else None
+
+    def file_op(op: Callable[[], object]) -> None:
+        try:
+            op()
+        except OSError as exc:
+            raise UserError(f"cannot write --db {str(target)!r}: {exc.strerror or exc}") from None
+
+    try:
+        for leftover in (work, Path(f"{work}.wal")):  # of a run that was killed
+            file_op(lambda f=leftover: f.unlink(missing_ok=True))
+        if holder is not None:
+            holder.execute("CHECKPOINT")  # a write-ahead log beside PATH goes into the copy too
+            file_op(lambda: shutil.copyfile(target, work))
+        try:
+            yield str(work)
+        except Exception as exc:  # noqa: BLE001 - DuckDB's words about the copy name PATH
+            message = damaged_input(exc)
+            if message is None or str(work) not in message:
+                raise
+            raise UserError(message.replace(str(work), str(target))) from None
+        if holder is not None:
+            holder.close()
+        file_op(lambda: os.replace(work, target))
+    finally:
+        if holder is not None:
+            holder.close()
+        for leftover in (work, Path(f"{work}.wal")):
+            with contextlib.suppress(OSError):
+                leftover.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

@@ -85,9 +85,11 @@ def trace_options(attribution: str, phase_ranges: tuple[str, ...],
 def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: str | None,
                 defer: bool = False):
     """Load every REPORT into one DuckDB (schema main for one report, r1..rN for several);
-    yields (connection, traces) and closes the connection and its spill directory after.
+    yields (connection, traces) and closes the connection and its spill directory after. A kept
+    database (``db``) is written through ``db.staged``: changed only by a run that ends well.
     ``defer``: one report's phase_instances is built by the tables that read it (beside the
     others, see kernel_tables.results) or by ``Trace.ready`` before the database is kept."""
+    from lmprof.analyze.db import staged as db_staged
     from lmprof.analyze.nsys import connect, expand_reports, resolve_report
     from lmprof.analyze.trace import configure
 
@@ -97,7 +99,7 @@ def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: st
         if path.resolve() not in seen:  # one export named twice (runs/latest and its run) is one
             seen.add(path.resolve())
             resolved.append((path, record))
-    with tempfile.TemporaryDirectory(prefix="lmprof-duckdb-") as spill:
+    with db_staged(db) as db, tempfile.TemporaryDirectory(prefix="lmprof-duckdb-") as spill:
         con = connect(db)
         try:
             configure(con, spill)

@@ -99,9 +99,13 @@ class SnapshotRef:
 
 
 def resolve(arg: str, run_dir: str | None = None) -> SnapshotRef:
-    """A snapshot file or a run directory (its ``artifacts.memory_snapshot``)."""
+    """A snapshot file or a run directory (its ``artifacts.memory_snapshot``); ``run_dir``
+    (``--run``) gives a snapshot file its run.json, and is refused beside a run directory."""
     p = Path(arg)
     if p.is_dir() or p.name in (rundir.RUN_FILE, rundir.LATEST):
+        if run_dir:
+            raise UserError(f"--run pairs a raw snapshot file with a run.json; {arg!r} is a run "
+                            "(or a folder of runs), which brings its own")
         record = rundir.load_run(p)
         snap = rundir.artifact_path(record, "memory_snapshot")
         if snap is None:

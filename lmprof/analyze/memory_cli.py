@@ -32,7 +32,7 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
     are unpickled admitting plain data only; input files are never modified.
     """
     from lmprof.analyze import memory
-    from lmprof.analyze.db import connect
+    from lmprof.analyze.db import connect, staged
     from lmprof.analyze.snapshot import display_site
     from lmprof.errors import UserError
     from lmprof.render import emit
@@ -53,16 +53,26 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
     refs.sort(key=lambda r: (r.run is None, rundir.config_order(r.run) if r.run else ()))
     labels = rundir.distinct_labels([memory.snapshot_label(r.path, r.run) for r in refs],
                                     [r.run for r in refs], [r.path for r in refs])
-    con = connect(db)
-    if db:
-        memory.drop_tables(con)
-    for ref, label in zip(refs, labels):
-        memory.load_memory(con, ref.path, ref.run, label=label)
-    tables, notes = memory.tables(con, top)
-    click.echo(emit(tables, fmt, out, shorten={"site": display_site}, notes=notes))
-    plot_dir = plots or out
-    if plot_dir:
-        from lmprof.reports.memory_plots import write_plots
+    with staged(db) as db_file:  # a kept database changes only if the whole command succeeds
+        con = connect(db_file)
+        try:
+            if db:
+                memory.drop_tables(con)
+            for ref, label in zip(refs, labels):
+                memory.load_memory(con, ref.path, ref.run, label=label)
+            tables, notes = memory.tables(con, top)
+            click.echo(emit(tables, fmt, out, shorten={"site": display_site}, notes=notes))
+            plot_dir = plots or out
+            if plot_dir:
+                from lmprof.reports.memory_plots import write_plots
 
-        for path in write_plots(con, Path(plot_dir)):
-            click.echo(f"wrote {path}", err=True)
+                try:
+                    written = write_plots(con, Path(plot_dir))
+                except OSError as exc:
+                    where = exc.filename or plot_dir
+                    raise UserError(f"cannot write the plots to {str(where)!r}: "
+                                    f"{exc.strerror or exc}") from None
+                for path in written:
+                    click.echo(f"wrote {path}", err=True)
+        finally:
+            con.close()

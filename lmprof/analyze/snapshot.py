@@ -99,22 +99,40 @@ def _open(path: Path) -> tuple[BinaryIO, str, BinaryIO]:
     return f, "pickle", f
 
 
+def _not_a_pickle(what: str, head: bytes) -> str | None:
+    """For a snapshot that failed to unpickle: what it is instead, where its (decompressed)
+    first bytes are not a pickle's of protocol 2 or later, as torch writes; else None (a
+    damaged pickle). Checked only after a failure: older protocols still load."""
+    if not head or head.startswith(magic.PICKLE):
+        return None
+    if magic.kind(head) == "sqlite":
+        return (f"{what} holds an SQLite database (an nsys export? decompress it for "
+                "'analyze kernels'), not a memory snapshot")
+    return (f"{what} is not a memory snapshot: its first bytes are not a pickle's "
+            "(torch.cuda.memory._dump_snapshot writes one)")
+
+
 def read_snapshot(path: str | Path) -> Any:
     """Unpickle ``path`` (maybe compressed) admitting plain data only; UserError otherwise."""
     path = Path(path)
     stream, kind, raw = _open(path)
     what = f"{str(path)!r}" + ("" if kind == "pickle" else f" ({kind})")
+    head = b""
     try:
         with raw, stream:
+            head = stream.peek(magic.HEAD)[:magic.HEAD]  # (not consumed) for the errors below
             return _DataOnlyUnpickler(stream).load()
     except _Refused as exc:
         raise UserError(f"{what}: refused to unpickle {exc}: a memory snapshot holds plain data "
                         "only, and loading this could run code") from None
     except EOFError:
-        raise UserError(f"{what} is truncated or empty (pickle ended early)") from None
+        raise UserError(_not_a_pickle(what, head)
+                        or f"{what} is truncated or empty (pickle ended early)") from None
     except (pickle.UnpicklingError, ValueError, TypeError, IndexError, KeyError,
             AttributeError, UnicodeDecodeError, MemoryError, RecursionError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if problem := _not_a_pickle(what, head):
+            raise UserError(problem) from None
         if "truncated" in msg or "ran out of input" in msg.lower():
             raise UserError(f"{what} is truncated (pickle ended early)") from None
         raise UserError(f"{what} is not a readable pickle: {msg}") from None

@@ -301,6 +301,27 @@ def test_timestamps_that_overflow_are_one_line_errors(tmp_path, statement):
         assert "LINE" not in err  # DuckDB's message, without the SQL it quotes
 
 
+def test_failed_run_leaves_a_kept_database_as_it_was(tmp_path):
+    """`--db` changes only when the run ends well: a damaged export (found while loading, after
+    the earlier run's tables were dropped) leaves the file as it was, and leaves no new file."""
+    good = writable_copy(tmp_path, "good.sqlite")
+    bad = edit(writable_copy(tmp_path, "bad.sqlite"),
+               "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 'abc' WHERE rowid = 5")
+    kept = tmp_path / "kept.duckdb"
+    assert run("kernels", str(good), "--db", str(kept), "--table", "gemm_fraction")[0] == 0
+    before = kept.read_bytes()
+    for reports in ([bad], [good, bad]):
+        code, _, err = run("kernels", *map(str, reports), "--db", str(kept))
+        assert code == 2 and err.count("\n") == 1 and "Invalid type" in err, err
+        assert kept.read_bytes() == before
+    code, out, err = run("sql", str(kept), "SELECT count(*) AS n FROM kernels", "--format", "csv")
+    assert code == 0 and out.split() == ["n", str(stats("cuda_gpu_kern_sum")["Instances"].sum())]
+    code, _, _ = run("kernels", str(bad), "--db", str(tmp_path / "new.duckdb"))
+    assert code == 2 and not (tmp_path / "new.duckdb").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.sqlite", "good.sqlite",
+                                                          "kept.duckdb"]
+
+
 def test_overflow_names_the_report_it_came_from(tmp_path):
     """With several reports, the overflow's line names the damaged one, whether it overflows
     while loading and attributing (NVTX starts near -2^63: a range's duration) or in a table's

@@ -210,3 +210,39 @@ def test_largest_allocations_show_first_alloc_in_ms():
     table = md.split("## memory largest allocations")[1].split("\n## ")[0]
     assert "First alloc (ms)" in table
     assert f"{first_us[0] / 1000:.3f}" in table and f" {first_us[0]} " not in table
+
+
+def test_failed_run_leaves_a_kept_database_as_it_was(tmp_path):
+    """`--db` is changed only by a run that ends well: a damaged snapshot after a good one
+    (the tables were dropped first, then half loaded) leaves the earlier run's tables, and a
+    failed first run leaves no database file at all."""
+    import duckdb
+
+    kept, bad = tmp_path / "kept.duckdb", tmp_path / "bad.pickle"
+    bad.write_bytes(pickle.dumps({"segments": [], "device_traces": [[{"action": "alloc"}]]})[:-5])
+    assert _run(FIXTURE, "--db", kept).returncode == 0
+    before = kept.read_bytes()
+    for args in ((FIXTURE, bad), (bad,)):
+        proc = _run(*args, "--db", kept)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert kept.read_bytes() == before
+    con = duckdb.connect(str(kept), read_only=True)
+    assert con.execute("SELECT count(*) FROM memory_events").fetchall()[0][0] == 12819
+    con.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.pickle", "kept.duckdb"]
+    proc = _run(bad, "--db", tmp_path / "new.duckdb")
+    assert proc.returncode == 2 and not (tmp_path / "new.duckdb").exists()
+    assert not list(tmp_path.glob("*.partial*"))
+
+
+def test_plots_that_cannot_be_written_and_run_beside_a_run_are_one_line_errors(tmp_path):
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "out" / "memory_timeline.png").mkdir(parents=True)
+    run_dir = ROOT / "tests" / "data" / "h200-lmprof-memory"
+    for args, message in (
+            ((FIXTURE, "--plots", tmp_path / "file" / "sub"), "cannot write the plots to"),
+            ((FIXTURE, "--out", tmp_path / "out"), "cannot write the plots to"),
+            ((run_dir, "--run", tmp_path / "nonexistent"), "--run pairs a raw snapshot file")):
+        proc = _run(*args)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith("error: ") and message in proc.stderr, proc.stderr

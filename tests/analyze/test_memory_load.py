@@ -97,7 +97,11 @@ def test_every_kind_closes_its_file(tmp_path, compress):
 
 @pytest.mark.parametrize("content, message", [
     (b"", "truncated or empty"),
-    (b"hello, not a pickle at all", "not a readable pickle"),
+    (b"hello, not a pickle at all", "not a memory snapshot: its first bytes are not a pickle"),
+    # (a csv's first byte is a protocol-0 opcode: this said "truncated")
+    (b"a,b\n1,2\n", "not a memory snapshot: its first bytes are not a pickle"),
+    (lzma.compress(b"SQLite format 3\x00" + b"\0" * 84), r"\(xz\) holds an SQLite database"),
+    (b"\x80\x04\x95 damaged after the header", "not a readable pickle"),
     (b"\xfd7zXZ\x00garbage", "cannot be decompressed"),
 ])
 def test_bad_files(tmp_path, content, message):
