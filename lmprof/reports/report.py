@@ -26,17 +26,20 @@ from lmprof.errors import UserError
 @dataclass
 class ReportContext:
     runs: list[dict[str, Any]]
-    out_dir: Path  # the report's folder; images go to out_dir / "img"
+    out_dir: Path  # the report's folder; images go to out_dir / img_name
     images: list[Path] = field(default_factory=list)
     # files given without a run that names them: (path, the run.json beside it or None)
     exports: list[tuple[Path, dict[str, Any] | None]] = field(default_factory=list)
     snapshots: list[tuple[Path, dict[str, Any] | None]] = field(default_factory=list)
     # for the kernel section: lmprof.analyze.trace.Options (None: the defaults)
     kernel_options: Any = None
+    # the images' folder in out_dir: "img" for report.md, "<name>_img" for another name, so that
+    # two reports written into one folder do not overwrite each other's images (image_folder)
+    img_name: str = "img"
 
     @property
     def img_dir(self) -> Path:
-        d = self.out_dir / "img"
+        d = self.out_dir / self.img_name
         d.mkdir(parents=True, exist_ok=True)
         return d
 
@@ -44,7 +47,12 @@ class ReportContext:
         """A path to save a figure to, and the relative link to put in the markdown."""
         path = self.img_dir / name
         self.images.append(path)
-        return path, f"img/{name}"
+        return path, f"{self.img_name}/{name}"
+
+
+def image_folder(target: Path) -> str:
+    """The name of the folder beside the markdown file ``target`` that holds its images."""
+    return "img" if target.name == "report.md" else f"{target.stem}_img"
 
 
 Section = Callable[[ReportContext], "str | None"]
@@ -133,7 +141,8 @@ def collect_inputs(paths: list[str], nsys_path: str | None = None
 
 def build(paths: list[str], out: str | Path, kernel_options: Any = None,
           nsys_path: str | None = None) -> Path:
-    """Write ``out`` (a .md file, or a directory that gets report.md) and return its path.
+    """Write ``out`` (a .md file, or a directory that gets report.md) and return its path; its
+    images go into a folder beside it (``image_folder``).
     ``kernel_options`` (``lmprof.analyze.trace.Options``) name the phase and attention ranges of
     traces from other code; ``nsys_path`` exports a ``.nsys-rep`` given."""
     out = Path(out)
@@ -146,13 +155,18 @@ def build(paths: list[str], out: str | Path, kernel_options: Any = None,
     except OSError as exc:
         raise UserError(f"cannot create {str(target.parent)!r}: {exc.strerror or exc}") from None
     ctx = ReportContext(runs=runs, out_dir=target.parent, exports=exports, snapshots=snapshots,
-                        kernel_options=kernel_options)
+                        kernel_options=kernel_options, img_name=image_folder(target))
     try:
         parts = ["# lmprof report", "", _overview(ctx), ""]
-        for title, section in _sections():
-            body = section(ctx)
-            if body:
-                parts += [f"## {title}", "", body.rstrip(), ""]
+        try:
+            for title, section in _sections():
+                body = section(ctx)
+                if body:
+                    parts += [f"## {title}", "", body.rstrip(), ""]
+        except OSError as exc:  # an image (or its folder) that cannot be written
+            if exc.filename is None or not _inside(Path(exc.filename), target.parent):
+                raise
+            raise UserError(f"cannot write {str(exc.filename)!r}: {exc.strerror or exc}") from None
         try:
             target.write_text("\n".join(parts))
         except OSError as exc:
@@ -162,6 +176,10 @@ def build(paths: list[str], out: str | Path, kernel_options: Any = None,
             shutil.rmtree(created, ignore_errors=True)
         raise
     return target
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path.resolve().is_relative_to(folder.resolve())
 
 
 def _overview(ctx: ReportContext) -> str:

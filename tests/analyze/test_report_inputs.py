@@ -154,6 +154,34 @@ def test_bad_input_exits_2_before_writing(tmp_path, arg, message):
     assert {p.name: sha256(p) for p in tmp_path.iterdir() if p.is_file()} == before
 
 
+def test_reports_in_one_folder_keep_their_own_images(tmp_path):
+    """Two reports written into one folder under their own names keep their images apart
+    (both wrote img/, the second over the first's plots); an image that cannot be written is
+    one line and exit 2, and the report's new folder is removed."""
+    out = tmp_path / "out"
+    for name in ("a.md", "b.md"):
+        code, _, err = run("report", str(SNAPSHOT), "-o", str(out / name))
+        assert code == 0, err
+    for name in ("a", "b"):
+        text = (out / f"{name}.md").read_text()
+        links = [ln.split("](")[1].rstrip(")") for ln in text.splitlines() if ln.startswith("![")]
+        assert links and all(link.startswith(f"{name}_img/") for link in links), links
+        assert all((out / link).is_file() for link in links)
+    assert sorted(p.name for p in out.iterdir()) == ["a.md", "a_img", "b.md", "b_img"]
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "img").write_text("a file where the image folder goes")
+    code, _, err = run("report", str(SNAPSHOT), "-o", str(blocked))
+    assert code == 2 and err.startswith("error: cannot write ") and err.count("\n") == 1, err
+    assert sorted(p.name for p in blocked.iterdir()) == ["img"]
+    code, _, err = run("report", str(SNAPSHOT), "-o", str(blocked / "new" / "report.md"))
+    assert code == 0, err  # (a folder of its own: img/ inside it)
+    (blocked / "new2").mkdir()
+    (blocked / "new2" / "x_img").write_text("")
+    code, _, err = run("report", str(SNAPSHOT), "-o", str(blocked / "new2" / "x.md"))
+    assert code == 2 and "x_img" in err and not (blocked / "new2" / "x.md").exists(), err
+
+
 def test_nsys_rep_file_is_exported_then_reported(tmp_path):
     """A .nsys-rep given to the report is exported with --nsys-path (a stand-in nsys that copies
     the fixture), cached beside it, and reported as the SQLite export."""
