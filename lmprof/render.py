@@ -218,8 +218,15 @@ def _table_markdown(table: Table, shorten: Shorten | None, floatfmt: str,
     headers = list(table.columns) if raw else [display_name(c) for c in table.columns]
     formats = _float_formats([[r[i] for r in rows] for i in range(len(headers))], floatfmt,
                              None if raw else headers)
-    return tabulate.tabulate(rows, headers=headers, tablefmt="pipe", showindex=False,
-                             floatfmt=formats, missingval="")
+    return tabulate.tabulate([[_cell(v) for v in row] for row in rows],
+                             headers=[_cell(h) for h in headers], tablefmt="pipe",
+                             showindex=False, floatfmt=formats, missingval="")
+
+
+def _cell(v: Any) -> Any:
+    """A markdown table cell: a '|' in text (a file name, a kernel's template arguments) would
+    end the cell; escaped, it shows as itself."""
+    return v.replace("|", "\\|") if isinstance(v, str) else v
 
 
 def _csv_text(v: Any) -> str:
@@ -296,6 +303,11 @@ def to_markdown(df: pd.DataFrame, shorten: Shorten | None = None,
     view = view.astype(object).where(view.notna(), None)  # NaN/NA print as empty cells
     formats = _float_formats([list(view[c]) for c in view.columns], floatfmt,
                              None if raw else list(view.columns))
+    for i, col in enumerate(view.columns):  # (only where needed: a map would retype columns)
+        values = view.iloc[:, i]
+        if any(isinstance(v, str) and "|" in v for v in values):
+            view[col] = [_cell(v) for v in values]
+    view.columns = [_cell(c) for c in view.columns]
     return view.to_markdown(index=False, floatfmt=formats, missingval="")
 
 

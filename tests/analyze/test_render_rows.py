@@ -316,3 +316,15 @@ def test_markdown_shows_settings_as_yes_no_and_data_formats_keep_booleans():
         assert '"compile": true' in render(data, "json")
     raw = render(rows, "md", raw=True)  # a user's own query: as DuckDB gave it
     assert "True" in raw and "yes" not in raw
+
+
+def test_a_bar_in_text_stays_in_its_cell():
+    # a file name or a kernel name with '|' ended its cell and shifted every column after it
+    con = duckdb.connect()
+    sql = "SELECT 'runs/a|b.pickle' AS label, 2.5 AS \"x|y\""
+    text = render(Table.fetch(con.execute(sql)), "md")
+    assert text == render(con.execute(sql).df(), "md")
+    header, _, row = text.splitlines()
+    assert [c.strip() for c in row.strip("|").split(" | ")] == ["runs/a\\|b.pickle", "2.500"]
+    assert header.count("|") - header.count("\\|") == 3  # two cells
+    assert render(Table.fetch(con.execute(sql)), "csv").splitlines()[1] == "runs/a|b.pickle,2.5"

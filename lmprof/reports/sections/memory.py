@@ -64,7 +64,8 @@ def section(ctx: ReportContext) -> str | None:
         for kind, fn in (("timeline", timeline_png), ("categories", categories_png)):
             path, link = ctx.image(f"{slug}_{kind}.png")
             if fn(con, sid, device, path, title) is not None:
-                links.append(f"![{kind} of {label}]({link})")
+                alt = label.replace("[", "\\[").replace("]", "\\]")  # (a file name's)
+                links.append(f"![{kind} of {alt}]({link})")
         if links:
             parts += [f"#### {label} (cuda:{device})", "", *links, ""]
     return "\n".join(parts)
