@@ -472,9 +472,14 @@ def _sqlite_for_rep(rep: Path, nsys_path: str | None) -> Path:
     try:
         nsys = find_nsys(nsys_path)
     except UserError:
-        raise UserError(f"{str(rep)!r} is an nsys report and nsys is not available to export it: "
-                        f"run 'nsys export --type=sqlite {rep}' and pass the .sqlite, or put "
-                        "nsys on PATH (or give --nsys-path)") from None
+        given = next(((origin, value) for origin, value in (("--nsys-path", nsys_path),
+                                                             ("$NSYS", os.environ.get("NSYS")))
+                      if value), None)
+        why = (f"{given[0]} {given[1]!r} is not an executable nsys" if given else
+               "nsys is not on PATH")
+        raise UserError(f"{str(rep)!r} is an nsys report and nsys is not available to export it "
+                        f"({why}): run 'nsys export --type=sqlite {rep}' and pass the .sqlite, "
+                        "or put nsys on PATH (or give --nsys-path)") from None
     if target is elsewhere:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -430,12 +430,16 @@ def test_sql_reads_only_this_database(tmp_path, query, message):
 
 @pytest.mark.parametrize("arg, message", [
     ("missing.sqlite", "no such file"), (".", "is a directory"), ("notes.txt", "not an SQLite"),
-    ("trace.nsys-rep", "nsys is not available"),
+    ("trace.nsys-rep", "nsys is not available to export it (nsys is not on PATH)"),
+    # the nsys given is named (the line said "give --nsys-path" to a user who had)
+    ("trace.nsys-rep --nsys-path /nonexistent", "(--nsys-path '/nonexistent' is not an "
+                                                "executable nsys)"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, arg, message):
     (tmp_path / "notes.txt").write_text("not a database")
     (tmp_path / "trace.nsys-rep").write_bytes(b"\0" * 64)
-    proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", "kernels", arg], cwd=tmp_path,
+    proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", "kernels", *arg.split()],
+                          cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin",
                                "NSYS": ""},
                           capture_output=True, text=True)
