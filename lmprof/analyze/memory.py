@@ -510,10 +510,12 @@ def _matched_state_rows(con, s, state: str, expected: int, wanted: Counter,
 
 
 def compare(con) -> pd.DataFrame:
-    """One row per snapshot and device: the config and its peaks (overall and per phase)."""
+    """One row per snapshot and device: the config, the run's status and its peaks (overall
+    and per phase)."""
     df = con.execute("""
         SELECT s.label AS snapshot, p.device, s.size, s.context_length, s.batch_size, s.mode,
-            s.dtype, s.attention, s.compile, p.peak_allocated_bytes, p.peak_reserved_bytes,
+            s.dtype, s.attention, s.compile, s.status, p.peak_allocated_bytes,
+            p.peak_reserved_bytes,
             p.peak_phase,
             max(b.peak_allocated_bytes) FILTER (WHERE b.phase = 'forward') AS forward_peak_bytes,
             max(b.peak_allocated_bytes) FILTER (WHERE b.phase = 'inference')
@@ -537,8 +539,8 @@ _MEMORY_CONFIG = ("batch_size", "attention", "compile")
 def peak_by_context(cmp: pd.DataFrame) -> pd.DataFrame:
     """The write-up table: peak allocated by context length, a column per mode and dtype; a
     row per size, context length and each of batch size, attention and compile that differs
-    between the snapshots (unknown where a run did not record it). Snapshots of one
-    configuration give their largest peak."""
+    between the snapshots (unknown where a run did not record it), and per run status where a
+    run failed (OOM). Snapshots of one configuration give their largest peak."""
     known = cmp.dropna(subset=["context_length", "mode", "dtype"])
     if known.empty:
         return pd.DataFrame()
@@ -546,8 +548,12 @@ def peak_by_context(cmp: pd.DataFrame) -> pd.DataFrame:
                          + "_peak_bytes", size=known["size"].fillna("custom"))
     # a missing setting is "unknown" (pivot_table drops rows whose index holds a missing value)
     filled = {c: known[c].astype(object).where(known[c].notna(), "unknown")
-              for c in _MEMORY_CONFIG if c in known}
-    varying = [c for c, values in filled.items() if values.nunique() > 1]
+              for c in (*_MEMORY_CONFIG, "status") if c in known}
+    varying = [c for c, values in filled.items() if values.nunique() > 1 and c != "status"]
+    if "status" in filled and (~filled["status"].isin(["OK", "unknown"])).any():
+        # the peak of a run that failed (OOM) is as far as it got, not the configuration's: its
+        # row says so, even where every snapshot failed
+        varying.append("status")
     known = known.assign(**{c: filled[c] for c in varying})
     table = known.pivot_table(index=["size", *varying, "context_length"], columns="column",
                               values="peak_allocated_bytes", aggfunc="max")
@@ -646,11 +652,15 @@ def tables(con: duckdb.DuckDBPyConnection, top: int = 10) -> tuple[dict[str, pd.
         "blocks."))
     if many_s:
         cmp = compare(con)
+        by_context = peak_by_context(cmp)
+        if cmp["status"].isin(["OK"]).all() or cmp["status"].isna().all():
+            cmp = cmp.drop(columns="status")  # (every run ended well: nothing to tell)
         out["memory_compare"] = cmp
-        add_if_any("memory_peak_by_context", peak_by_context(cmp), (
+        add_if_any("memory_peak_by_context", by_context, (
             "Peak allocated memory, one column per mode and dtype; a row per size and "
             "context length (and batch size, attention or compile where the snapshots differ "
-            "in them); snapshots of one configuration give their largest peak."))
+            "in them, and run status where a run failed: its peak is where it stopped, as "
+            "far as it got); snapshots of one configuration give their largest peak."))
     return {k: _tidy(v, many_s, many_d) for k, v in out.items()}, notes
 
 

@@ -49,6 +49,17 @@ def test_the_state_at_the_failure_is_what_filled_the_memory(tables):
     assert w1["peak_phase"] == "at dump (no trace)" and int(w1["dump_allocated_bytes"]) > 48 * 2**30
 
 
+def test_comparison_tables_say_the_runs_failed(tables):
+    """A failed run's peak is as far as it got: the peak-by-context row of these two OOM runs
+    says OOM (it read as the configuration's peak), and the per-snapshot comparison has their
+    status."""
+    (row,) = _rows(tables, "memory_peak_by_context")
+    assert row["status"] == "OOM" and row["context_length"] == "4096"
+    peaks = {r["snapshot"]: int(r["peak_allocated_bytes"]) for r in _rows(tables, "memory_peak")}
+    assert int(row["train_fp32_peak_bytes"]) == max(peaks.values())
+    assert [r["status"] for r in _rows(tables, "memory_compare")] == ["OOM", "OOM"]
+
+
 def test_without_a_trace_categories_are_not_guessed(tables):
     cats = [r for r in _rows(tables, "memory_categories") if "w1" in r["snapshot"]]
     assert {r["category"] for r in cats} == {"other"}
