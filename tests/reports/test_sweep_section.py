@@ -203,6 +203,11 @@ def test_gemm_fraction_from_real_exports_matches_analyze_kernels(tmp_path, capsy
 def test_single_run_has_no_sweep_section(tmp_path):
     root = write_sweep(tmp_path / "s", [run_record()])
     assert section_text(root, tmp_path / "r") is None
+    # nor a run with an nsys export: its GEMM fraction by context (one cell) is the kernel
+    # section's table again ("Sweep: 1 run(s)")
+    run = Path(__file__).resolve().parents[1] / "data" / "h200-lmprof-nsys"
+    report = build([str(run)], tmp_path / "rep").read_text()
+    assert "## GPU kernels (nsys)" in report and "## Sweep" not in report
 
 
 def test_analyze_runs_and_report_expand_sweep_directories(grid, tmp_path, capsys):
