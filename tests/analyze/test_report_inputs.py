@@ -182,6 +182,29 @@ def test_reports_in_one_folder_keep_their_own_images(tmp_path):
     assert code == 2 and "x_img" in err and not (blocked / "new2" / "x.md").exists(), err
 
 
+def test_a_runs_unreadable_snapshot_is_listed_and_the_others_reported(tmp_path):
+    """As with exports: a run's snapshot that cannot be read is listed under the memory tables
+    (the report stopped with exit 2), the other runs' tables stand; a snapshot file the user
+    named stops the report."""
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    shutil.copytree(DATA.parent / "h200-lmprof-memory", good)
+    shutil.copytree(DATA.parent / "h200-lmprof-memory", bad)
+    record = (bad / "run.json").read_text().replace('"run_id": "', '"run_id": "bad-')
+    (bad / "run.json").write_text(record)
+    (bad / "memory.pickle.xz").write_bytes(b"\x80\x04 damaged")
+    code, _, err = run("report", str(good), str(bad), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    text = (tmp_path / "out" / "report.md").read_text()
+    memory = text.split("\n## Memory\n")[1]
+    unreadable = memory[memory.index("Runs whose memory snapshot could not be read:"):]
+    assert "`bad-" in unreadable and "memory.pickle.xz' is not a readable pickle" in unreadable
+    assert "### Peak memory" in memory and memory.count("bad-") == 1  # no rows of the bad run
+    loose = tmp_path / "loose.pickle"  # (the run's own file would count as the run)
+    shutil.copyfile(bad / "memory.pickle.xz", loose)
+    code, _, err = run("report", str(good), str(loose), "-o", str(tmp_path / "out2"))
+    assert code == 2 and "is not a readable pickle" in err and not (tmp_path / "out2").exists()
+
+
 def test_nsys_rep_file_is_exported_then_reported(tmp_path):
     """A .nsys-rep given to the report is exported with --nsys-path (a stand-in nsys that copies
     the fixture), cached beside it, and reported as the SQLite export."""

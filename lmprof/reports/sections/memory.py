@@ -3,7 +3,9 @@
 Runs with a memory snapshot (``artifacts.memory_snapshot``) and the snapshots given as files
 without a run (``ReportContext.snapshots``) are loaded together into one DuckDB database; the
 section shows the same tables as ``analyze memory`` plus the residual-stream activation size of
-each config (batch × context × d_model × bytes per element).
+each config (batch × context × d_model × bytes per element). A run's snapshot that cannot be
+read is listed under the tables; a file the user named that cannot be read stops the report
+(one-line error, as ``analyze memory``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import functools
 
 from lmprof import rundir
+from lmprof.errors import UserError
 from lmprof.reports.report import ReportContext
 from lmprof.render import to_markdown
 
@@ -23,16 +26,28 @@ def section(ctx: ReportContext) -> str | None:
     from lmprof.analyze.snapshot import display_site
     from lmprof.reports.memory_plots import categories_png, timeline_png
 
-    runs = [(r, rundir.artifact_path(r, "memory_snapshot")) for r in ctx.runs]
-    runs = [(r, p) for r, p in runs if p is not None and p.is_file()]
-    runs += [(r, p) for p, r in ctx.snapshots]  # files given without a run that names them
+    runs = [(r, rundir.artifact_path(r, "memory_snapshot"), False) for r in ctx.runs]
+    runs = [(r, p, False) for r, p, _ in runs if p is not None and p.is_file()]
+    runs += [(r, p, True) for p, r in ctx.snapshots]  # files given without a run that names them
     if not runs:
         return None
     con = connect()
-    labels = rundir.distinct_labels([memory.snapshot_label(p, r) for r, p in runs],
-                                    [r for r, _ in runs], [p for _, p in runs])
-    for (record, path), label in zip(runs, labels):
-        memory.load_memory(con, path, record, label=label)
+    labels = rundir.distinct_labels([memory.snapshot_label(p, r) for r, p, _ in runs],
+                                    [r for r, _, _ in runs], [p for _, p, _ in runs])
+    problems = []
+    for (record, path, named), label in zip(runs, labels):
+        con.execute("BEGIN TRANSACTION")  # a snapshot that fails halfway leaves no rows
+        try:
+            memory.load_memory(con, path, record, label=label)
+        except UserError as exc:
+            con.execute("ROLLBACK")
+            if named:  # a file the user named: the report stops, as analyze memory does
+                raise
+            problems.append(f"- `{record.get('run_id')}`: {exc}")
+            continue
+        con.execute("COMMIT")
+    if len(problems) == len(runs):
+        return "Runs whose memory snapshot could not be read:\n" + "\n".join(problems)
     tables, notes = memory.tables(con, _TOP)
     # snapshot labels stay whole: runs of one configuration differ only at their end (run id)
     shorten = {"site": functools.partial(display_site, width=60)}
@@ -68,5 +83,7 @@ def section(ctx: ReportContext) -> str | None:
                 links.append(f"![{kind} of {alt}]({link})")
         if links:
             parts += [f"#### {label} (cuda:{device})", "", *links, ""]
+    if problems:
+        parts += ["Runs whose memory snapshot could not be read:\n" + "\n".join(problems), ""]
     return "\n".join(parts)
 
