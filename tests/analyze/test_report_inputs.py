@@ -176,6 +176,8 @@ def test_reports_in_one_folder_keep_their_own_images(tmp_path):
     assert sorted(p.name for p in blocked.iterdir()) == ["img"]
     code, _, err = run("report", str(SNAPSHOT), "-o", str(blocked / "new" / "report.md"))
     assert code == 0, err  # (a folder of its own: img/ inside it)
+    code, _, err = run("report", str(SNAPSHOT), "-o", str(out / "C.MD"))  # a file, not a folder
+    assert code == 0 and (out / "C.MD").is_file() and (out / "C_img").is_dir(), err
     (blocked / "new2").mkdir()
     (blocked / "new2" / "x_img").write_text("")
     code, _, err = run("report", str(SNAPSHOT), "-o", str(blocked / "new2" / "x.md"))
