@@ -53,6 +53,7 @@ import json
 import os
 import re
 import secrets
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -81,13 +82,21 @@ def create_run_dir(out_root: Path, label: str) -> Path:
     """A new, empty ``<out_root>/<run-id>`` (out_root created and proven writable first). The
     label becomes part of a directory name: letters, digits and ``. _ + -`` only, so that no
     label names another folder (``../x``, ``a/b``)."""
-    if not _LABEL.fullmatch(label):
-        raise UserError(f"--label {label!r}: use up to 100 letters, digits, '.', '_', '+' or '-' "
-                        "(not starting with '.')")
+    check_name(label, "--label")
     check_writable_dir(out_root)
     run_dir = out_root / new_run_id(label)
     run_dir.mkdir()
     return run_dir
+
+
+def check_name(name: str, option: str) -> str:
+    """A user's name for a folder this tool creates (``--label``, a sweep's ``--name``): letters,
+    digits and ``. _ + -`` only, so that no name points at another folder (``../x``, ``a/b``,
+    ``/tmp/x``); else a one-line UserError naming ``option``."""
+    if not _LABEL.fullmatch(name):
+        raise UserError(f"{option} {name!r}: use up to 100 letters, digits, '.', '_', '+' or '-' "
+                        "(not starting with '.')")
+    return name
 
 
 def check_writable_dir(path: Path) -> Path:
@@ -105,8 +114,12 @@ def check_writable_dir(path: Path) -> Path:
 def write_json(path: Path, obj: Any, indent: int = 1) -> None:
     """Atomic write: a temp file beside ``path``, then one rename (a reader never sees half)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=indent, default=str) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(obj, indent=indent, default=str) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:  # a full disk, a folder gone: one line, no temp file left
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
 
 
 def write_run(run_dir: Path, record: dict[str, Any]) -> Path:
@@ -116,15 +129,29 @@ def write_run(run_dir: Path, record: dict[str, Any]) -> Path:
     return target
 
 
-def mark_latest(out_root: Path, run_dir: Path) -> None:
-    """Point ``<out>/latest`` at the newest run (a symlink; a text file where links fail)."""
+def mark_latest(out_root: Path, run_dir: Path) -> str | None:
+    """Point ``<out>/latest`` at the newest run (a symlink; a text file where links fail).
+    Returns why it could not (something else named ``latest`` is there, the folder refuses),
+    else None: the run stands either way, so the caller warns and goes on."""
     link = out_root / LATEST
     try:
         if link.is_symlink() or link.is_file():
             link.unlink()
-        link.symlink_to(run_dir.name, target_is_directory=True)
-    except OSError:
-        link.write_text(run_dir.name + "\n")
+        elif link.exists():
+            return f"left {str(link)!r} as it is: not the link to the latest run this tool makes"
+        try:
+            link.symlink_to(run_dir.name, target_is_directory=True)
+        except OSError:
+            link.write_text(run_dir.name + "\n")
+    except OSError as exc:
+        return f"cannot point {str(link)!r} at the run: {exc.strerror or exc}"
+    return None
+
+
+def mark_latest_or_warn(out_root: Path, run_dir: Path) -> None:
+    """``mark_latest``, its problem (if any) a warning line on stderr."""
+    if problem := mark_latest(out_root, run_dir):
+        print(f"warning: {problem}", file=sys.stderr)
 
 
 def resolve_run_dir(path: str | Path) -> Path:

@@ -5,8 +5,10 @@ Layout::
     <sweep>/sweep.json                 the grid(s): {schema_version, kind: "lmprof-sweep",
                                        grids: [{grid_hash, axes, fixed}]} (several only with
                                        --force-mix); no timestamps, so shards write it identically
-    <sweep>/index.json                 per cell: {status, error, config_hash, wall_s, finished_utc};
-                                       a shard writes index.shard-I-of-N.json instead (a summary:
+    <sweep>/index.json                 {grid_hash (of the grid run last), cells: per cell
+                                       {status, error, config_hash, wall_s, created_utc (the
+                                       run's start)}}, every grid's cells of a mixed sweep; a
+                                       shard writes index.shard-I-of-N.json instead (a summary:
                                        the cells' run.json files are the truth)
     <sweep>/cells/<cell>/run.json      a finished cell: an ordinary run directory (any status)
     <sweep>/.staging/<cell>.<pid>/     a cell in flight; moved into cells/ by one rename when done

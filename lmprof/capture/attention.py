@@ -390,7 +390,7 @@ def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, w
     finally:
         signal.signal(signal.SIGTERM, previous)
         save()
-        rundir.mark_latest(out_root, run_dir)
+        rundir.mark_latest_or_warn(out_root, run_dir)
     click.echo(f"run: {run_dir}")
     if record["status"] != "OK":  # only a SIGTERM gets here: other errors were raised above
         click.echo(f"error: {record['error']} (partial results in {run_dir})", err=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,7 @@ def capture() -> None:
 @capture.command("run")
 @add_run_options
 @click.option("--out", type=click.Path(file_okay=False), default="runs", show_default=True,
-              help="Directory under which runs/<run-id>/ is created.")
+              help="Directory under which the run directory <run-id>/ is created.")
 @click.option("--nsys-path", type=str, default=None,
               help="Path to the nsys executable (else $NSYS, else PATH).")
 @click.option("--nsys-args", type=str, default=None,
@@ -72,7 +73,7 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
         record = runner.execute(prep, target, hooks, progress)
         rundir.write_run(target, record)
     if not under_nsys:
-        rundir.mark_latest(target.parent, target)
+        rundir.mark_latest_or_warn(target.parent, target)
         if not quiet:
             _print_summary(target, record)
     sys.exit(0 if record["status"] == "OK" else 1)
@@ -114,8 +115,10 @@ def sweep_cmd(grid_file: str | None, out: str, name: str | None, gpus: str | Non
     """
     from lmprof.capture import sweep as sweep_mod
 
-    if timeout_s < 0:
-        raise UserError(f"--timeout must be zero or more, got {timeout_s:g}")
+    if not (math.isfinite(timeout_s) and timeout_s >= 0):  # (nan passed "< 0": no timeout)
+        raise UserError(f"--timeout must be a number of seconds, zero or more, got {timeout_s:g}")
+    if name is not None:
+        rundir.check_name(name, "--name")
     file_values = sweep_mod.load_grid_file(grid_file) if grid_file else {}
     grid = sweep_mod.build_grid(file_values, kwargs)
     opts = sweep_mod.Options(
@@ -142,7 +145,7 @@ def precision_cmd(device: str, out: str, quiet: bool) -> None:
     from lmprof.reports.sections.precision import tables
 
     target = precision.run(devices.resolve_device(device), Path(out))
-    rundir.mark_latest(target.parent, target)
+    rundir.mark_latest_or_warn(target.parent, target)
     click.echo(f"run: {target}")
     if not quiet:
         click.echo("")

@@ -86,6 +86,11 @@ def check_spec(spec: RunSpec, device_type: str) -> ModelConfig:
     """
     if spec.mode not in MODES:
         raise UserError(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
+    for f in dataclasses.fields(spec):  # run.json keeps 64-bit integers (and torch takes no more)
+        value = getattr(spec, f.name)
+        if isinstance(value, int) and not isinstance(value, bool) and \
+                not -2**63 <= value < 2**63:
+            raise UserError(f"--{f.name.replace('_', '-')} {value} is beyond 64 bits")
     for name in ("batch_size", "context_length", "steps"):
         if getattr(spec, name) <= 0:
             raise UserError(f"--{name.replace('_', '-')} must be positive, got {getattr(spec, name)}")
@@ -110,11 +115,16 @@ def check_spec(spec: RunSpec, device_type: str) -> ModelConfig:
     size = spec.size
     if size is None and spec.d_model is None:
         size = "small" if device_type == "cuda" else "tiny"
-    return config_for(
+    cfg = config_for(
         size, context_length=spec.context_length, d_model=spec.d_model, d_ff=spec.d_ff,
         num_layers=spec.num_layers, num_heads=spec.num_heads, vocab_size=spec.vocab_size,
         attention=spec.attention,
     )
+    if spec.attention == "flash":  # (here, not in prepare: a sweep checks every cell first)
+        from lmprof.kernels import check_flash_available
+
+        check_flash_available(device_type, cfg.d_head)
+    return cfg
 
 
 def prepare(spec: RunSpec) -> Prepared:
@@ -124,10 +134,6 @@ def prepare(spec: RunSpec) -> Prepared:
     if spec.size is None and spec.d_model is None:
         spec.size = "small" if device.type == "cuda" else "tiny"
     dtype = devices.check_dtype(spec.dtype, device)
-    if spec.attention == "flash":
-        from lmprof.kernels import check_flash_available
-
-        check_flash_available(device, cfg.d_head)
     return Prepared(spec, cfg, device, dtype)
 
 

@@ -479,27 +479,35 @@ def _stand_in_record(cell: Cell, status: str, error: str) -> dict[str, Any]:
     import platform
     import socket
 
+    from lmprof.capture import devices
     from lmprof.model import config_for, model_summary, step_flops
 
     spec = cell.spec
+    config = spec.to_dict()
+    try:  # the device and default size the cell's process would have taken (runner.prepare)
+        device = devices.resolve_device(spec.device).type
+    except UserError:
+        device = spec.device
+    if config.get("size") is None and spec.d_model is None:
+        config["size"] = "small" if device == "cuda" else "tiny"
     record: dict[str, Any] = {
         "run_id": cell.name,
         "created_utc": rundir.utc_now(),
-        "status": status, "error": error, "config": spec.to_dict(),
+        "status": status, "error": error, "config": config,
         "model": {}, "flops": {},
         "environment": {"hostname": socket.gethostname(), "python": platform.python_version(),
-                        "device": spec.device},
+                        "device": device},
         "timings": {}, "phase_windows": [], "artifacts": {},
     }
-    if spec.size or spec.d_model:
-        try:
-            cfg = config_for(spec.size, context_length=spec.context_length, d_model=spec.d_model,
-                             d_ff=spec.d_ff, num_layers=spec.num_layers, num_heads=spec.num_heads,
-                             vocab_size=spec.vocab_size, attention=spec.attention)
-            record["model"] = model_summary(cfg)
-            record["flops"] = step_flops(cfg, spec.batch_size, spec.mode)
-        except UserError:
-            pass
+    try:
+        cfg = config_for(config["size"], context_length=spec.context_length,
+                         d_model=spec.d_model, d_ff=spec.d_ff, num_layers=spec.num_layers,
+                         num_heads=spec.num_heads, vocab_size=spec.vocab_size,
+                         attention=spec.attention)
+        record["model"] = model_summary(cfg)
+        record["flops"] = step_flops(cfg, spec.batch_size, spec.mode)
+    except UserError:
+        pass
     return record
 
 
@@ -580,7 +588,9 @@ def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]
         return 0
 
     index_path = root / sweepdir.index_name(opts.shard)
-    index: dict[str, dict[str, Any]] = {}
+    # cells of the other grids of a mixed sweep (--force-mix) keep their entries
+    index = {name: entry for name, entry in _read_index(index_path).items()
+             if name not in done and (root / sweepdir.CELLS / name).is_dir()}
     for c in plan:
         if done[c.name] is not None:
             rec = rundir.load_run(root / sweepdir.CELLS / c.name)
@@ -641,6 +651,16 @@ def _count(values) -> dict[str, int]:
     for v in values:
         out[str(v)] = out.get(str(v), 0) + 1
     return out
+
+
+def _read_index(path: Path) -> dict[str, dict[str, Any]]:
+    """The cells of an index written before (a summary: unreadable is empty)."""
+    try:
+        cells = json.loads(path.read_text()).get("cells")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {k: v for k, v in cells.items() if isinstance(v, dict)} \
+        if isinstance(cells, dict) else {}
 
 
 def _index_entry(cell: Cell, record: dict[str, Any]) -> dict[str, Any]:

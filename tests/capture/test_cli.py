@@ -86,6 +86,8 @@ def test_oom_run_exits_1_and_records(tmp_path):
     (["--warmup", "-1"], "zero or more"),
     (["--batch-size", "x"], "not a valid integer"),
     (["--bogus"], "No such option"),
+    # ran, ended ERROR (exit 1) and wrote a run.json no reader accepts
+    (["--seed", "99999999999999999999999"], "--seed 99999999999999999999999 is beyond 64 bits"),
 ])
 def test_bad_options_one_line_exit_2(args, fragment):
     proc = cli("run", "--device", "cpu", "--out", "/tmp/lmprof-never", *args)
@@ -233,3 +235,30 @@ def test_nsys_traces_kernels_inside_cuda_graphs(tmp_path):
     cmd = profile_command("nsys", tmp_path, ["python", "-m", "lmprof.capture"], "--trace=cuda")
     assert "--cuda-graph-trace=node" in cmd
     assert cmd.index("--cuda-graph-trace=node") < cmd.index("--trace=cuda")  # user flags win
+
+
+def test_a_latest_that_is_not_ours_is_left_with_a_warning(tmp_path):
+    """`latest` is lmprof's link to the newest run; a folder of that name is the user's: left
+    as it is with a warning, and the OK run still exits 0 (a traceback and exit 1 before)."""
+    out = tmp_path / "runs"
+    (out / "latest").mkdir(parents=True)
+    (out / "latest" / "mine.txt").write_text("keep")
+    proc = cli("run", *TINY, "--out", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith("warning: left ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert (out / "latest" / "mine.txt").read_text() == "keep"
+    assert len([d for d in out.iterdir() if (d / "run.json").is_file()]) == 1
+
+
+def test_a_json_file_that_cannot_be_written_is_one_line_and_leaves_no_temp_file(tmp_path):
+    from lmprof import rundir
+    from lmprof.errors import UserError
+
+    gone = tmp_path / "gone"
+    with pytest.raises(UserError, match=r"^cannot write .*run\.json': No such file"):
+        rundir.write_json(gone / "run.json", {"a": 1})
+    full = tmp_path / "run.json"
+    full.mkdir()  # (os.replace onto a folder fails after the temp file was written)
+    with pytest.raises(UserError, match="cannot write"):
+        rundir.write_json(full, {"a": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]

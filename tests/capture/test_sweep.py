@@ -152,13 +152,21 @@ def _bad_inputs(tmp: Path) -> dict[str, list[str]]:
         "grid too large": ["--context-length", ",".join(map(str, range(1, 101))),
                            "--batch-size", ",".join(map(str, range(1, 101))),
                            "--warmup", ",".join(map(str, range(2)))],
+        # found by a probe of the CLI: each started cells (or ran for ever) before
+        "flash cell it cannot run": ["--attention", "naive,flash", "--num-heads", "8"],
+        "integer beyond 64 bits": ["--vocab-size", "99999999999999999999999"],
+        "timeout not a number": ["--timeout", "nan"],
+        "name outside out": ["--name", str(tmp / "elsewhere")],
+        "name of the parent": ["--name", ".."],
     }
 
 
 BAD_CASES = ["empty grid file", "empty grid", "repeated value", "memory on cpu", "unknown option in file",
              "malformed file", "file not a mapping", "missing file", "fixed option as list",
              "bad bool", "bad int", "unwritable out", "gpu that does not exist",
-             "shard out of range", "shard malformed", "grid too large"]
+             "shard out of range", "shard malformed", "grid too large",
+             "flash cell it cannot run", "integer beyond 64 bits", "timeout not a number",
+             "name outside out", "name of the parent"]
 
 
 @pytest.mark.parametrize("case", BAD_CASES)
@@ -170,7 +178,7 @@ def test_bad_input_is_one_line_exit_2_and_starts_nothing(case, tmp_path, capsys)
     rc, out, err = cli([*args, *extra], capsys)
     assert rc == 2
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists() and not (tmp_path / "elsewhere").exists()
 
 
 def test_fault_rules_select_cells_by_spec():
@@ -286,13 +294,31 @@ def test_failed_cells_are_recorded_skipped_on_rerun_and_retried(tmp_path, capsys
     assert rc == 2 and "different grid" in err
     rc, text, _ = cli([*other, "--force-mix", "--dry-run"], capsys)
     assert rc == 0 and "1 finished, 1 to run" in text
+    rc, _, _ = cli([*other, "--force-mix", "--quiet"], capsys)
+    assert rc == 0  # the index keeps the first grid's cells beside the second's
+    index = json.loads((root / "index.json").read_text())["cells"]
+    assert sorted(index) == sorted(d.name for d in sweepdir.cell_dirs(root)) and len(index) == 4
 
     # analyze reads the sweep directory as its cells
     from lmprof.analyze.cli import main as analyze_main
 
     analyze_main(["runs", str(root), "--format", "json"])
     rows = json.loads(capsys.readouterr().out)
-    assert sorted(r["context"] for r in rows) == [16, 32, 48]
+    assert sorted(r["context"] for r in rows) == [16, 32, 48, 64]
+
+
+def test_a_dead_cell_of_the_default_size_is_recorded_as_that_size(tmp_path, capsys,
+                                                                 monkeypatch):
+    """A cell whose process died leaves a stand-in run.json: with no --model given, the size and
+    device the cell would have run (tiny on cpu), not an empty model on device 'auto'."""
+    monkeypatch.setenv(FAULT_ENV, "segfault")
+    rc, _, _ = cli(["sweep", "--context-length", "16", "--warmup", "0", "--steps", "1",
+                    "--out", str(tmp_path), "--quiet"], capsys)
+    assert rc == 1
+    (rec,) = cell_records(only_sweep(tmp_path)).values()
+    assert rec["status"] == "ERROR" and "SIGSEGV" in rec["error"]
+    assert rec["config"]["size"] == "tiny" and rec["environment"]["device"] == "cpu"
+    assert rec["model"]["d_model"] == 64 and rec["flops"]
 
 
 def test_hung_cell_times_out_with_a_record(tmp_path, capsys, monkeypatch):
