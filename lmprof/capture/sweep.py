@@ -208,7 +208,9 @@ def build_grid(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Grid:
         if not values:
             raise UserError(f"empty grid: {_FLAGS[name]} has no values")
         values = [_coerce(name, v, where) for v in values]
-        dupes = sorted({str(v) for v in values if values.count(v) > 1})
+        # (a switch's values as written: yes, not True)
+        dupes = sorted({("yes" if v else "no") if isinstance(v, bool) else str(v)
+                        for v in values if values.count(v) > 1})
         if dupes:
             raise UserError(f"contradictory grid: {_FLAGS[name]} lists {dupes[0]} more than once")
         axes[name] = values
@@ -576,7 +578,8 @@ def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]
             or (opts.retry_failed and done[c.name] in FAILED)]
     to_run = {c.name for c in todo}
     if not opts.quiet or opts.dry_run:
-        shard = f", shard {opts.shard[0]}/{opts.shard[1]}: {len(plan)} cells" if opts.shard else ""
+        shard = (f", shard {opts.shard[0]}/{opts.shard[1]}: {len(plan)} "
+                 f"cell{'' if len(plan) == 1 else 's'}" if opts.shard else "")
         echo(f"sweep {root}: {describe(grid, len(all_cells))}{shard}; "
              f"{len(plan) - len(todo)} finished, {len(todo)} to run")
         width = max([len(c.name) for c in plan] + [4])
@@ -639,7 +642,7 @@ def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]
     final = {c.name: index.get(c.name, {}).get("status") for c in plan}
     if not opts.quiet:
         tally = ", ".join(f"{k} {v}" for k, v in sorted(_count(final.values()).items()))
-        echo(f"done: {tally}; results in {root}")
+        echo(f"done: {tally or 'no cell in this shard'}; results in {root}")
         for name, entry in index.items():
             if entry["status"] != "OK":
                 echo(f"  {name}: {entry['status']} — {entry['error']}")
