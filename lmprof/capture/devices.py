@@ -46,10 +46,13 @@ def synchronize(device: torch.device) -> None:
 
 
 def is_oom(exc: BaseException) -> bool:
-    """CUDA (and MPS) out-of-memory, whatever wrapper torch raised it in."""
+    """Out of memory, whatever wrapper torch raised it in: CUDA's and MPS's, and the CPU
+    allocator's ("DefaultCPUAllocator: can't allocate memory")."""
     if isinstance(exc, torch.OutOfMemoryError):
         return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text
+                                              or "can't allocate memory" in text)
 
 
 def release_memory(device: torch.device) -> None:

@@ -107,6 +107,14 @@ def test_oom_is_a_result_not_a_crash(tmp_path, monkeypatch):
     assert json.loads((run_dir / "run.json").read_text())["status"] == "OOM"
 
 
+def test_a_cpu_allocation_that_fails_is_oom(tmp_path):
+    """The CPU allocator's failure is out of memory too (it was ERROR): 2^31 - 1 sequences of
+    2^20 tokens ask for 16 PiB of token ids alone, beyond any address space (so no overcommit
+    setting lets the allocation through)."""
+    _, record = run(tmp_path, batch_size=2**31 - 1, context_length=2**20, warmup=0, steps=1)
+    assert record["status"] == "OOM" and "can't allocate memory" in record["error"]
+
+
 def test_other_failures_are_status_error(tmp_path, monkeypatch):
     monkeypatch.setenv(runner.FAULT_ENV, "error")
     _, record = run(tmp_path)
