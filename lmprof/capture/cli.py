@@ -47,6 +47,14 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
     if (nsys_path or nsys_args) and not spec.nsys:
         flag = "--nsys-path" if nsys_path else "--nsys-args"
         raise UserError(f"{flag} applies to a run under Nsight Systems: add --nsys")
+    if not spec.memory and run_dir is None:
+        # (not for a sweep's cell, given its --run-dir: a grid may give them beside --memory
+        # yes,no, and each cell gets the grid's options)
+        source = click.get_current_context().get_parameter_source
+        for name in ("memory_steps", "memory_stacks", "memory_max_entries"):
+            if source(name) is click.core.ParameterSource.COMMANDLINE:
+                raise UserError(f"--{name.replace('_', '-')} applies to a run that records "
+                                "memory history: add --memory")
     prep = runner.prepare(spec)
     out_root = Path(out)
     nsys = nsystool.find_nsys(nsys_path) if spec.nsys and not under_nsys else None

@@ -143,11 +143,17 @@ def test_nsys_on_cpu_is_refused():
     assert proc.returncode == 2 and "needs --device cuda" in proc.stderr
 
 
-@pytest.mark.parametrize("flag, value", [("--nsys-args", "--trace=cuda"),
-                                         ("--nsys-path", "/opt/nsys")])
-def test_nsys_flags_without_nsys_are_refused(tmp_path, flag, value):
+@pytest.mark.parametrize("flag, value, needs", [
+    ("--nsys-args", "--trace=cuda", "a run under Nsight Systems: add --nsys"),
+    ("--nsys-path", "/opt/nsys", "a run under Nsight Systems: add --nsys"),
+    # (taken without a word before, while the nsys ones were refused)
+    ("--memory-steps", "1", "a run that records memory history: add --memory"),
+    ("--memory-stacks", "all", "a run that records memory history: add --memory"),
+    ("--memory-max-entries", "5", "a run that records memory history: add --memory"),
+])
+def test_profiler_flags_without_their_profiler_are_refused(tmp_path, flag, value, needs):
     proc = cli("run", *TINY, flag, value, "--out", str(tmp_path / "runs"))
-    assert proc.returncode == 2 and f"{flag} applies to a run under Nsight Systems" in proc.stderr
+    assert proc.returncode == 2 and f"{flag} applies to {needs}" in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1 and not (tmp_path / "runs").exists()
 
 
