@@ -279,6 +279,13 @@ def _check_options(parts, impls, ds, seqs, dtypes, iters, warmup, batch, heads) 
             raise UserError(f"{name} must be positive, got {value}")
     if warmup < 0:
         raise UserError(f"--warmup must be zero or more, got {warmup}")
+    # tensor sizes and loop counts: beyond 2^31 no run ends (a size beyond 64 bits made an ERROR
+    # row, and an attention.json no report reads)
+    for name, values in (("--d", ds), ("--seq", seqs), ("--iters", [iters]),
+                         ("--warmup", [warmup]), ("--batch", [batch]), ("--heads", [heads])):
+        big = [v for v in values if v is not None and v >= 2**31]
+        if big:
+            raise UserError(f"{name} {big[0]} is too large (below 2^31)")
     for impl in impls:
         if impl not in IMPLS:
             raise UserError(f"unknown --impl {impl!r}; choose from {', '.join(IMPLS)}")
@@ -322,12 +329,14 @@ def _check_options(parts, impls, ds, seqs, dtypes, iters, warmup, batch, heads) 
 @click.option("--device", type=str, default="auto", show_default=True,
               help=f"{' | '.join(devices.DEVICES)}; on CPU the Triton kernel needs TRITON_INTERPRET=1.")
 @click.option("--out", type=click.Path(file_okay=False), default="runs", show_default=True,
-              help="Directory under which runs/<run-id>/ is created.")
+              help="Directory under which the run directory <run-id>/ is created.")
 @click.option("--label", type=str, default=None, help="Label used in the run id.")
 def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, warmup, device,
                   out, label) -> None:
     """Time attention implementations (CS336 benchmark, leaderboard, sweep) into a run directory."""
+    # each value once, in the order given (as --part): a repeated one timed the same cells twice
     parts = tuple(dict.fromkeys(parts or ("a", "b", "c")))
+    impls, seqs, ds, dtypes = (tuple(dict.fromkeys(v)) for v in (impls, seqs, ds, dtypes))
     _check_options(parts, impls, ds, seqs, dtypes, iters, warmup, batch, heads)
     dev = devices.resolve_device(device)
     for dt in dtypes:

@@ -143,7 +143,8 @@ def sweep_cmd(grid_file: str | None, out: str, name: str | None, gpus: str | Non
               help="auto | cuda | cpu | mps. Autocast op lists differ by device: the GPU answer "
                    "is the one training sees.")
 @click.option("--out", type=click.Path(file_okay=False), default="runs", show_default=True,
-              help="Directory under which runs/<run-id>/ (precision.json, run.json) is created.")
+              help="Directory under which the run directory <run-id>/ (precision.json, "
+                   "run.json) is created.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the run directory.")
 def precision_cmd(device: str, out: str, quiet: bool) -> None:
     """Mixed-precision experiments: summing 0.01 a thousand times in fp32/fp16/mixed, and the

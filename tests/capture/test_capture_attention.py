@@ -54,12 +54,17 @@ def test_parts_a_and_b_write_a_run_directory(tmp_path):
     (["--dtype", "fp64"], "unknown --dtype"),
     (["--part", "x"], "Invalid value"),
     (["--iters", "0"], "--iters must be positive"),
+    # ran: an ERROR row, an attention.json no report reads, or a loop without end
+    (["--part", "a", "--impl", "naive", "--seq", str(2**64)], f"--seq {2**64} is too large"),
+    (["--part", "b", "--batch", str(2**64)], f"--batch {2**64} is too large"),
+    (["--part", "a", "--iters", str(2**70)], f"--iters {2**70} is too large"),
 ])
 def test_bad_options_exit_2_with_one_line(tmp_path, args, message):
     proc = capture("--device", "cpu", "--out", "runs", *args, cwd=tmp_path)
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
 
 
 def test_flash_on_cpu_without_the_interpreter_exits_2_before_any_work(tmp_path):
@@ -134,3 +139,17 @@ def test_sigkill_keeps_the_rows_finished_before_it(tmp_path):
     rows = json.loads((run_dir / record["artifacts"]["attention"]).read_text())["part_a"]
     assert len(rows) >= 2 and all(r["status"] == "OK" for r in rows)
     assert not list(run_dir.glob(".*tmp*"))  # no half-written file left beside them
+
+
+def test_values_given_twice_are_timed_once(tmp_path):
+    # (as --part a --part a: each cell once, not four identical rows)
+    proc = capture("--part", "a", "--impl", "naive", "--impl", "naive", "--seq", "16", "--seq",
+                   "16", "--d", "16", "--dtype", "fp32", "--dtype", "fp32", "--iters", "1",
+                   "--warmup", "0", "--batch", "1", "--device", "cpu", "--out", "runs",
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.name != "latest"]
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["config"]["impls"] == ["naive"] and record["config"]["seq"] == [16]
+    results = json.loads((run_dir / record["artifacts"]["attention"]).read_text())
+    assert len(results["part_a"]) == 1

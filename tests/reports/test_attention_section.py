@@ -46,6 +46,22 @@ def test_tables_and_speedup():
     assert abs(wide.loc[1024, "speedup"] - 1.2) < 1e-9
 
 
+def test_part_c_where_nothing_ran_shows_the_statuses():
+    """A cell where an implementation did not run shows its status; with no row OK at all the
+    table still renders (a KeyError before, in capture attention and in the report alike)."""
+    results = _results()
+    table = section.part_c_table(results["part_c"]).set_index("Seq")
+    assert table.loc[4096, "sdpa-flash (ms)"] == "UNSUPPORTED"
+    assert table.loc[1024, "sdpa-flash (ms)"] == "1.500"
+    results["part_c"] = [_row("sdpa-cudnn", 16, None, status="UNSUPPORTED"),
+                         _row("flash", 16, None, status="OOM"), _row("flash", 32, None,
+                                                                     status="ERROR")]
+    table = section.part_c_table(results["part_c"]).set_index("Seq")
+    assert table.loc[16, "sdpa-cudnn (ms)"] == "UNSUPPORTED" and table.loc[16, "flash (ms)"] == "OOM"
+    assert table.loc[32, "flash (ms)"] == "ERROR" and table.loc[32, "sdpa-cudnn (ms)"] == ""
+    assert "| ERROR " in section.render_tables(results)
+
+
 def test_flash_rows_name_their_backward():
     """Rows written since the Gluon backward carry ``backward``: shown with the implementation
     (parts a, b) and per point of the sweep (part c); older rows without it render as before."""
@@ -120,8 +136,12 @@ def test_real_results_pass_the_shape_check():
     (lambda r: r["part_c"][0].update(e2e_ms={}), "part_c[0].e2e_ms is {}"),
     (lambda r: r["part_b"][0].update(e2e_tflops="x"), "part_b[0].e2e_tflops is 'x'"),
     (lambda r: r["environment"].update(triton=[]), "'environment' is not an object of plain"),
+    # a row without a field the tables read (a KeyError before)
+    (lambda r: r["part_a"][0].pop("status"), "part_a[0] has no 'status'"),
+    (lambda r: r["part_b"][1].pop("causal"), "part_b[1] has no 'causal'"),
+    (lambda r: r["part_c"][2].pop("seq"), "part_c[2] has no 'seq'"),
 ], ids=["matmul", "part-bool", "row-bool", "impl-float", "seq-str", "ms-dict", "tflops-str",
-        "env-list"])
+        "env-list", "no-status", "no-causal", "no-seq"])
 def test_malformed_results_are_named_in_the_report(tmp_path, edit, message):
     # (found by mutating a real attention.json: each of these failed the whole report before)
     results = _results()

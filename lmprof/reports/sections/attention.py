@@ -76,7 +76,14 @@ def part_c_frame(rows: list[dict], keys: tuple[str, ...] = ("dtype", "d", "seq")
         return df
     ok = df[df["status"] == "OK"]
     keys = list(keys)
-    wide = ok.pivot_table(index=keys, columns="impl", values="e2e_ms", aggfunc="min")
+    # every cell, also one where no implementation ran (UNSUPPORTED, OOM): part_c_table shows
+    # their statuses
+    cells = pd.MultiIndex.from_frame(df[keys].drop_duplicates())
+    if ok.empty or "e2e_ms" not in ok:
+        wide = pd.DataFrame(index=cells.sort_values())
+    else:
+        wide = ok.pivot_table(index=keys, columns="impl", values="e2e_ms", aggfunc="min")
+        wide = wide.reindex(wide.index.union(cells))
     sdpa = [c for c in wide.columns if c.startswith(SDPA_PREFIX)]
     if sdpa:
         wide["best_sdpa_ms"] = wide[sdpa].min(axis=1)
@@ -103,11 +110,19 @@ def part_c_table(rows: list[dict], keys: tuple[str, ...] = ("dtype", "d", "seq")
         view["Shape (B, H)"] = wide["shape"]
     if "runs" in keys:
         view["Runs"] = wide["runs"]
-    for col in wide.columns:
-        if col in (*keys, "best_sdpa_ms", "best_sdpa", "speedup", "flash_forward",
-                   "flash_backward"):
-            continue
-        view[f"{col} (ms)"] = [_fmt(v, ".3f") for v in wide[col]]
+    # where an implementation did not run at a cell, its status (UNSUPPORTED, OOM, ERROR)
+    failed: dict[tuple, str] = {}
+    for r in rows:
+        if r.get("status") != "OK":
+            failed.setdefault((tuple(r.get(k) for k in keys), r.get("impl")), str(r.get("status")))
+    cells = list(zip(*(wide[k] for k in keys)))
+    impls = [c for c in wide.columns if c not in (*keys, "best_sdpa_ms", "best_sdpa", "speedup",
+                                                  "flash_forward", "flash_backward")]
+    impls += [i for i in dict.fromkeys(i for _, i in failed) if i not in impls]
+    for col in impls:
+        values = wide[col] if col in wide else [None] * len(wide)
+        view[f"{col} (ms)"] = [_fmt(v, ".3f") or failed.get((cell, col), "")
+                               for v, cell in zip(values, cells)]
     if "best_sdpa" in wide:
         view["Best SDPA"] = wide["best_sdpa"].fillna("")
     for part in ("forward", "backward"):
@@ -266,6 +281,12 @@ _ROW_TYPES = {**dict.fromkeys(("impl", "dtype", "status", "error", "forward", "b
               **dict.fromkeys(("batch", "heads", "seq", "d"), int), "causal": bool}
 
 
+# What each part's tables read of every row (the other fields may be absent).
+_ROW_KEYS = {"part_a": ("impl", "status", "seq", "d", "dtype"),
+             "part_b": ("impl", "status", "batch", "heads", "seq", "d", "dtype", "causal"),
+             "part_c": ("impl", "status", "seq", "d", "dtype")}
+
+
 def _shape_problem(results) -> str | None:
     """What in an attention.json is not of the type ``capture attention`` writes, or None (a
     hand-edited or damaged file is named in the report instead of failing it)."""
@@ -283,6 +304,9 @@ def _shape_problem(results) -> str | None:
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             return f"{part!r} is not a list of rows"
         for i, row in enumerate(rows):
+            missing = [k for k in _ROW_KEYS[part] if k not in row]
+            if missing:
+                return f"{part}[{i}] has no {missing[0]!r}"
             for key, value in row.items():
                 if not rundir.json_is(value, _ROW_TYPES.get(key, _NUMBER)):
                     return f"{part}[{i}].{key} is {value!r}"
