@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import re
 import secrets
@@ -63,6 +64,7 @@ SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
 LATEST = "latest"
 STATUSES = ("OK", "OOM", "ERROR", "TIMEOUT")
+KINDS = ("run", "precision", "attention")  # capture run, precision, attention
 
 
 def new_run_id(label: str) -> str:
@@ -76,6 +78,8 @@ def utc_now() -> str:
 
 
 _LABEL = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,99}")
+# a run directory's name (a run id: a UTC time, the label, a random part), as a latest file holds
+_LABEL_OR_ID = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,199}")
 
 
 def create_run_dir(out_root: Path, label: str) -> Path:
@@ -161,8 +165,14 @@ def resolve_run_dir(path: str | Path) -> Path:
         raise UserError(f"no such run directory: {str(p)!r}")
     if p.is_file() and p.name == RUN_FILE:
         return p.parent.resolve()  # (resolved, as below: one run is one run_dir however named)
-    if p.is_file() and p.name == LATEST:
-        return resolve_run_dir(p.parent / p.read_text().strip())
+    if p.is_file() and p.name == LATEST:  # the text form mark_latest writes: a run's name
+        try:
+            name = p.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"cannot read {str(p)!r}: {exc}") from None
+        if not _LABEL_OR_ID.fullmatch(name) or name == LATEST:
+            raise UserError(f"{str(p)!r} does not name a run directory beside it")
+        return resolve_run_dir(p.parent / name)
     if p.is_dir() and (p / RUN_FILE).is_file():
         return p.resolve()
     raise UserError(f"{str(p)!r} is not a run directory (no {RUN_FILE} in it)")
@@ -173,15 +183,16 @@ def load_run(path: str | Path) -> dict[str, Any]:
     run_dir = resolve_run_dir(path)
     f = run_dir / RUN_FILE
     try:
-        record = json.loads(f.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        record = parse_json(f.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise UserError(f"{str(f)!r} is not a readable run.json: {exc}") from None
     if not isinstance(record, dict) or "schema_version" not in record:
         raise UserError(f"{str(f)!r} is not an lmprof run.json (no schema_version)")
     version = record["schema_version"]
-    if not isinstance(version, int) or version > SCHEMA_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or \
+            not 1 <= version <= SCHEMA_VERSION:
         raise UserError(
-            f"{str(f)!r} has schema_version {version!r}; this lmprof reads up to {SCHEMA_VERSION}"
+            f"{str(f)!r} has schema_version {version!r}; this lmprof reads 1 to {SCHEMA_VERSION}"
         )
     problem = _shape_problem(record)
     if problem:
@@ -244,14 +255,40 @@ def _kind_name(kind) -> str:
     return "a number" if kind == _NUMBER else kind.__name__
 
 
+def parse_json(text: str) -> Any:
+    """JSON as this tool writes it: ValueError for what ``json.loads`` would take beyond that —
+    NaN and infinities (Python's own extension; 1e999 reads as infinity), and nesting so deep
+    that the reader recurses out (RecursionError, a traceback before)."""
+    def finite(token: str) -> float:
+        value = float(token)
+        if not math.isfinite(value):
+            raise ValueError(f"the number {token} is out of range")
+        return value
+
+    def refuse(token: str) -> float:
+        raise ValueError(f"{token} is not a JSON number")
+
+    try:
+        return json.loads(text, parse_float=finite, parse_constant=refuse)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def _shape_problem(record: dict[str, Any]) -> str | None:
     """What is of the wrong type in a run.json, or None."""
+    for key in ("run_id", "status"):  # (every record names its run and how it ended)
+        if key not in record:
+            return f"no {key!r}"
     for key in _DICT_KEYS:
         if key in record and not isinstance(record[key], dict):
             return f"{key!r} is {_described(record[key])}, not an object"
     for key in _STR_KEYS:
         if key in record and not isinstance(record[key], str):
             return f"{key!r} is {_described(record[key])}, not a string"
+    if record["status"] not in STATUSES:
+        return f"'status' is {record['status']!r}, not one of {', '.join(STATUSES)}"
+    if record.get("kind", "run") not in KINDS:
+        return f"'kind' is {record['kind']!r}, not one of {', '.join(KINDS)}"
     if not json_is(record.get("error"), str):
         return "'error' is not a string or null"
     for key, kind in (("environment", _SCALAR), ("sweep", _SCALAR), ("artifacts", str),
@@ -328,8 +365,8 @@ def read_json_artifact(record: dict[str, Any], key: str,
     if path is None:
         raise UserError(f"run {record.get('run_id')!r} names no {key} results")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = parse_json(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise UserError(f"cannot read {str(path)!r}: {exc}") from None
     problem = shape_problem(data) if shape_problem else None
     if problem:

@@ -51,8 +51,8 @@ def is_sweep_dir(path: str | Path) -> bool:
 def read_sweep(path: str | Path) -> dict[str, Any]:
     f = Path(path) / SWEEP_FILE
     try:
-        data = json.loads(f.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = rundir.parse_json(f.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise UserError(f"{str(f)!r} is not a readable sweep.json: {exc}") from None
     if not isinstance(data, dict) or data.get("kind") != "lmprof-sweep" or not isinstance(
             data.get("grids"), list):

@@ -48,7 +48,7 @@ def _edit(path: list, value):
     (["environment", "gpu_name"], 100, "'environment.gpu_name' is int, not str"),
     (["environment", "gpu_count"], "two", "'environment.gpu_count' is str, not int"),
     # the model sizes go into the memory tables' integer columns (an Arrow error before)
-    (["model", "d_model"], float("nan"), "'model.d_model' is float, not int"),
+    (["model", "d_model"], 2.5, "'model.d_model' is float, not int"),
     (["model", "n_params"], True, "'model.n_params' is bool, not int"),
     (["model", "norm_eps"], "small", "'model.norm_eps' is str, not a number"),
     (["config", "batch_size"], 2**64, "'config.batch_size' is an integer beyond 64 bits"),
@@ -63,6 +63,9 @@ def _edit(path: list, value):
     (["timings", "steps"], [1, 2], "'timings.steps' is not a list of objects"),
     (["timings", "warmup_steps_s"], ["fast"], "'timings.warmup_steps_s' is not a list of numbers"),
     (["phase_windows"], [{"phase": "forward", "start_ns": "a"}], "'phase_windows' holds an entry"),
+    # values of the right type outside what the tool writes (shown as they were before)
+    (["status"], "BANANA", "'status' is 'BANANA', not one of OK, OOM, ERROR, TIMEOUT"),
+    (["kind"], "banana", "'kind' is 'banana', not one of run, precision, attention"),
 ])
 def test_wrong_shapes_are_one_line_errors(tmp_path, path, value, message):
     run_dir = tmp_path / "r"
@@ -76,6 +79,39 @@ def test_wrong_shapes_are_one_line_errors(tmp_path, path, value, message):
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (args, proc.stderr)
         assert "Traceback" not in proc.stderr and "well-formed" in proc.stderr
+
+
+@pytest.mark.parametrize("text, message", [
+    # Python's json takes these (1e999 as infinity); the tables then showed inf, or null
+    ('{"schema_version": 1, "run_id": "r", "status": "OK", "x": NaN}', "NaN is not a JSON number"),
+    ('{"schema_version": 1, "run_id": "r", "status": "OK", "x": 1e999}', "out of range"),
+    ("[" * 100000 + "]" * 100000, "nested too deeply"),  # (a RecursionError traceback)
+    ('{"schema_version": true, "run_id": "r", "status": "OK"}', "schema_version True"),
+    ('{"schema_version": 0, "run_id": "r", "status": "OK"}', "schema_version 0"),
+    ('{"schema_version": 1, "status": "ERROR", "error": "x"}', "no 'run_id'"),
+    ('{"schema_version": 1, "run_id": "r"}', "no 'status'"),
+], ids=["nan", "1e999", "nested", "version-true", "version-0", "no-run-id", "no-status"])
+def test_json_beyond_what_the_tool_writes_is_one_line(tmp_path, text, message):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(text)
+    with pytest.raises(UserError, match=message):
+        rundir.load_run(run_dir)
+    proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", "runs", str(run_dir)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr
+
+
+@pytest.mark.parametrize("content", ["latest\n", "../other/latest\n", b"\xff\xfe"])
+def test_a_latest_file_that_names_no_run_is_one_line(tmp_path, content):
+    """The text form of `latest` (where links fail) naming itself, a path, or not text: one
+    line (a RecursionError, 'File name too long' or a UnicodeDecodeError traceback before)."""
+    latest = tmp_path / "latest"
+    latest.write_bytes(content if isinstance(content, bytes) else content.encode())
+    proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", "runs", str(latest)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_a_run_named_two_ways_is_one_run(tmp_path, monkeypatch):
