@@ -191,6 +191,20 @@ def _runs(tmp_path, edit=None):
     return out
 
 
+def test_runs_without_a_gpu_name_their_device_in_the_combined_heading(tmp_path):
+    # (CPU runs read "None, torch ..." there)
+    def on_cpu(i, record):
+        record["environment"].pop("gpu_name")
+        record["environment"]["device"] = "cpu"
+
+    runs = _read(_runs(tmp_path, on_cpu))
+    [(setup, _, _)] = section.combined_part_c(runs)
+    assert setup[0] == "cpu"
+    text = "\n".join(section._combined_body(
+        report.ReportContext(runs=[r for r, _ in runs], out_dir=tmp_path), runs))
+    assert "cpu, torch " in text and "None, torch" not in text
+
+
 def _read(dirs):
     records = [rundir.load_run(d) for d in dirs]
     return [(r, rundir.read_json_artifact(r, "attention")) for r in records]

@@ -214,8 +214,10 @@ def _setup(record: dict, results: dict) -> tuple | None:
     env = _env(record, results)
     if not env.get("git_commit") or env.get("git_dirty"):
         return None
-    return tuple(env.get(k) for k in ("gpu_name", "torch", "triton", "cuda", "cudnn",
-                                      "float32_matmul_precision", "git_commit"))
+    # (the device where there is no GPU, as the heading of one run names it)
+    return (env.get("gpu_name") or env.get("device"),
+            *(env.get(k) for k in ("torch", "triton", "cuda", "cudnn",
+                                   "float32_matmul_precision", "git_commit")))
 
 
 def combined_part_c(runs: list[tuple[dict, dict]]) -> list[tuple[tuple, list[str], list[dict]]]:
