@@ -303,12 +303,22 @@ def to_markdown(df: pd.DataFrame, shorten: Shorten | None = None,
     view = view.astype(object).where(view.notna(), None)  # NaN/NA print as empty cells
     formats = _float_formats([list(view[c]) for c in view.columns], floatfmt,
                              None if raw else list(view.columns))
-    for i, col in enumerate(view.columns):  # (only where needed: a map would retype columns)
-        values = view.iloc[:, i]
-        if any(isinstance(v, str) and "|" in v for v in values):
-            view[col] = [_cell(v) for v in values]
-    view.columns = [_cell(c) for c in view.columns]
-    return view.to_markdown(index=False, floatfmt=formats, missingval="")
+    return escaped(view).to_markdown(index=False, floatfmt=formats, missingval="")
+
+
+def escaped(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` for a markdown table: a '|' in its text cells and column names escaped (pandas'
+    ``to_markdown`` leaves it to end the cell); ``df`` itself where there is none. Only the
+    columns that hold one are rebuilt (a map would retype the others)."""
+    cols = [i for i in range(df.shape[1])
+            if any(isinstance(v, str) and "|" in v for v in df.iloc[:, i])]
+    if not cols and not any(isinstance(c, str) and "|" in c for c in df.columns):
+        return df
+    out = df.copy()
+    for i in cols:
+        out.iloc[:, i] = [_cell(v) for v in df.iloc[:, i]]
+    out.columns = [_cell(c) for c in df.columns]
+    return out
 
 
 def _json_safe(v):

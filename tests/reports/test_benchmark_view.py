@@ -83,3 +83,16 @@ def test_runs_that_ran_out_of_memory_keep_their_row_and_error(tmp_path, capsys):
     # beside a run that measured, the timing columns come back, empty in the failed rows
     md = _md([str(r) for r in runs] + [str(_copy_run(TRAIN, tmp_path / "train"))], capsys)
     assert "Step (ms)" in _header(md) and "Failed runs:" in md
+
+
+def test_a_bar_in_a_value_stays_in_its_cell(tmp_path, capsys):
+    # (pandas' to_markdown leaves '|' to end the cell: every column after it shifted)
+    run = _copy_run(TRAIN, tmp_path / "bar")
+    record = json.loads((run / "run.json").read_text())
+    record["environment"]["gpu_name"] = "card|x"
+    (run / "run.json").write_text(json.dumps(record))
+    md = _md([str(run)], capsys)
+    header = _header(md)
+    row = next(r for r in md.splitlines() if r.startswith("| small"))
+    cells = [c.strip() for c in row.strip("|").replace("\\|", "\0").split("|")]
+    assert len(cells) == len(header) and cells[header.index("Device")] == "card\0x"

@@ -15,6 +15,7 @@ import pandas as pd
 
 from lmprof import rundir
 from lmprof.errors import UserError
+from lmprof.render import escaped
 from lmprof.reports.report import ReportContext
 
 SDPA_PREFIX = "sdpa-"
@@ -147,19 +148,19 @@ def render_tables(results: dict[str, Any]) -> str:
         parts += ["### CS336 attention benchmark (part a)",
                   "Mean of the timed passes, each between two synchronizations; memory allocated "
                   "after the forward, before the backward.",
-                  part_a_table(results["part_a"]).to_markdown(index=False)]
+                  escaped(part_a_table(results["part_a"])).to_markdown(index=False)]
     if results.get("part_b"):
         best = results.get("leaderboard_best_ms")
         parts += ["### Leaderboard configuration (part b)",
                   "`o = attn(q, k, v, True); o.sum().backward()`, `triton.testing.do_bench` "
                   "medians. Causal FLOPs: forward 2·B·H·T²·d, backward 2.5× forward. "
                   f"Published best of the CS336 leaderboard: {best} ms (one H100).",
-                  part_b_table(results["part_b"], mm).to_markdown(index=False)]
+                  escaped(part_b_table(results["part_b"], mm)).to_markdown(index=False)]
     if results.get("part_c"):
         parts += ["### Sweep against SDPA (part c)",
                   "Forward + backward (`o.sum().backward()`), do_bench median ms; batch·seq = 16384 "
                   "tokens and heads·d = 2048 unless overridden.",
-                  part_c_table(results["part_c"]).to_markdown(index=False)]
+                  escaped(part_c_table(results["part_c"])).to_markdown(index=False)]
     return "\n\n".join(parts) + "\n"
 
 
@@ -270,7 +271,7 @@ def _combined_body(ctx: ReportContext, runs: list[tuple[dict, dict]]) -> list[st
                 "implementations may come from different runs, named in Runs by their last "
                 "id part; where two runs timed the same cell and implementation, the later one)."
                 + caveat,
-                table.to_markdown(index=False, disable_numparse=True)]
+                escaped(table).to_markdown(index=False, disable_numparse=True)]
         path, link = ctx.image(f"attention_tflops_combined_{i}.png")
         if plot_tflops(rows, path):
             body.append(f"![fwd+bwd TFLOP/s against sequence length, all runs]({link})")

@@ -8,6 +8,7 @@ import pandas as pd
 
 from lmprof import rundir
 from lmprof.errors import UserError
+from lmprof.render import escaped
 from lmprof.reports.report import ReportContext
 
 ACCUMULATION_NOTE = (
@@ -93,9 +94,9 @@ def tables(record: dict[str, Any]) -> str:
     dtypes, errors = autocast_table(res)
     parts = [f"### Accumulation on {where}", "",
              ACCUMULATION_NOTE.format(addend=res["addend"], n=res["n_adds"]), "",
-             acc.to_markdown(index=False, disable_numparse=True), "",
+             escaped(acc).to_markdown(index=False, disable_numparse=True), "",
              f"### Autocast dtypes on {where}", "", AUTOCAST_NOTE, "",
-             dtypes.to_markdown(index=False, disable_numparse=True)]
+             escaped(dtypes).to_markdown(index=False, disable_numparse=True)]
     if errors:
         parts += ["", *[f"- {e}" for e in errors]]
     return "\n".join(parts)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from lmprof.render import display_name, yes_no
+from lmprof.render import display_name, escaped, yes_no
 from lmprof.reports import comparisons as cmp
 from lmprof.reports.report import ReportContext
 from lmprof.reports.tables import profiled
@@ -32,7 +32,7 @@ def _md(df: pd.DataFrame, scaled: dict[str, tuple[str, float, str]]) -> str:
             out[display_name(col)] = df[col].map(yes_no)
         else:
             out[display_name(col)] = df[col]
-    return out.to_markdown(index=False, disable_numparse=True)
+    return escaped(out).to_markdown(index=False, disable_numparse=True)
 
 
 def _ctx_cols(df: pd.DataFrame, unit: str, scale: float, fmt: str) -> dict:
