@@ -74,7 +74,14 @@ def benchmark_table(records: list[dict[str, Any]]) -> pd.DataFrame:
             "achieved_tflops": tflops,
             "mfu_pct": 100 * tflops / peak if (tflops and peak) else None,
         })
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    # a value a run.json lacks stays missing (empty in markdown and csv, null in JSON) and its
+    # column's others integers or text: pandas made 4.0 of them and NaN ("nan") of it
+    for col in ("d_model", "d_ff", "layers", "heads", "batch", "context", "warmup", "mode",
+                "dtype", "attention", "device"):
+        if col in df and df[col].isna().any():
+            df[col] = pd.Series([row[col] for row in rows], index=df.index, dtype=object)
+    return df
 
 
 def _ms(mean: float | None, std: float | None) -> str:

@@ -96,3 +96,24 @@ def test_a_bar_in_a_value_stays_in_its_cell(tmp_path, capsys):
     row = next(r for r in md.splitlines() if r.startswith("| small"))
     cells = [c.strip() for c in row.strip("|").replace("\\|", "\0").split("|")]
     assert len(cells) == len(header) and cells[header.index("Device")] == "card\0x"
+
+
+def test_a_value_a_run_json_lacks_is_an_empty_cell_and_integers_stay_integers(tmp_path, capsys):
+    # (markdown showed "nan", csv and json 4.0 for the other runs' batch size)
+    full = _copy_run(TRAIN, tmp_path / "full")
+    part = _copy_run(TRAIN, tmp_path / "part")
+    record = json.loads((part / "run.json").read_text())
+    record["run_id"] += "-part"
+    del record["config"]["batch_size"], record["config"]["mode"]
+    (part / "run.json").write_text(json.dumps(record))
+    md = _md([str(full), str(part)], capsys)
+    assert "nan" not in md
+    _ok(analyze_main, ["runs", str(full), str(part), "--format", "json"])
+    rows = json.loads(capsys.readouterr().out)
+    assert sorted(((r["batch"], r["mode"]) for r in rows), key=str) == [(4, "train"),
+                                                                          (None, None)]
+    assert all(isinstance(r["d_model"], int) for r in rows)
+    _ok(analyze_main, ["runs", str(full), str(part), "--format", "csv"])
+    lines = capsys.readouterr().out.splitlines()
+    batch = lines[0].split(",").index("batch")
+    assert sorted(line.split(",")[batch] for line in lines[1:] if line) == ["", "4"]
