@@ -653,7 +653,7 @@ def tables(con: duckdb.DuckDBPyConnection, top: int = 10) -> tuple[dict[str, pd.
     if many_s:
         cmp = compare(con)
         by_context = peak_by_context(cmp)
-        if cmp["status"].isin(["OK"]).all() or cmp["status"].isna().all():
+        if (cmp["status"].isna() | cmp["status"].eq("OK")).all():
             cmp = cmp.drop(columns="status")  # (every run ended well: nothing to tell)
         out["memory_compare"] = cmp
         add_if_any("memory_peak_by_context", by_context, (

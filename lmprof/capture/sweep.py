@@ -643,9 +643,9 @@ def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]
     if not opts.quiet:
         tally = ", ".join(f"{k} {v}" for k, v in sorted(_count(final.values()).items()))
         echo(f"done: {tally or 'no cell in this shard'}; results in {root}")
-        for name, entry in index.items():
-            if entry["status"] != "OK":
-                echo(f"  {name}: {entry['status']} — {entry['error']}")
+        for name, entry in index.items():  # (entries of another grid's run may be older)
+            if entry.get("status") != "OK":
+                echo(f"  {name}: {entry.get('status')} — {entry.get('error')}")
     return 1 if any(s in ("ERROR", "TIMEOUT") for s in final.values()) else 0
 
 
@@ -659,8 +659,8 @@ def _count(values) -> dict[str, int]:
 def _read_index(path: Path) -> dict[str, dict[str, Any]]:
     """The cells of an index written before (a summary: unreadable is empty)."""
     try:
-        cells = json.loads(path.read_text()).get("cells")
-    except (OSError, ValueError, AttributeError):
+        cells = rundir.parse_json(path.read_text()).get("cells")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
         return {}
     return {k: v for k, v in cells.items() if isinstance(v, dict)} \
         if isinstance(cells, dict) else {}
