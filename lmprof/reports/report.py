@@ -141,8 +141,8 @@ def collect_inputs(paths: list[str], nsys_path: str | None = None
 
 def build(paths: list[str], out: str | Path, kernel_options: Any = None,
           nsys_path: str | None = None) -> Path:
-    """Write ``out`` (a .md or .MD file, or a directory that gets report.md) and return its path; its
-    images go into a folder beside it (``image_folder``).
+    """Write ``out`` (a .md or .MD file, or a directory that gets report.md) and return its
+    path; its images go into a folder beside it (``image_folder``).
     ``kernel_options`` (``lmprof.analyze.trace.Options``) name the phase and attention ranges of
     traces from other code; ``nsys_path`` exports a ``.nsys-rep`` given."""
     out = Path(out)
