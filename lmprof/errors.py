@@ -45,6 +45,12 @@ def run_cli(group: click.Group, argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except BrokenPipeError:
         sys.exit(0)
+    except SystemExit as exc:
+        # click turns a closed stdout (EPIPE: `analyze ... | head`) into exit 1 without a word,
+        # after wrapping stdout in its PacifyFlushWrapper; the reader wanted no more: as above
+        if exc.code == 1 and type(sys.stdout).__name__ == "PacifyFlushWrapper":
+            sys.exit(0)
+        raise
     except Exception as exc:  # noqa: BLE001 - only DuckDB's two input errors become a line
         message = damaged_input(exc)
         if message is None:

@@ -652,3 +652,16 @@ def test_hostile_range_names_are_data(tmp_path):
     gemm = table(tmp_path, "gemm_fraction")
     assert "forward" not in set(gemm["phase"])  # forward is now only the hostile name: no match
     assert {"backward", "optimizer"} <= set(gemm["phase"])
+
+
+def test_a_reader_that_stops_reading_ends_the_command_quietly(tmp_path):
+    """`analyze ... | head`: the reader closed stdout before the tables were written. click ends
+    that with exit 1 and no message; the command ends as for a BrokenPipeError, exit 0."""
+    for args in (["kernels", str(REPORT), "--table", "gemm_fraction"],
+                 ["runs", str(ROOT / "tests" / "data" / "h200-lmprof-nsys")]):
+        proc = subprocess.Popen([sys.executable, "-m", "lmprof.analyze", *args], cwd=ROOT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc.stdout.close()
+        err = proc.stderr.read()
+        assert proc.wait(timeout=120) == 0 and err == b"", (args, err)
