@@ -23,6 +23,16 @@ class UserError(Exception):
     """An input or option problem that the user can fix; the message is one line."""
 
 
+class PathParam(click.Path):
+    """``click.Path`` that refuses an empty string: as a path it means the current directory,
+    which no one typing ``''`` (an unset shell variable, say) asked for."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value.strip():
+            self.fail("an empty path (give '.' for the current directory)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def run_cli(group: click.Group, argv: list[str] | None = None) -> None:
     """Run a click group so that user errors print one line and exit 2, never a traceback."""
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from lmprof.errors import run_cli
+from lmprof.errors import PathParam, run_cli
 from lmprof.render import FORMATS  # light: pandas is imported on use
 
 format_option = click.option(
@@ -16,7 +16,7 @@ format_option = click.option(
          "several tables in JSON are one object of them by name, in csv each after a '# name' "
          "line.")
 out_option = click.option(
-    "--out", type=click.Path(file_okay=False), default=None,
+    "--out", type=PathParam(file_okay=False), default=None,
     help="Also write each table to OUT/<table>.<format>.")
 
 
@@ -26,7 +26,7 @@ def analyze() -> None:
 
 
 @analyze.command("runs")
-@click.argument("run_dirs", nargs=-1, required=True)
+@click.argument("run_dirs", nargs=-1, required=True, type=PathParam())
 @format_option
 @out_option
 def runs_cmd(run_dirs: tuple[str, ...], fmt: str, out: str | None) -> None:

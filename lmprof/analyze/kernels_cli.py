@@ -13,7 +13,7 @@ import duckdb
 from lmprof import phases
 from lmprof.analyze import magic
 from lmprof.analyze.cli import format_option, out_option
-from lmprof.errors import UserError
+from lmprof.errors import PathParam, UserError
 
 # The names of lmprof.analyze.kernel_tables.TABLES, in order (a test checks), known without
 # importing it (it imports DuckDB's sqlite loading and the model's FLOP counts). Neither this
@@ -53,7 +53,7 @@ matmul_option = click.option(
 nsys_option = click.option("--nsys-path", default=None,
                            help="nsys executable or its folder, to export a .nsys-rep.")
 db_option = click.option(
-    "--db", type=click.Path(dir_okay=False), default=None,
+    "--db", type=PathParam(dir_okay=False), default=None,
     help="Persist the DuckDB database to this file (query it later with 'analyze sql').")
 
 
@@ -179,7 +179,7 @@ def _prepare_all(con, resolved, options, defer=False):
 
 
 @click.command("kernels", epilog=_REPORTS_HELP)
-@click.argument("reports", nargs=-1, required=True)
+@click.argument("reports", nargs=-1, required=True, type=PathParam())
 @attribution_option
 @phase_option
 @skip_option
@@ -309,7 +309,7 @@ SCHEMA_SQL = ("SELECT table_schema AS schema, table_name AS name, table_type AS 
                "SUMMARIZE) and see this database only: no file is read or written through "
                "DuckDB or the sqlite scanner (COPY, read_csv, sqlite_scan, ATTACH); results go out "
                "through --format and --out.")
-@click.argument("file")
+@click.argument("file", type=PathParam())
 @click.argument("query", required=False)
 @click.option("--schema", "show_schema", is_flag=True,
               help="List the tables and views with their columns, then exit.")

@@ -7,20 +7,21 @@ from pathlib import Path
 import click
 
 from lmprof.analyze.cli import format_option, out_option
+from lmprof.errors import PathParam
 
 
 @click.command("memory")
-@click.argument("inputs", nargs=-1, required=True, metavar="SNAPSHOT_OR_RUN...")
-@click.option("--run", "run_dir", type=click.Path(), default=None,
+@click.argument("inputs", nargs=-1, required=True, metavar="SNAPSHOT_OR_RUN...", type=PathParam())
+@click.option("--run", "run_dir", type=PathParam(), default=None,
               help="Run directory whose run.json (config, phase windows) belongs to the one raw "
                    "snapshot given; by default a run.json beside the snapshot is used.")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
               help="Rows of the live-at-peak and largest-allocation tables per snapshot.")
 @format_option
 @out_option
-@click.option("--plots", type=click.Path(file_okay=False), default=None,
+@click.option("--plots", type=PathParam(file_okay=False), default=None,
               help="Write timeline PNGs here (default: --out, if given; else no plots).")
-@click.option("--db", type=click.Path(dir_okay=False), default=None,
+@click.option("--db", type=PathParam(dir_okay=False), default=None,
               help="Keep the DuckDB database in this file (its memory_* tables are replaced) "
                    "for 'analyze sql'.")
 def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,

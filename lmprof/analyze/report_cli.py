@@ -6,11 +6,12 @@ import click
 
 from lmprof.analyze.kernels_cli import (attribution_option, matmul_option, nsys_option,
                                         phase_option, skip_option, softmax_option, trace_options)
+from lmprof.errors import PathParam
 
 
 @click.command("report")
-@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
-@click.option("--out", "-o", type=click.Path(), default="report", show_default=True,
+@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...", type=PathParam())
+@click.option("--out", "-o", type=PathParam(), default="report", show_default=True,
               help="Report file (.md) or directory (gets report.md and img/).")
 @attribution_option
 @phase_option

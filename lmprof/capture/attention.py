@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from lmprof import rundir
 from lmprof.capture import devices, environment
-from lmprof.errors import UserError
+from lmprof.errors import PathParam, UserError
 from lmprof.kernels import KernelUnavailable
 
 RESULTS_FILE = "attention.json"
@@ -328,7 +328,7 @@ def _check_options(parts, impls, ds, seqs, dtypes, iters, warmup, batch, heads) 
               help="Part a: untimed forward+backward passes first.")
 @click.option("--device", type=str, default="auto", show_default=True,
               help=f"{' | '.join(devices.DEVICES)}; on CPU the Triton kernel needs TRITON_INTERPRET=1.")
-@click.option("--out", type=click.Path(file_okay=False), default="runs", show_default=True,
+@click.option("--out", type=PathParam(file_okay=False), default="runs", show_default=True,
               help="Directory under which the run directory <run-id>/ is created.")
 @click.option("--label", type=str, default=None, help="Label used in the run id.")
 def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, warmup, device,

@@ -15,7 +15,7 @@ from lmprof.capture import nsys as nsys_mod
 from lmprof.capture.attention import attention_cmd
 from lmprof.capture.options import (add_run_options, add_sweep_options, spec_from_kwargs,
                                     spec_to_argv)
-from lmprof.errors import UserError, run_cli
+from lmprof.errors import PathParam, UserError, run_cli
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -25,14 +25,14 @@ def capture() -> None:
 
 @capture.command("run")
 @add_run_options
-@click.option("--out", type=click.Path(file_okay=False), default="runs", show_default=True,
+@click.option("--out", type=PathParam(file_okay=False), default="runs", show_default=True,
               help="Directory under which the run directory <run-id>/ is created.")
 @click.option("--nsys-path", type=str, default=None,
               help="Path to the nsys executable (else $NSYS, else PATH).")
 @click.option("--nsys-args", type=str, default=None,
               help="Extra flags passed to 'nsys profile', as one quoted string.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary table.")
-@click.option("--run-dir", type=click.Path(file_okay=False), default=None, hidden=True)
+@click.option("--run-dir", type=PathParam(file_okay=False), default=None, hidden=True)
 @click.option("--under-nsys", is_flag=True, hidden=True)
 def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
             run_dir: str | None, under_nsys: bool, **kwargs) -> None:
@@ -89,11 +89,11 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
 
 @capture.command("sweep")
 @add_sweep_options
-@click.option("--grid", "grid_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--grid", "grid_file", type=PathParam(dir_okay=False), default=None,
               help="Grid file (.yaml/.yml/.toml/.json): a mapping of option -> value or list, "
                    "keys as RunSpec fields or flags (context_length or context-length). "
                    "Options given on the command line override it.")
-@click.option("--out", type=click.Path(file_okay=False), default="runs", show_default=True,
+@click.option("--out", type=PathParam(file_okay=False), default="runs", show_default=True,
               help="Directory under which the sweep directory is created.")
 @click.option("--name", type=str, default=None,
               help="Sweep directory name under --out (default: sweep-<grid hash>, so rerunning "
@@ -142,7 +142,7 @@ def sweep_cmd(grid_file: str | None, out: str, name: str | None, gpus: str | Non
 @click.option("--device", type=str, default="auto", show_default=True,
               help="auto | cuda | cpu | mps. Autocast op lists differ by device: the GPU answer "
                    "is the one training sees.")
-@click.option("--out", type=click.Path(file_okay=False), default="runs", show_default=True,
+@click.option("--out", type=PathParam(file_okay=False), default="runs", show_default=True,
               help="Directory under which the run directory <run-id>/ (precision.json, "
                    "run.json) is created.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the run directory.")

@@ -665,3 +665,17 @@ def test_a_reader_that_stops_reading_ends_the_command_quietly(tmp_path):
         proc.stdout.close()
         err = proc.stderr.read()
         assert proc.wait(timeout=120) == 0 and err == b"", (args, err)
+
+
+@pytest.mark.parametrize("args", [
+    ("runs", ""), ("kernels", ""), ("kernels", "{report}", "--out", ""),
+    ("kernels", "{report}", "--db", ""), ("sql", ""), ("memory", ""), ("report", ""),
+    ("report", "{report}", "-o", ""),
+])
+def test_an_empty_path_is_refused(tmp_path, args):
+    """'' (an unset shell variable) as a path meant the current directory: every output went
+    there, and `analyze runs ''` read the runs of wherever it was started."""
+    args = [a.replace("{report}", str(REPORT)) for a in args]
+    proc = run_proc(*args)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "an empty path (give '.' for the current directory)" in proc.stderr

@@ -88,6 +88,7 @@ def test_oom_run_exits_1_and_records(tmp_path):
     (["--bogus"], "No such option"),
     # ran, ended ERROR (exit 1) and wrote a run.json no reader accepts
     (["--seed", "99999999999999999999999"], "--seed 99999999999999999999999 is beyond 64 bits"),
+    (["--out", ""], "an empty path (give '.' for the current directory)"),  # (ran into cwd)
 ])
 def test_bad_options_one_line_exit_2(args, fragment):
     proc = cli("run", "--device", "cpu", "--out", "/tmp/lmprof-never", *args)
