@@ -146,10 +146,12 @@ def benchmark_note(view: pd.DataFrame) -> str:
 
 
 def failed_runs(records: list[dict[str, Any]]) -> str:
-    """The runs that ended with an error (OOM, ERROR, TIMEOUT), one markdown line each under
-    "Failed runs:", for below the benchmark table; '' where none did."""
+    """The runs of the benchmark table (``capture run``'s) that ended with an error (OOM,
+    ERROR, TIMEOUT), one markdown line each under "Failed runs:", for below that table; ''
+    where none did. (An attention or precision run has no row there: its section says how it
+    ended.)"""
     errors = [f"- `{r['run_id']}`: {r['status']} — {r['error']}" for r in records
-              if r.get("error")]
+              if r.get("kind", "run") == "run" and r.get("error")]
     return ("Failed runs:\n" + "\n".join(errors)) if errors else ""
 
 

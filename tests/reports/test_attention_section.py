@@ -118,6 +118,23 @@ def _report_of(tmp_path, results) -> str:
     return report.build([str(run)], tmp_path / "report").read_text()
 
 
+def test_an_attention_run_that_failed_says_so_in_its_section_not_under_the_benchmark(tmp_path):
+    """A SIGTERM'd attention run keeps what it wrote; its section says how it ended. The
+    "Failed runs" list under the benchmark table is for the table's runs: an attention run
+    was listed there when beside a capture run, and nowhere when alone."""
+    run = tmp_path / "runs" / "20260101T000000Z-attention-abc-0001"
+    run.mkdir(parents=True)
+    (run / "attention.json").write_text(json.dumps(_results()))
+    rundir.write_run(run, {"run_id": run.name, "kind": "attention", "status": "ERROR",
+                           "error": "Terminated", "config": {}, "environment": {},
+                           "artifacts": {"attention": "attention.json"}})
+    train = tmp_path / "runs" / "train"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "h200-lmprof-nsys", train)
+    text = report.build([str(run), str(train)], tmp_path / "report").read_text()
+    assert f"Run `{run.name}`: ERROR — Terminated; the results it wrote before." in text
+    assert "Failed runs:" not in text
+
+
 def test_real_results_pass_the_shape_check():
     root = Path(__file__).resolve().parents[1] / "data" / "attention-runs"
     for path in root.glob("*/attention.json"):

@@ -328,7 +328,9 @@ def section(ctx: ReportContext) -> str | None:
             bodies.append(f"Run `{record.get('run_id')}`: its results could not be read ({exc}).")
             continue
         read.append((record, results))
-        body = [f"Run `{record.get('run_id')}`.", render_tables(results).rstrip()]
+        ended = "" if record.get("status") == "OK" else \
+            f": {record.get('status')} — {record.get('error')}; the results it wrote before"
+        body = [f"Run `{record.get('run_id')}`{ended}.", render_tables(results).rstrip()]
         if results.get("part_c"):
             path, link = ctx.image(f"attention_tflops_{record.get('run_id')}.png")
             if plot_tflops(results["part_c"], path):
