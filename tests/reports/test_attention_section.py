@@ -135,6 +135,16 @@ def test_an_attention_run_that_failed_says_so_in_its_section_not_under_the_bench
     assert "Failed runs:" not in text
 
 
+def test_the_timing_named_is_the_one_the_device_used():
+    # (CPU rows, timed by a plain loop, said "do_bench medians")
+    results = _results()
+    assert section.render_tables(results).count("`triton.testing.do_bench` medians") == 2
+    results["environment"] = {"device": "cpu", "torch": "2.13"}
+    text = section.render_tables(results)
+    assert "do_bench medians" not in text
+    assert text.count("medians of 3 timed calls after an untimed one (do_bench needs CUDA)") == 2
+
+
 def test_real_results_pass_the_shape_check():
     root = Path(__file__).resolve().parents[1] / "data" / "attention-runs"
     for path in root.glob("*/attention.json"):

@@ -135,6 +135,13 @@ def part_c_table(rows: list[dict], keys: tuple[str, ...] = ("dtype", "d", "seq")
     return view
 
 
+def _timer(env: dict[str, Any]) -> str:
+    """How parts b and c were timed (``capture.attention.bench_ms``): do_bench on CUDA."""
+    if env.get("gpu_name") or env.get("device") == "cuda":
+        return "`triton.testing.do_bench` medians"
+    return "medians of 3 timed calls after an untimed one (do_bench needs CUDA)"
+
+
 def render_tables(results: dict[str, Any]) -> str:
     """Markdown for one attention.json (also what ``capture attention`` prints)."""
     env = results.get("environment") or {}
@@ -152,14 +159,14 @@ def render_tables(results: dict[str, Any]) -> str:
     if results.get("part_b"):
         best = results.get("leaderboard_best_ms")
         parts += ["### Leaderboard configuration (part b)",
-                  "`o = attn(q, k, v, True); o.sum().backward()`, `triton.testing.do_bench` "
-                  "medians. Causal FLOPs: forward 2·B·H·T²·d, backward 2.5× forward. "
+                  f"`o = attn(q, k, v, True); o.sum().backward()`, {_timer(env)}. "
+                  "Causal FLOPs: forward 2·B·H·T²·d, backward 2.5× forward. "
                   f"Published best of the CS336 leaderboard: {best} ms (one H100).",
                   escaped(part_b_table(results["part_b"], mm)).to_markdown(index=False)]
     if results.get("part_c"):
         parts += ["### Sweep against SDPA (part c)",
-                  "Forward + backward (`o.sum().backward()`), do_bench median ms; batch·seq = 16384 "
-                  "tokens and heads·d = 2048 unless overridden.",
+                  f"Forward + backward (`o.sum().backward()`), {_timer(env)}, in ms; "
+                  "batch·seq = 16384 tokens and heads·d = 2048 unless overridden.",
                   escaped(part_c_table(results["part_c"])).to_markdown(index=False)]
     return "\n\n".join(parts) + "\n"
 
