@@ -569,5 +569,12 @@ def several_reports(traces: list[Trace], names: tuple[str, ...], top: int | None
     cross = cross_run(traces)
     if cross is None:
         return None
-    tables.update(cross)
+    tables.update(asked_cross_run(cross, names))
     return tables, notes
+
+
+def asked_cross_run(cross: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """The cross-run tables of the per-run tables asked for: ``gemm_fraction_by_run`` with
+    ``gemm_fraction``, ``softmax_vs_matmul_by_run`` with ``softmax_vs_matmul`` (``--table
+    top_kernels`` printed both)."""
+    return {name: t for name, t in cross.items() if name.removesuffix("_by_run") in names}

@@ -96,7 +96,7 @@ def tables(trace: Trace, names: tuple[str, ...] = DEFAULT_TABLES, top: int | Non
 def several_reports(traces: list[Trace], names: tuple[str, ...] = DEFAULT_TABLES,
                     top: int | None = 10) -> tuple[dict[str, pd.DataFrame], dict[str, str]]:
     """The named tables of every trace stacked with a ``run`` column first (tables empty in
-    every trace stay empty), then the cross-run tables; and the notes."""
+    every trace stay empty), then the cross-run tables of those asked for; and the notes."""
     per_run: dict[str, list[pd.DataFrame]] = {n: [] for n in names}
     notes = {}
     for tr in traces:
@@ -107,7 +107,7 @@ def several_reports(traces: list[Trace], names: tuple[str, ...] = DEFAULT_TABLES
                 per_run[name].append(df.assign(run=tr.label)[["run", *df.columns]])
     out = {n: (pd.concat(dfs, ignore_index=True) if dfs else pd.DataFrame())
            for n, dfs in per_run.items()}
-    out.update(cross_run(traces))
+    out.update(kt.asked_cross_run(cross_run(traces), names))
     return out, notes
 
 

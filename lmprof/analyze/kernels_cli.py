@@ -50,7 +50,7 @@ matmul_option = click.option(
     "--matmul-range", "matmul_ranges", multiple=True, metavar="NAME",
     help=f"Range(s) each holding one attention matmul [default: {phases.ATTN_SCORES!r}, "
          f"{phases.ATTN_FINAL!r}].")
-nsys_option = click.option("--nsys-path", default=None,
+nsys_option = click.option("--nsys-path", type=PathParam(), default=None,
                            help="nsys executable or its folder, to export a .nsys-rep.")
 db_option = click.option(
     "--db", type=PathParam(dir_okay=False), default=None,

@@ -27,7 +27,7 @@ def capture() -> None:
 @add_run_options
 @click.option("--out", type=PathParam(file_okay=False), default="runs", show_default=True,
               help="Directory under which the run directory <run-id>/ is created.")
-@click.option("--nsys-path", type=str, default=None,
+@click.option("--nsys-path", type=PathParam(), default=None,
               help="Path to the nsys executable (else $NSYS, else PATH).")
 @click.option("--nsys-args", type=str, default=None,
               help="Extra flags passed to 'nsys profile', as one quoted string.")

@@ -161,7 +161,7 @@ def test_several_reports_and_run_directories(tmp_path):
         write_run_json(d, size=size, context_length=ctx)
         runs.append(str(d))
     code, out, err = run("kernels", *runs, "--format", "json", "--out", str(tmp_path / "o"),
-                         "--table", "gemm_fraction")
+                         "--table", "gemm_fraction", "--table", "softmax_vs_matmul")
     assert code == 0, err
     cross = json.loads((tmp_path / "o" / "gemm_fraction_by_run.json").read_text())
     # by size as in the CS336 table (small before medium), not alphabetically
@@ -679,3 +679,24 @@ def test_an_empty_path_is_refused(tmp_path, args):
     proc = run_proc(*args)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "an empty path (give '.' for the current directory)" in proc.stderr
+
+
+def test_several_reports_give_the_cross_run_tables_of_the_tables_asked_for(tmp_path):
+    # (`--table top_kernels` printed both cross-run tables beside it)
+    runs = []
+    for size, ctx in (("small", 128), ("medium", 256)):
+        d = tmp_path / f"{size}-{ctx}"
+        d.mkdir()
+        writable_copy(d)
+        write_run_json(d, size=size, context_length=ctx)
+        runs.append(str(d))
+    for asked, expect in ((["top_kernels"], ["top_kernels"]),
+                          (["gemm_fraction"], ["gemm_fraction", "gemm_fraction_by_run"]),
+                          (["softmax_vs_matmul", "top_kernels"],
+                           ["softmax_vs_matmul", "top_kernels", "softmax_vs_matmul_by_run"])):
+        args = [a for name in asked for a in ("--table", name)]
+        code, out, err = run("kernels", *runs, *args, "--format", "json", "--out",
+                             str(tmp_path / "o" / asked[0]))
+        assert code == 0, err
+        written = sorted(p.stem for p in (tmp_path / "o" / asked[0]).iterdir())
+        assert written == sorted(expect), (asked, written)
