@@ -152,7 +152,8 @@ def test_softmax_vs_matmul_says_why_a_fused_attention_run_has_no_rows(tmp_path, 
     assert said == (attention == "flash")
 
 
-def test_several_reports_and_run_directories(tmp_path):
+def _two_runs(tmp_path: Path) -> list[str]:
+    """Two run directories (small ctx 128, medium ctx 256) holding the fixture's export."""
     runs = []
     for size, ctx in (("small", 128), ("medium", 256)):
         d = tmp_path / f"{size}-{ctx}"
@@ -160,6 +161,11 @@ def test_several_reports_and_run_directories(tmp_path):
         writable_copy(d)
         write_run_json(d, size=size, context_length=ctx)
         runs.append(str(d))
+    return runs
+
+
+def test_several_reports_and_run_directories(tmp_path):
+    runs = _two_runs(tmp_path)
     code, out, err = run("kernels", *runs, "--format", "json", "--out", str(tmp_path / "o"),
                          "--table", "gemm_fraction", "--table", "softmax_vs_matmul")
     assert code == 0, err
@@ -683,13 +689,7 @@ def test_an_empty_path_is_refused(tmp_path, args):
 
 def test_several_reports_give_the_cross_run_tables_of_the_tables_asked_for(tmp_path):
     # (`--table top_kernels` printed both cross-run tables beside it)
-    runs = []
-    for size, ctx in (("small", 128), ("medium", 256)):
-        d = tmp_path / f"{size}-{ctx}"
-        d.mkdir()
-        writable_copy(d)
-        write_run_json(d, size=size, context_length=ctx)
-        runs.append(str(d))
+    runs = _two_runs(tmp_path)
     for asked, expect in ((["top_kernels"], ["top_kernels"]),
                           (["gemm_fraction"], ["gemm_fraction", "gemm_fraction_by_run"]),
                           (["softmax_vs_matmul", "top_kernels"],
