@@ -13,6 +13,7 @@ import sys
 from typing import Callable, Iterator, TypeVar
 
 import click
+from click.utils import PacifyFlushWrapper
 
 F = TypeVar("F", bound=Callable)
 
@@ -58,7 +59,7 @@ def run_cli(group: click.Group, argv: list[str] | None = None) -> None:
     except SystemExit as exc:
         # click turns a closed stdout (EPIPE: `analyze ... | head`) into exit 1 without a word,
         # after wrapping stdout in its PacifyFlushWrapper; the reader wanted no more: as above
-        if exc.code == 1 and type(sys.stdout).__name__ == "PacifyFlushWrapper":
+        if exc.code == 1 and isinstance(sys.stdout, PacifyFlushWrapper):
             sys.exit(0)
         raise
     except Exception as exc:  # noqa: BLE001 - only DuckDB's two input errors become a line

@@ -93,8 +93,9 @@ def staged(path: str | Path | None) -> Iterator[str | None]:
             if message is None or str(work) not in message:
                 raise
             raise UserError(message.replace(str(work), str(target))) from None
-        if holder is not None:
+        if holder is not None:  # (its lock goes before the file it holds is replaced)
             holder.close()
+            holder = None
         file_op(lambda: os.replace(work, target))
     finally:
         if holder is not None:

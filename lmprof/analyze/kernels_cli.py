@@ -99,8 +99,8 @@ def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: st
         if path.resolve() not in seen:  # one export named twice (runs/latest and its run) is one
             seen.add(path.resolve())
             resolved.append((path, record))
-    with db_staged(db) as db, tempfile.TemporaryDirectory(prefix="lmprof-duckdb-") as spill:
-        con = connect(db)
+    with db_staged(db) as db_file, tempfile.TemporaryDirectory(prefix="lmprof-duckdb-") as spill:
+        con = connect(db_file)
         try:
             configure(con, spill)
             if db:

@@ -79,6 +79,14 @@ class Prepared:
     dtype: torch.dtype
 
 
+def resolved_size(spec: RunSpec, device_type: str) -> str | None:
+    """The model size a run takes: ``--model``, else (no ``--d-model`` either) small on CUDA and
+    tiny elsewhere; None for a custom model given by its dims."""
+    if spec.size is None and spec.d_model is None:
+        return "small" if device_type == "cuda" else "tiny"
+    return spec.size
+
+
 def check_spec(spec: RunSpec, device_type: str) -> ModelConfig:
     """Every check that needs no device work; raises UserError. ``spec`` is left unchanged.
 
@@ -112,11 +120,8 @@ def check_spec(spec: RunSpec, device_type: str) -> ModelConfig:
         raise UserError("--memory records CUDA memory history and needs --device cuda")
     if spec.nsys and device_type != "cuda":
         raise UserError("--nsys profiles CUDA work and needs --device cuda")
-    size = spec.size
-    if size is None and spec.d_model is None:
-        size = "small" if device_type == "cuda" else "tiny"
     cfg = config_for(
-        size, context_length=spec.context_length, d_model=spec.d_model, d_ff=spec.d_ff,
+        resolved_size(spec, device_type), context_length=spec.context_length, d_model=spec.d_model, d_ff=spec.d_ff,
         num_layers=spec.num_layers, num_heads=spec.num_heads, vocab_size=spec.vocab_size,
         attention=spec.attention,
     )
@@ -131,8 +136,7 @@ def prepare(spec: RunSpec) -> Prepared:
     """Validate every option and resolve the device; raises UserError before any work starts."""
     device = devices.resolve_device(spec.device)
     cfg = check_spec(spec, device.type)
-    if spec.size is None and spec.d_model is None:
-        spec.size = "small" if device.type == "cuda" else "tiny"
+    spec.size = resolved_size(spec, device.type)
     dtype = devices.check_dtype(spec.dtype, device)
     return Prepared(spec, cfg, device, dtype)
 

@@ -482,16 +482,16 @@ def _stand_in_record(cell: Cell, status: str, error: str) -> dict[str, Any]:
     import socket
 
     from lmprof.capture import devices
-    from lmprof.model import config_for, model_summary, step_flops
+    from lmprof.capture.runner import check_spec, resolved_size
+    from lmprof.model import model_summary, step_flops
 
     spec = cell.spec
-    config = spec.to_dict()
-    try:  # the device and default size the cell's process would have taken (runner.prepare)
+    try:  # the device, size and model the cell's process took (as check_cells found them)
         device = devices.resolve_device(spec.device).type
-    except UserError:
-        device = spec.device
-    if config.get("size") is None and spec.d_model is None:
-        config["size"] = "small" if device == "cuda" else "tiny"
+        cfg = check_spec(spec, device)
+    except UserError:  # (the machine changed since the sweep began: the options as given)
+        device, cfg = spec.device, None
+    config = {**spec.to_dict(), "size": resolved_size(spec, device)}
     record: dict[str, Any] = {
         "run_id": cell.name,
         "created_utc": rundir.utc_now(),
@@ -501,15 +501,9 @@ def _stand_in_record(cell: Cell, status: str, error: str) -> dict[str, Any]:
                         "device": device},
         "timings": {}, "phase_windows": [], "artifacts": {},
     }
-    try:
-        cfg = config_for(config["size"], context_length=spec.context_length,
-                         d_model=spec.d_model, d_ff=spec.d_ff, num_layers=spec.num_layers,
-                         num_heads=spec.num_heads, vocab_size=spec.vocab_size,
-                         attention=spec.attention)
+    if cfg is not None:
         record["model"] = model_summary(cfg)
         record["flops"] = step_flops(cfg, spec.batch_size, spec.mode)
-    except UserError:
-        pass
     return record
 
 
