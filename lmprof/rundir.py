@@ -155,7 +155,7 @@ def mark_latest(out_root: Path, run_dir: Path) -> str | None:
 def mark_latest_or_warn(out_root: Path, run_dir: Path) -> None:
     """``mark_latest``, its problem (if any) a warning line on stderr."""
     if problem := mark_latest(out_root, run_dir):
-        print(f"warning: {problem}", file=sys.stderr)
+        print(f"warning: {problem}", file=sys.stderr, flush=True)
 
 
 def resolve_run_dir(path: str | Path) -> Path:
@@ -374,13 +374,24 @@ def read_json_artifact(record: dict[str, Any], key: str,
     return data
 
 
+# run.json files find_run_for has warned about (the CLI may look beside one artifact twice)
+_WARNED: set[Path] = set()
+
+
 def find_run_for(path: str | Path) -> dict[str, Any] | None:
-    """The run.json beside a raw artifact (a report.sqlite, a memory snapshot), if any."""
+    """The run.json beside a raw artifact (a report.sqlite, a memory snapshot), if any. One that
+    cannot be read is left out with a warning line on stderr (once per file): the artifact is
+    analysed on its own, as if it had none, and the user learns why its run's context is
+    missing."""
     parent = Path(path).resolve().parent
     if (parent / RUN_FILE).is_file():
         try:
             return load_run(parent)
-        except UserError:
+        except UserError as exc:
+            if parent not in _WARNED:
+                _WARNED.add(parent)
+                print(f"warning: {exc}; analysing {Path(path).name!r} without it",
+                      file=sys.stderr, flush=True)
             return None
     return None
 

@@ -121,6 +121,20 @@ def test_a_file_its_run_names_is_that_run(tmp_path):
     assert "1 nsys export(s) without a run directory" in text and "1 run(s)" not in text
 
 
+def test_a_damaged_run_json_beside_a_file_is_named_and_left_out(tmp_path):
+    """An export given as a file, beside a run.json that cannot be read: analysed on its own
+    (as without a run.json), with one warning line saying why the run's context is missing
+    (before: silently left out, so the report lost its labels with no word why)."""
+    shutil.copyfile(REPORT, tmp_path / "report.sqlite")
+    (tmp_path / "run.json").write_text('{"schema_version": 1')
+    code, out, err = run("kernels", str(tmp_path / "report.sqlite"), "--table", "gemm_fraction")
+    assert code == 0 and "| Phase" in out, err
+    assert err.count("\n") == 1 and err.startswith("warning: ") and "run.json" in err, err
+    assert "not a readable run.json" in err and "without it" in err
+    text = _report(tmp_path, str(tmp_path / "report.sqlite"))
+    assert "1 nsys export(s) without a run directory" in text
+
+
 @pytest.mark.parametrize("arg, message", [
     ("missing.sqlite", "no such file"),
     ("notes.txt", "is not a run directory, a sweep directory or directory of runs, an nsys "
