@@ -22,7 +22,8 @@ from lmprof.model.flops import attention_flops
 
 Result = duckdb.DuckDBPyConnection  # a connection holding an executed, unfetched SELECT
 
-# Bytes per element by run.json dtype, for the minimal-traffic estimate of attention parts.
+# Bytes per element by run.json dtype, for the minimal-traffic estimate of attention parts
+# (bf16 and fp16 runs are autocast: attention_shapes says which tensors stay fp32).
 _DTYPE_BYTES = {"fp32": 4, "float32": 4, "tf32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2,
                 "float16": 2}
 
@@ -132,8 +133,12 @@ def attention_shapes(record: dict[str, Any] | None) -> dict[str, Any] | None:
         "softmax_flops": flops["softmax_flops"],
         # each matmul range (scores QKᵀ or the final PV) is one T×T×d_head product
         "matmul_flops": flops["scores_flops"],
-        # minimal traffic: softmax reads and writes T×T; a matmul moves T×T plus two T×d_head
-        "softmax_bytes": bh * 2 * t * t * elem,
+        # minimal traffic: softmax reads the T×T scores and writes the T×T probabilities, in
+        # fp32 (4 bytes) whatever the dtype: autocast (the bf16 and fp16 runs) computes softmax
+        # in fp32, the range casting the scores up first
+        "softmax_bytes": bh * t * t * (elem + 4),
+        # a GEMM (its rates are over the GEMM kernels' time) moves T×T plus two T×d_head in the
+        # run's dtype (the PV GEMM reads the probabilities cast down to it)
         "matmul_bytes": bh * (t * t + 2 * t * d_head) * elem,
     }
 
@@ -152,7 +157,7 @@ def softmax_vs_matmul(trace: Trace) -> Result:
     shapes = attention_shapes(trace.record)
     keys = ("softmax_flops", "matmul_flops", "softmax_bytes", "matmul_bytes")
     params = {k: (shapes[k] if shapes else _NO_SHAPE) for k in keys}
-    return trace.execute("attention", **params)
+    return trace.execute("attention", call_suffix=_call_suffix(trace), **params)
 
 
 # name -> (function, what the trace must hold for the table to have rows — NVTX "ranges",
@@ -171,13 +176,18 @@ TABLES: dict[str, tuple[Callable[..., Result], str | None, str]] = {
                     "Per phase; phase 'all' is every kernel of the report (= nsys "
                     "cuda_gpu_kern_sum)."),
     "top_non_gemm_kernels": (lambda t, top=10: top_kernels(t, top, exclude_class="gemm"), None,
-                             "As above, GEMM kernels left out."),
+                             "As above, GEMM kernels left out; Time (%) is the share of the "
+                             "phase's non-GEMM kernel time."),
     "gemm_fraction": (gemm_fraction, None,
-                      "Share of kernel time in GEMM kernels; 'step' is everything inside step "
-                      "ranges, 'all' the whole report."),
+                      "Share of kernel time in GEMM kernels; '(none)' is kernels of no phase, "
+                      "'step' everything inside step ranges, 'all' the whole report."),
     "softmax_vs_matmul": (softmax_vs_matmul, "ranges",
                           "Kernels launched under the softmax range vs the attention-score and "
-                          "final matmul ranges. FLOPs and bytes (minimal traffic) from run.json."),
+                          "final matmul ranges (which also launch the scaling, the causal mask "
+                          "and autocast's casts; Matmul GEMM is their GEMM kernels alone). "
+                          "FLOPs and bytes (minimal traffic; softmax in fp32 under autocast) "
+                          "from run.json; softmax rates over its ranges' time, matmul rates over "
+                          "the GEMMs' time."),
     "class_breakdown": (class_breakdown, None, "Kernel time by class per phase."),
     "gpu_idle": (gpu_idle, "ranges",
                  "Idle time between GPU ops inside each phase instance's span."),

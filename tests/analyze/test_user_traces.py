@@ -143,6 +143,29 @@ def test_attention_parts_reached_through_another_threads_range(exports):
     assert kernels.softmax_vs_matmul(none).empty
 
 
+def test_attention_parts_named_by_op_in_emit_nvtx(exports):
+    """--softmax-range / --matmul-range name emit_nvtx's per-call ranges by op, as the per-range
+    tables group them ('aten::matmul' for 'aten::matmul, seq = 12, op_id = 40'; before, only a
+    whole range text matched): as many part ranges as the raw export has texts of those ops in
+    the process that launched their kernels, and none with --full-range-names."""
+    path = exports / "emit" / "report.sqlite"
+    raw = _raw_ranges(path)
+    op = raw["name"].str.split(", ").str[0]
+    expected = {}
+    for part, name in (("softmax", "aten::_log_softmax"), ("matmul", "aten::matmul")):
+        mine = raw[(op == name) & raw["name"].str.contains(", seq = ", regex=False)]
+        assert len(mine) and mine["pid"].nunique() == 1
+        expected[part] = len(mine)
+    tr = _trace(exports, "emit", softmax_ranges=("aten::_log_softmax",),
+                matmul_ranges=("aten::matmul",))
+    attn = kernels.softmax_vs_matmul(tr)
+    assert attn["softmax_ranges"].sum() == expected["softmax"] == 4
+    assert attn["matmul_ranges"].sum() == expected["matmul"] == 28
+    full = _trace(exports, "emit", softmax_ranges=("aten::_log_softmax",),
+                  matmul_ranges=("aten::matmul",), full_range_names=True)
+    assert kernels.softmax_vs_matmul(full).empty
+
+
 @pytest.mark.parametrize("suffix", [", seq = 12, op_id = 40", ", op_id = 7",
                                     ", seq = -1, op_id = 3, sizes = [[8, 512], []]",
                                     ", sizes = [[2, 3]], input_op_ids = [(5, 0)]"])
@@ -379,6 +402,18 @@ def test_skip_steps(exports, name, skip):
     assert after.sort_index().to_dict() == expected.sort_index().to_dict()
     gemm_all = [kernels.gemm_fraction(t).set_index("phase").loc["all"] for t in (every, skipped)]
     assert gemm_all[0].equals(gemm_all[1])
+    # the skipped steps' kernels are a '(none)' row, so that the phases and it add up to 'all'
+    # (the row was missing: 598 of plain's 1,490 kernels in no row)
+    gemm = kernels.gemm_fraction(skipped).set_index("phase")
+    unphased = skipped.df("SELECT count(*) AS n, sum(dur_ns) AS t FROM kernels "
+                          "WHERE phase IS NULL").iloc[0]
+    assert unphased["n"] > 0 and gemm.loc["(none)", "kernels"] == unphased["n"]
+    assert gemm.loc["(none)", "kernel_ns"] == unphased["t"]
+    phases = gemm.drop(index=["step", "all"])
+    assert phases["kernels"].sum() == gemm.loc["all", "kernels"]
+    assert phases["kernel_ns"].sum() == gemm.loc["all", "kernel_ns"]
+    before = kernels.gemm_fraction(every).set_index("phase")["kernels"].get("(none)", 0)
+    assert before < gemm.loc["(none)", "kernels"]
     if name == "plain":  # the skipped first step held the warm-up: cuBLAS set-up, AdamW's state
         assert timing.loc["step", "cpu_mean_ns"] < 0.2 * kernels.phase_timing(every).set_index(
             "phase").loc["step", "cpu_mean_ns"]

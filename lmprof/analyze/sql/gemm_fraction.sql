@@ -1,7 +1,9 @@
 -- GEMM fraction per phase: share of kernel time spent in matrix-multiply kernels
 -- (kernel_class = 'gemm').
 --
---   phase          VARCHAR  inference | forward | backward | optimizer | step | all
+--   phase          VARCHAR  inference | forward | backward | optimizer | (none) | step | all
+--                           ('(none)': kernels of no phase, outside the phase ranges or in steps
+--                           that --skip-steps left out; a row only where there are some)
 --   kernels        BIGINT   kernels attributed to the phase
 --   kernel_ns      BIGINT   their summed duration (ns)
 --   gemm_ns        BIGINT   summed duration of GEMM kernels (ns)
@@ -18,7 +20,7 @@ WITH k AS (
     JOIN kernel_names n USING (name_id)
     GROUP BY ALL
 ), tagged AS (
-    SELECT phase, kernels, dur_ns, is_gemm FROM k WHERE phase IS NOT NULL
+    SELECT coalesce(phase, '(none)') AS phase, kernels, dur_ns, is_gemm FROM k
     UNION ALL
     SELECT 'step', kernels, dur_ns, is_gemm FROM k WHERE in_step
     UNION ALL
@@ -30,4 +32,5 @@ SELECT phase, CAST(sum(kernels) AS BIGINT) AS kernels, CAST(sum(dur_ns) AS BIGIN
            AS gemm_pct
 FROM tagged
 GROUP BY phase
-ORDER BY list_position(['inference', 'forward', 'backward', 'optimizer', 'step', 'all'], phase);
+ORDER BY list_position(['inference', 'forward', 'backward', 'optimizer', '(none)', 'step', 'all'],
+                       phase);
