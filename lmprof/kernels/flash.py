@@ -41,7 +41,10 @@ programs are launched heaviest first (longest loops first) so the last wave is s
 groups of up to 16 heads (so that the programs running at once share those heads' K and V —
 for dK/dV, Q and dO — in L2).
 
-Inputs: (B, h, T, d) or (B, T, d); Tq and Tk independent and any length ≥ 1; d 16–128. A power-of-two
+Inputs: (B, h, T, d) or (B, T, d); Tq and Tk independent and any length ≥ 1 (up to the indexing
+limits: each element offset inside one head below 2^31, ``_too_large``; for a backward at most
+65535 key tiles, ``_kv_grid_problem``); d 16–128. First-order gradients only (``create_graph=True``
+raises). A power-of-two
 d uses the tile exactly; any other d in range runs with the head dimension padded to the next
 power of two inside the kernel (masked loads and stores, no copies; arithmetic as for the padded
 size, e.g. d=96 costs as d=128). fp16, bf16 and fp32, with fp32 accumulation; for fp32 inputs the
@@ -875,6 +878,78 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if q.device.type != "cuda" and not (INTERPRET and q.device.type == "cpu"):
         raise ValueError(f"q, k, v are on {q.device.type}; the Triton kernel needs CUDA tensors "
                          "(or TRITON_INTERPRET=1 set before triton is imported, to interpret on CPU)")
+    if problem := _too_large(q, k, v):
+        raise ValueError(f"inputs too large for the Triton kernels: {problem}")
+
+
+def _check_4d(q: torch.Tensor) -> None:
+    if q.dim() != 4:
+        raise ValueError(f"q has shape {tuple(q.shape)}; the host wrappers take (batch, heads, "
+                         "seq, d_head) (flash_attention also takes (batch, seq, d_head))")
+
+
+def _check_saved(q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor) -> None:
+    """Raise ValueError naming the first problem with the backward's o, lse and dO (the forward's
+    outputs and the gradient of o), beside ``check_inputs``' checks of q, k, v."""
+    for name, t in (("o", o), ("do", do), ("lse", lse)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}")
+    for name, t in (("o", o), ("do", do)):
+        if t.shape != q.shape or t.dtype != q.dtype:
+            raise ValueError(f"{name} is {tuple(t.shape)} {t.dtype}; expected q's shape and "
+                             f"dtype, {tuple(q.shape)} {q.dtype}")
+    if lse.shape != q.shape[:-1] or lse.dtype != torch.float32:
+        raise ValueError(f"lse is {tuple(lse.shape)} {lse.dtype}; expected "
+                         f"{tuple(q.shape[:-1])} torch.float32 (flash_forward's)")
+    if _largest_offset(do.shape[-2], do.stride(-2), do.shape[-1], do.stride(-1)) >= 2**31:
+        raise ValueError("do too large for the Triton kernels: its rows in one head exceed "
+                         "32-bit offsets (below 2^31)")
+
+
+# The kernels index a head's rows in 32-bit arithmetic (the batch and head offsets are 64-bit):
+# every element offset inside one head that a kernel reads or writes must stay below 2^31 (lanes
+# past the end of a sequence or of d_head are masked, never accessed). A grid's y dimension (the
+# dK/dV kernels' key tiles) holds at most 65535 programs.
+_GRID_Y = 65535
+
+
+def _largest_offset(rows: int, row_stride: int, cols: int, col_stride: int) -> int:
+    return (rows - 1) * abs(row_stride) + (cols - 1) * abs(col_stride)
+
+
+def _too_large(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """Why these inputs exceed the kernels' 32-bit offsets inside a head, or None: each input
+    (with its strides), the contiguous outputs and gradients, and the atomic backward's
+    transposed fp32 dQ (d_head, padded to a power of two, rows of Tq padded to a multiple of 4)."""
+    d = q.shape[-1]
+    tq = q.shape[-2]
+    extents = [(name, t.shape[-2], t.stride(-2), d, t.stride(-1))
+               for name, t in (("q", q), ("k", k), ("v", v))]
+    extents += [("o and dq", tq, d, d, 1), ("dk and dv", k.shape[-2], d, d, 1),
+                ("the atomic backward's dQ accumulator", _pow2(d), -(-tq // 4) * 4, tq, 1)]
+    for name, rows, row_stride, cols, col_stride in extents:
+        if _largest_offset(rows, row_stride, cols, col_stride) >= 2**31:
+            return (f"{name} would span {rows} rows of {row_stride} elements in one head: the "
+                    "Triton kernels address a head's elements with 32-bit offsets (below 2^31)")
+    return None
+
+
+def _kv_grid_problem(q: torch.Tensor, k: torch.Tensor) -> str | None:
+    """Why the dK/dV kernels cannot be launched for these keys, or None: their key tiles, for the
+    smallest BLOCK_N the launch may be tuned to, must fit a grid's y dimension (compiled only:
+    the interpreter has no such limit)."""
+    if INTERPRET:
+        return None
+    args = _launch_args(q, k, False)
+    configs = _select(_flash_bwd_dkdv_kernel.configs + _flash_bwd_dkdv_dq_atomic_kernel.configs,
+                      args, "BLOCK_N", "BLOCK_M", "SEQ_K_BUCKET", "SEQ_Q_BUCKET")
+    least = min(c.kwargs["BLOCK_N"] for c in configs)
+    if _cdiv(k.shape[-2], least) > _GRID_Y:
+        return (f"the backward takes at most {_GRID_Y * least} keys here ({_GRID_Y} key tiles "
+                f"of {least}); got {k.shape[-2]}")
+    return None
 
 
 def _vectorisable(t: torch.Tensor) -> torch.Tensor:
@@ -949,7 +1024,8 @@ def _record(name: str, compiled) -> None:
 def _scale(d: int, scale: float | None) -> float:
     if scale is None:
         return 1.0 / math.sqrt(d)
-    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+    if not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+            and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a positive finite number, got {scale!r}")
     return float(scale)
 
@@ -963,6 +1039,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward on 4-D (B, h, T, d) inputs: returns (o contiguous, lse fp32 (B, h, Tq))."""
     check_inputs(q, k, v)
+    _check_4d(q)
     mode = resolve_forward(mode, q, k)
     b, h, tq, d = q.shape
     sm_scale = _scale(d, scale)
@@ -991,7 +1068,12 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
                    scale: float | None = None, mode: str = "auto"
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward on 4-D inputs from the saved (o, lse): returns (dq, dk, dv), contiguous."""
+    check_inputs(q, k, v)
+    _check_4d(q)
+    _check_saved(q, o, lse, do)
     mode = resolve_backward(mode, q, k)
+    if mode != "gluon" and (problem := _kv_grid_problem(q, k)):
+        raise ValueError(f"inputs too large for the Triton backward: {problem}")
     if mode == "gluon":
         return _gluon_backward(q, k, v, o, lse, do, is_causal, _scale(q.shape[-1], scale))
     q, k, v, do = _vectorisable(q), _vectorisable(k), _vectorisable(v), _vectorisable(do)
@@ -1124,6 +1206,14 @@ class FlashAttentionFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
+        # Autograd runs a backward with grad mode on only for create_graph=True: a graph of the
+        # gradients, which the Triton kernels cannot give (their outputs have no grad_fn, so a
+        # second-order term would silently be 0; once_differentiable catches only the case
+        # where dO itself requires grad)
+        if torch.is_grad_enabled():
+            raise RuntimeError("flash_attention has no second-order gradients: its backward "
+                               "cannot run under create_graph=True (use attention_naive or "
+                               "SDPA's math backend for double backward)")
         q, k, v, o, lse = ctx.saved_tensors
         with phase(BACKWARD_RANGE):
             dq, dk, dv = flash_backward(q, k, v, o, lse, do, ctx.is_causal, ctx.scale, ctx.mode)
@@ -1158,5 +1248,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
     # both resolved (and a bad mode refused) before the forward runs: an explicit kernel that
     # cannot run is refused at once
     backward, forward = resolve_backward(backward, q, k), resolve_forward(forward, q, k)
+    if (backward != "gluon" and torch.is_grad_enabled()
+            and any(t.requires_grad for t in (q, k, v))
+            and (problem := _kv_grid_problem(q, k))):  # refused before the forward runs
+        raise ValueError(f"inputs too large for the Triton backward: {problem}")
     o = FlashAttentionFn.apply(q, k, v, is_causal, scale, backward, forward)
     return o.squeeze(1) if squeeze else o

@@ -256,7 +256,7 @@ def test_bad_input_raises_value_error(inputs, message):
         fa.flash_attention(*inputs)
 
 
-@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan")])
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), True])
 def test_bad_scale(scale):
     with pytest.raises(ValueError, match="scale"):
         fa.flash_attention(*_bad(), scale=scale)
@@ -344,6 +344,82 @@ def test_gluon_kernels_say_when_the_inputs_are_too_large_for_their_indexing():
     assert "65535 programs per head" in flash_gluon._too_large(1, 1, 65535 * 128 + 1)
     assert "65535 programs per head" in flash_gluon._too_large(1, 65535 * 192 + 1, 1)
     assert "2^31 rows" in flash_gluon._too_large(2**16, 2**15, 1)
+
+
+def _meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def test_inputs_past_32_bit_offsets_in_a_head_are_refused():
+    """The Triton kernels address a head's elements with 32-bit offsets: inputs whose offsets
+    reach 2^31 are refused by name (they segfaulted on CPU and were an illegal memory access on
+    an H200, which leaves the CUDA context unusable). The largest that fit still pass."""
+    q = _meta(1, 1, 2**25, 64)  # last element at 2^31 - 1
+    assert fa._too_large(q, q, q) is None
+    q = _meta(1, 1, 2**25 + 1, 64)
+    assert "q would span 33554433 rows of 64 elements" in fa._too_large(q, q, q)
+    k = _meta(1, 1, 2**25 + 1, 64)
+    assert fa._too_large(_meta(1, 1, 16, 64), k, k).startswith("k would span")
+    # the model's (B, T, h, d) view: rows h·d apart
+    view = _meta(1, 2**21 + 1, 16, 64).transpose(1, 2)
+    assert "1024 elements" in fa._too_large(view, view, view)
+    # the atomic backward's transposed fp32 dQ: 128 rows of Tq (d 100 pads to 128)
+    q = _meta(1, 1, 2**24 + 8, 100)
+    assert "dQ accumulator" in fa._too_large(q, _meta(1, 1, 16, 100), _meta(1, 1, 16, 100))
+
+
+def test_backward_key_tiles_must_fit_the_grid(monkeypatch):
+    """The dK/dV kernels put the key tiles on the grid's y dimension (at most 65535): keys past
+    65535 tiles of the smallest BLOCK_N the launch may be tuned to are refused before the forward
+    runs ('invalid argument' from the backward's launch on an H200, after the forward ran), and
+    only where a backward will run. Compiled lists (the interpreter has no grid limit)."""
+    monkeypatch.setattr(fa, "INTERPRET", False)
+    monkeypatch.setattr(fa._flash_bwd_dkdv_kernel, "configs",
+                        _as_configs(fa._BWD_KV_TILES, fa._IEEE["kv"]))
+    monkeypatch.setattr(fa._flash_bwd_dkdv_dq_atomic_kernel, "configs",
+                        _as_configs(fa._BWD_KV_ATOMIC_TILES, fa._IEEE["kv_atomic"]))
+    least = min(t[1] for lists in (fa._BWD_KV_TILES, fa._BWD_KV_ATOMIC_TILES)
+                for t in lists[64])
+    assert least == 64
+    fits, over = _meta(1, 1, 65535 * least, 64), _meta(1, 1, 65535 * least + 1, 64)
+    assert fa._kv_grid_problem(fits, fits) is None
+    assert f"at most {65535 * least} keys" in fa._kv_grid_problem(fits, over)
+    # IEEE fp32 (torch's default precision): its own lists, of smaller tiles
+    ieee_least = min(t[1] for key in ("kv", "kv_atomic") for t in fa._IEEE[key][64])
+    assert ieee_least < least
+    ieee = _meta(1, 1, 65535 * least, 64, dtype=torch.float32)
+    assert f"65535 key tiles of {ieee_least}" in fa._kv_grid_problem(ieee, ieee)
+
+
+def test_flash_backward_checks_what_it_is_given(gen):
+    """flash_backward, called directly (as the benchmarks do), checks o, lse and dO as
+    flash_forward checks q, k, v (it read past their ends or failed deep in Triton)."""
+    q, k, v = (randn(gen, 1, 1, 32, 16) for _ in range(3))
+    o, lse = fa.flash_forward(q, k, v)
+    do = randn(gen, 1, 1, 32, 16)
+    for args, message in (
+            ((q, k, v, o, lse, do[:, :, :8]), "do is \\(1, 1, 8, 16\\)"),
+            ((q, k, v, o, lse[..., :8], do), "lse is"),
+            ((q, k, v, o, lse, do.half()), "expected q's shape and dtype"),
+            ((q, k, v, o, lse.double(), do), "torch.float32"),
+            ((q[0], k[0], v[0], o[0], lse[0], do[0]), "host wrappers take"),
+            ((q[..., :8], k[..., :8], v[..., :8], o, lse, do), "outside the supported range")):
+        with pytest.raises(ValueError, match=message):
+            fa.flash_backward(*args)
+
+
+@pytest.mark.parametrize("loss", ["sum", "square"])
+def test_second_order_gradients_are_refused(gen, loss):
+    """create_graph=True raises at once: the Triton outputs have no graph, so a second-order
+    term was silently dropped (a gradient penalty's d/dv: 2.29 against 11.93); with dO not
+    requiring grad (o.sum()) even torch's once_differentiable would have let it through."""
+    q, k, v = (randn(gen, 1, 1, 16, 16).requires_grad_() for _ in range(3))
+    o = fa.flash_attention(q, k, v)
+    out = o.sum() if loss == "sum" else o.square().sum()
+    with pytest.raises(RuntimeError, match="no second-order gradients"):
+        torch.autograd.grad(out, q, create_graph=True)
+    (dq,) = torch.autograd.grad(fa.flash_attention(q, k, v).sum(), q)  # first order still runs
+    assert torch.isfinite(dq).all()
 
 
 @pytest.mark.parametrize("flag", ["yes", 1, None])
@@ -633,6 +709,40 @@ def test_gpu_seq_65536_where_naive_runs_out_of_memory(gen, forward, backward):
     for name, g, tt, e in zip(("o", "dq", "dk", "dv"), got, torch_own, exact):
         err, bar = max_err(g, e, name), max_err(tt, e, name)
         assert err <= 2 * bar + ATOL[torch.bfloat16], f"{name}: {err:.2e} vs SDPA {bar:.2e}"
+
+
+@gpu
+@needs_cuda
+def test_gpu_the_largest_sizes_run_and_one_more_is_refused(gen, monkeypatch):
+    """At the limits of the kernels' indexing (LMPROF_FLASH_AUTOTUNE=0's one configuration, as
+    the capture tools run it): 2^25 queries of d 64 (the last element at offset 2^31 - 1) give
+    the reference's last rows, and 65535 key tiles run the backward; one query or key more is
+    a ValueError before anything is launched (they were an illegal memory access, which leaves
+    the CUDA context unusable, and 'invalid argument' after the forward had run)."""
+    monkeypatch.setattr(fa, "_alloc", lambda shape, dtype, device: torch.empty(
+        shape, dtype=dtype, device=device))  # (NaN-filling 4 GiB buys nothing here)
+    d, bf16 = 64, torch.bfloat16
+    q = randn(gen, 1, 1, 2**25, d, dtype=bf16)
+    k, v = (randn(gen, 1, 1, 256, d, dtype=bf16) for _ in range(2))
+    o = fa.flash_attention(q, k, v, forward="triton")
+    tail = q[:, :, -4096:]
+    assert max_err(o[:, :, -4096:], naive_o(tail.double(), k.double(), v.double()), "o") < 2e-2
+    del o
+    with pytest.raises(ValueError, match="32-bit offsets"):
+        fa.flash_attention(torch.cat([q, q[:, :, :1]], dim=2), k, v)
+    del q, tail
+    torch.cuda.empty_cache()
+    cfg = fa._select(fa._flash_bwd_dkdv_kernel.configs, fa._launch_args(k, k, False), "BLOCK_N",
+                     "BLOCK_M", "SEQ_K_BUCKET", "SEQ_Q_BUCKET")
+    least = min(c.kwargs["BLOCK_N"] for c in cfg)
+    q = randn(gen, 1, 1, 128, d, dtype=bf16).requires_grad_()
+    k, v = (randn(gen, 1, 1, 65535 * least, d, dtype=bf16).requires_grad_() for _ in range(2))
+    if fa._kv_grid_problem(q, k) is None:  # (the union with the atomic lists may be smaller)
+        fa.flash_attention(q, k, v, backward="split", forward="triton").sum().backward()
+        assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+    longer = torch.cat([k.detach(), k.detach()[:, :, :1]], dim=2)
+    with pytest.raises(ValueError, match="key tiles"):
+        fa.flash_attention(q, longer, longer, backward="split", forward="triton")
 
 
 @gpu

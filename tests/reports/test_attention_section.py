@@ -46,6 +46,20 @@ def test_tables_and_speedup():
     assert abs(wide.loc[1024, "speedup"] - 1.2) < 1e-9
 
 
+def test_part_b_caption_follows_the_rows_causal_flag():
+    """--no-causal part b: the caption names the call and FLOP count that ran (it said
+    `attn(q, k, v, True)` and the causal 2·B·H·T²·d whatever the rows said)."""
+    assert "`o = attn(q, k, v, True)" in section.render_tables(_results())
+    assert "Causal FLOPs: forward 2·B·H·T²·d" in section.render_tables(_results())
+    results = _results()
+    for row in results["part_b"]:
+        row["causal"] = False
+    text = section.render_tables(results)
+    assert "`o = attn(q, k, v, False); o.sum().backward()`" in text
+    assert "FLOPs (not causal): forward 4·B·H·T²·d, backward 2.5× forward." in text
+    assert "attn(q, k, v, True)" not in text and "Causal FLOPs" not in text
+
+
 def test_part_c_where_nothing_ran_shows_the_statuses():
     """A cell where an implementation did not run shows its status; with no row OK at all the
     table still renders (a KeyError before, in capture attention and in the report alike)."""
