@@ -8,7 +8,9 @@ file); anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
+import os
 import sys
 from typing import Callable, Iterator, TypeVar
 
@@ -31,6 +33,14 @@ class PathParam(click.Path):
     def convert(self, value, param, ctx):
         if isinstance(value, str) and not value.strip():
             self.fail("an empty path (give '.' for the current directory)", param, ctx)
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:  # bytes the file system holds that are not UTF-8
+                shown = os.fsencode(value).decode("utf-8", "backslashreplace")
+                self.fail(f"{shown!r}: a path that "
+                          "is not UTF-8 text (DuckDB and the tables take UTF-8 names; rename it)",
+                          param, ctx)
         return super().convert(value, param, ctx)
 
 
@@ -56,6 +66,14 @@ def run_cli(group: click.Group, argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except BrokenPipeError:
         sys.exit(0)
+    except OSError as exc:
+        # a full disk or an I/O error (stdout's, where no file is named): not the user's
+        # input, so exit 1, but one line
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG):
+            raise
+        where = f": {exc.filename!r}" if exc.filename else " (writing the output)"
+        click.echo(f"error: {exc.strerror}{where}", err=True)
+        sys.exit(1)
     except SystemExit as exc:
         # click turns a closed stdout (EPIPE: `analyze ... | head`) into exit 1 without a word,
         # after wrapping stdout in its PacifyFlushWrapper; the reader wanted no more: as above

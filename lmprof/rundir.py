@@ -54,6 +54,7 @@ import math
 import os
 import re
 import secrets
+import stat
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -183,8 +184,10 @@ def load_run(path: str | Path) -> dict[str, Any]:
     run_dir = resolve_run_dir(path)
     f = run_dir / RUN_FILE
     try:
-        record = parse_json(f.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        record = parse_json(read_text_file(f, "the run record"))
+    except UserError as exc:  # (its message names the file)
+        raise UserError(f"not a readable run.json: {exc}") from None
+    except ValueError as exc:
         raise UserError(f"{str(f)!r} is not a readable run.json: {exc}") from None
     if not isinstance(record, dict) or "schema_version" not in record:
         raise UserError(f"{str(f)!r} is not an lmprof run.json (no schema_version)")
@@ -357,6 +360,34 @@ def artifact_path(record: dict[str, Any], key: str) -> Path | None:
     return Path(record["run_dir"]) / rel
 
 
+# The largest JSON or grid file read whole (run.json, sweep.json, attention.json, a grid file are
+# kilobytes): a file past it is refused, not read into memory.
+MAX_TEXT_BYTES = 256 * 2**20
+
+
+def read_text_file(path: str | Path, what: str) -> str:
+    """A small UTF-8 text input read whole; a one-line UserError, naming ``what``, for a path
+    that is not a regular file (a named pipe would block for ever, /dev/zero fill the memory), is
+    larger than MAX_TEXT_BYTES, or cannot be read or decoded."""
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {what} {str(p)!r}: "
+                        f"{getattr(exc, 'strerror', None) or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a pipe, device or socket"
+        raise UserError(f"{what} {str(p)!r} is {kind}, not a file")
+    if st.st_size > MAX_TEXT_BYTES:
+        raise UserError(f"{what} {str(p)!r} is {st.st_size} bytes; this reads at most "
+                        f"{MAX_TEXT_BYTES} (is it the right file?)")
+    try:
+        return p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read {what} {str(p)!r}: "
+                        f"{getattr(exc, 'strerror', None) or exc}") from None
+
+
 def read_json_artifact(record: dict[str, Any], key: str,
                        shape_problem: Callable[[Any], str | None] | None = None) -> Any:
     """The JSON artifact ``key`` named in run.json; UserError when absent, unreadable, or (given
@@ -364,9 +395,10 @@ def read_json_artifact(record: dict[str, Any], key: str,
     path = artifact_path(record, key)
     if path is None:
         raise UserError(f"run {record.get('run_id')!r} names no {key} results")
+    text = read_text_file(path, f"the {key} results")
     try:
-        data = parse_json(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        data = parse_json(text)
+    except ValueError as exc:
         raise UserError(f"cannot read {str(path)!r}: {exc}") from None
     problem = shape_problem(data) if shape_problem else None
     if problem:

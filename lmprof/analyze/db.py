@@ -71,6 +71,12 @@ def staged(path: str | Path | None) -> Iterator[str | None]:
         yield None
         return
     target = Path(path)
+    if target.is_symlink():  # the file it leads to is replaced, the link kept
+        try:
+            target = target.resolve()
+        except (RuntimeError, OSError):  # (a loop: RuntimeError before Python 3.13)
+            raise UserError(f"--db {str(path)!r} is a symbolic link that leads nowhere (a "
+                            "loop): give a file") from None
     work = target.with_name(target.name + ".partial")
     holder = connect(target) if target.exists() else None
 

@@ -257,17 +257,32 @@ def _confine(con: duckdb.DuckDBPyConnection) -> None:
 # by a DELETE would change the export even then.
 _READ_STATEMENTS = (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN)
 
+# Table functions a query may call: generators and DuckDB's read-only catalog and metadata. Any
+# other is refused by name, not only the sqlite scanner's (which opens files itself, see above):
+# query() and query_table() run SQL given as text and json_execute_serialized_sql() a parse tree
+# (none of which this check would see), read_*/glob/parquet_* open files, arrow_scan and
+# pandas_scan take raw pointers, checkpoint and the logging switches change the database.
+_ALLOWED_TABLE_FUNCTIONS = frozenset({
+    "range", "generate_series", "unnest", "repeat", "repeat_row", "json_each", "json_tree",
+    "summary", "icu_calendar_names", "pg_timezone_names", "test_all_types", "test_vector_types"})
+_ALLOWED_TABLE_FUNCTION_PREFIXES = ("duckdb_", "pragma_")
+
 
 def _check_reads_only(con: duckdb.DuckDBPyConnection, query: str) -> None:
-    for statement in con.extract_statements(query):
+    statements = con.extract_statements(query)
+    if not statements:
+        raise UserError("the QUERY holds no SQL statement (only blanks, ';' or comments)")
+    for statement in statements:
         if statement.type not in _READ_STATEMENTS:
             kind = statement.type.name.lower()
             raise UserError(f"analyze sql runs queries that only read (SELECT, EXPLAIN), not "
                             f"{kind}: the report and --db files are never changed")
         for name in _table_functions(con, statement):
-            if name.startswith("sqlite_"):  # the scanner opens files itself (see above)
-                raise UserError(f"analyze sql reads this database only: {name}() opens other "
-                                "files")
+            if (name.lower() not in _ALLOWED_TABLE_FUNCTIONS
+                    and not name.lower().startswith(_ALLOWED_TABLE_FUNCTION_PREFIXES)):
+                raise UserError(f"analyze sql reads this database only: {name}() is not "
+                                "allowed (it opens files, runs other SQL or changes the "
+                                "database)")
 
 
 def _table_functions(con: duckdb.DuckDBPyConnection, statement) -> list[str]:
@@ -307,8 +322,10 @@ SCHEMA_SQL = ("SELECT table_schema AS schema, table_name AS name, table_type AS 
                "phase_instances, kernel_names, gpus, session (see --schema). Times are ns on the "
                "nsys session clock. Queries only read (SELECT, EXPLAIN; PRAGMA, SHOW, DESCRIBE, "
                "SUMMARIZE) and see this database only: no file is read or written through "
-               "DuckDB or the sqlite scanner (COPY, read_csv, sqlite_scan, ATTACH); results go out "
-               "through --format and --out.")
+               "DuckDB or the sqlite scanner (COPY, read_csv, sqlite_scan, ATTACH); the table "
+               "functions allowed are generators (range, generate_series, unnest, ...) and "
+               "DuckDB's catalog (duckdb_*, pragma_*). Results go out through --format and "
+               "--out.")
 @click.argument("file", type=PathParam())
 @click.argument("query", required=False)
 @click.option("--schema", "show_schema", is_flag=True,
@@ -326,6 +343,8 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, skip_steps, nsy
 
     if not show_schema and not query:
         raise UserError("give a QUERY (or --schema to list the tables)")
+    if show_schema and query:
+        raise UserError("give a QUERY or --schema, not both")
     path = Path(file)
     with contextlib.ExitStack() as stack:
         if path.is_file() and magic.file_kind(path) == "duckdb":

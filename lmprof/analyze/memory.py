@@ -112,8 +112,9 @@ def resolve(arg: str, run_dir: str | None = None) -> SnapshotRef:
             raise UserError(f"run {record['run_dir']!r} has no memory snapshot "
                             "(capture it with 'capture run --memory')")
         if not snap.is_file():
+            what = "which is not a file" if snap.exists() else "which does not exist"
             raise UserError(f"run {record['run_dir']!r} names memory snapshot {str(snap)!r}, "
-                            "which does not exist")
+                            f"{what}")
         return SnapshotRef(snap, record)
     if not p.exists():
         raise UserError(f"no such file or run directory: {arg!r}")

@@ -150,6 +150,18 @@ _SHORT_NAMES_FROM_KERNELS = ("CREATE OR REPLACE TABLE _kernel_short_names AS "
 
 _ENUM_SQL = "SELECT id, name FROM ENUM_NSYS_EVENT_TYPE"
 
+# Columns every nsys version writes in these tables (where the table is there): one missing is
+# not a schema difference to absorb as NULL but a damaged or hand-made file, which would
+# otherwise give zero times or no attribution without a word.
+REQUIRED_COLUMNS = {
+    "StringIds": ("id", "value"),
+    "CUPTI_ACTIVITY_KIND_KERNEL": ("start", "end", "correlationId", "globalPid", "demangledName"),
+    "CUPTI_ACTIVITY_KIND_RUNTIME": ("start", "correlationId", "globalTid", "nameId"),
+    "CUPTI_ACTIVITY_KIND_MEMCPY": ("start", "end", "correlationId", "globalPid"),
+    "CUPTI_ACTIVITY_KIND_MEMSET": ("start", "end", "correlationId", "globalPid"),
+    "NVTX_EVENTS": ("start", "eventType", "globalTid"),
+}
+
 
 @dataclass
 class Export:
@@ -171,6 +183,15 @@ def _check_file(path: Path) -> None:
     if magic.kind(magic.read_head(path)) != "sqlite":
         raise UserError(f"{str(path)!r} is not an SQLite file (export one with "
                         "'nsys export --type=sqlite')")
+    with open(path, "rb") as fh:  # (read_head read it: a regular, readable file)
+        versions = fh.read(20)[18:20]
+    if 2 in versions:
+        # bytes 18-19 of the header, 2: write-ahead-log mode, which nsys never writes. SQLite
+        # (and DuckDB's scanner with it) then creates -wal and -shm files beside the file and
+        # reads the log's changes, which nothing here could keep from writing beside the input
+        raise UserError(f"{str(path)!r} is an SQLite database in WAL mode, not an nsys export "
+                        "as nsys writes it: convert a copy with "
+                        "\"sqlite3 COPY 'PRAGMA journal_mode=DELETE'\" and give that")
 
 
 def open_readonly(path: str | Path) -> sqlite3.Connection:
@@ -182,6 +203,8 @@ def open_readonly(path: str | Path) -> sqlite3.Connection:
     uri = f"{path.resolve().as_uri()}?mode=ro&immutable=1"
     try:
         con = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        # text that is not UTF-8 (a damaged export) reads with U+FFFD, not as an error mid-read
+        con.text_factory = lambda b: b.decode("utf-8", "replace")
         con.execute("SELECT count(*) FROM sqlite_master").fetchone()
     except sqlite3.DatabaseError as exc:
         raise UserError(f"{str(path)!r} is not a readable SQLite database: {exc}") from None
@@ -209,9 +232,17 @@ def _required(present: set[str], path: Path) -> None:
 
 def _tables(sq: sqlite3.Connection, path: Path) -> set[str]:
     try:
-        return {r[0] for r in sq.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        rows = sq.execute("SELECT name, type FROM sqlite_master "
+                          "WHERE type IN ('table', 'view')").fetchall()
     except sqlite3.DatabaseError as exc:
         raise UserError(f"{str(path)!r} is a corrupt SQLite database: {exc}") from None
+    # a view where nsys writes a table (a hand-made file): refused, not read as an absent table
+    sources = {source for source, _, _ in TABLES.values()} | set(REQUIRED_TABLES)
+    views = sorted(name for name, kind in rows if kind == "view" and name in sources)
+    if views:
+        raise UserError(f"{str(path)!r} is not an nsys export as nsys writes it: "
+                        f"{', '.join(views)} is a view, not a table")
+    return {name for name, kind in rows if kind == "table"}
 
 
 def _columns(sq: sqlite3.Connection, table: str) -> set[str]:
@@ -229,9 +260,10 @@ def _nvtx_types(sq: sqlite3.Connection, tables: set[str]) -> dict[str, int]:
     if _readable(sq, tables, "ENUM_NSYS_EVENT_TYPE", "id", "name"):
         for id_, name in sq.execute(_ENUM_SQL):
             if name in types:
-                if not isinstance(id_, int) or isinstance(id_, bool):
-                    raise UserError(f"ENUM_NSYS_EVENT_TYPE gives {name} the id {id_!r}, not an "
-                                    "integer (a damaged or hand-edited export?)")
+                if not isinstance(id_, int) or isinstance(id_, bool) or \
+                        not -2**31 <= id_ < 2**31:
+                    raise UserError(f"ENUM_NSYS_EVENT_TYPE gives {name} the id {id_!r}, not a "
+                                    "32-bit integer (a damaged or hand-edited export?)")
                 types[name] = id_
     return types
 
@@ -284,13 +316,17 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _table_sql(sq: sqlite3.Connection, target: str, source: str, columns: list[Column],
-               tail: str, present: set[str]) -> str:
+               tail: str, present: set[str], path: Path) -> str:
     """The statement that creates ``target`` from the export (empty, same columns, where the
     export has no ``source`` table)."""
     if source not in present:
         cols = ", ".join(f"CAST(NULL AS {c.type}) AS {c.name}" for c in columns)
         return f"CREATE OR REPLACE TABLE {target} AS SELECT {cols} LIMIT 0"
     have = _columns(sq, source)
+    missing = [c for c in REQUIRED_COLUMNS.get(source, ()) if c not in have]
+    if missing:
+        raise UserError(f"{str(path)!r}: table {source} has no column "
+                        f"{', '.join(missing)}: not an nsys export as nsys writes it")
     exprs = []
     for c in columns:
         if c.pack is not None:
@@ -312,6 +348,9 @@ def _run_load(duck: duckdb.DuckDBPyConnection, export: Export, target: str, sql:
     except duckdb.Error as exc:
         raise UserError(f"{str(path)!r}: cannot read table {source}: {_first_line(exc)}") \
             from None
+    except UnicodeDecodeError:  # DuckDB's message quoted the value's bytes, which are not UTF-8
+        raise UserError(f"{str(path)!r}: cannot read table {source}: a value is not of its "
+                        "column's type (bytes that are not text)") from None
     export.load_s[target] = time.perf_counter() - t0
 
 
@@ -348,7 +387,7 @@ def load(duck: duckdb.DuckDBPyConnection, path: str | Path,
         nvtx_types = ", ".join(str(int(types[k])) for k in sorted(types))
         # every statement is written here, with sqlite3 on this thread; the lanes only run them
         sql = {target: _table_sql(sq, target, source, columns,
-                                  tail.format(nvtx_types=nvtx_types), present)
+                                  tail.format(nvtx_types=nvtx_types), present, path)
                for target, (source, columns, tail) in TABLES.items()}
         schema = duck.execute("SELECT current_schema()").fetchall()[0][0]
         _attach(duck, path)
@@ -517,6 +556,10 @@ def resolve_report(arg: str | Path, nsys_path: str | None = None) -> tuple[Path,
             return sqlite, record
         if rep is not None and rep.is_file():
             return _sqlite_for_rep(rep, nsys_path), record
+        named = [str(a) for a in (sqlite, rep) if a is not None and a.exists()]
+        if named:
+            raise UserError(f"run directory {record['run_dir']!r} names nsys export "
+                            f"{named[0]!r}, which is not a file")
         raise UserError(f"run directory {record['run_dir']!r} has no nsys export "
                         "(capture it with 'capture run --nsys')")
     if p.suffix in magic.REP_SUFFIXES:

@@ -25,6 +25,7 @@ import io
 import lzma
 import pickle
 import re
+import zlib
 from operator import itemgetter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,8 +79,12 @@ def _open(path: Path) -> tuple[BinaryIO, str, BinaryIO]:
         raise UserError(f"{str(path)!r} is a directory, not a memory snapshot") from None
     except PermissionError:
         raise UserError(f"permission denied: {str(path)!r}") from None
-    head = f.read(magic.HEAD)
-    f.seek(0)
+    try:
+        head = f.read(magic.HEAD)
+        f.seek(0)
+    except OSError as exc:  # an I/O error of the disk, or a file that cannot seek
+        f.close()
+        raise UserError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
     other = _other_kind(path, head)
     if other:
         f.close()
@@ -136,10 +141,10 @@ def read_snapshot(path: str | Path) -> Any:
         if "truncated" in msg or "ran out of input" in msg.lower():
             raise UserError(f"{what} is truncated (pickle ended early)") from None
         raise UserError(f"{what} is not a readable pickle: {msg}") from None
-    except (lzma.LZMAError, OSError, EOFError) as exc:
+    except (lzma.LZMAError, zlib.error, OSError, EOFError) as exc:
         raise UserError(f"{what} cannot be decompressed: {exc}") from None
-    except Exception as exc:  # zstandard.ZstdError and other decoder errors
-        if type(exc).__module__.startswith("zstd"):
+    except Exception as exc:  # zstandard.ZstdError (module zstandard.backend_c or _cffi)
+        if type(exc).__name__ == "ZstdError" or type(exc).__module__.startswith("zstandard"):
             raise UserError(f"{what} cannot be decompressed: {exc}") from None
         raise
 

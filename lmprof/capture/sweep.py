@@ -143,10 +143,7 @@ def _coerce(name: str, value: Any, where: str) -> Any:
 def load_grid_file(path: str | Path) -> dict[str, Any]:
     """A grid file (YAML, TOML or JSON by suffix): one mapping of option -> value or list."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read grid file {str(p)!r}: {getattr(exc, 'strerror', None) or exc}") from None
+    text = rundir.read_text_file(p, "grid file")
     suffix = p.suffix.lower()
     try:
         if suffix in (".yaml", ".yml"):
