@@ -12,10 +12,17 @@ import errno
 import functools
 import os
 import sys
+import warnings
 from typing import Callable, Iterator, TypeVar
 
 import click
-from click.utils import PacifyFlushWrapper
+
+with warnings.catch_warnings():  # deprecated as public API in newer clicks, to go in click 9
+    warnings.simplefilter("ignore", DeprecationWarning)
+    try:
+        from click.utils import PacifyFlushWrapper
+    except ImportError:  # (click 9: the check below then never matches, and exit 1 stays)
+        PacifyFlushWrapper = None
 
 F = TypeVar("F", bound=Callable)
 
@@ -77,7 +84,8 @@ def run_cli(group: click.Group, argv: list[str] | None = None) -> None:
     except SystemExit as exc:
         # click turns a closed stdout (EPIPE: `analyze ... | head`) into exit 1 without a word,
         # after wrapping stdout in its PacifyFlushWrapper; the reader wanted no more: as above
-        if exc.code == 1 and isinstance(sys.stdout, PacifyFlushWrapper):
+        if exc.code == 1 and PacifyFlushWrapper is not None and \
+                isinstance(sys.stdout, PacifyFlushWrapper):
             sys.exit(0)
         raise
     except Exception as exc:  # noqa: BLE001 - only DuckDB's two input errors become a line
