@@ -190,8 +190,8 @@ def _check_file(path: Path) -> None:
         # (and DuckDB's scanner with it) then creates -wal and -shm files beside the file and
         # reads the log's changes, which nothing here could keep from writing beside the input
         raise UserError(f"{str(path)!r} is an SQLite database in WAL mode, not an nsys export "
-                        "as nsys writes it: convert a copy with "
-                        "\"sqlite3 COPY 'PRAGMA journal_mode=DELETE'\" and give that")
+                        "as nsys writes it: give a copy made rollback-journal with "
+                        "\"sqlite3 copy.sqlite 'PRAGMA journal_mode=DELETE'\"")
 
 
 def open_readonly(path: str | Path) -> sqlite3.Connection:
