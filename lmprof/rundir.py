@@ -20,9 +20,10 @@ run.json (schema_version 1)::
                              vocab_size, context_length, n_params; rope_theta, norm_eps (numbers)
     flops           dict     forward_flops, backward_flops, optimizer_flops (per step, whole batch)
     environment     dict     strings hostname, platform, python, torch, triton, cuda, driver,
-                             device, gpu_name, git_commit; integers gpu_count, gpu_memory_bytes,
-                             cudnn; git_dirty (tracked files changed, bool); ... (null when
-                             unknown)
+                             device, gpu_name, git_commit, float32_matmul_precision (torch's:
+                             highest, high, medium); integers gpu_count, gpu_memory_bytes,
+                             cudnn; bools git_dirty (tracked files changed),
+                             cuda_matmul_allow_tf32; ... (null when unknown)
     timings         dict     see below
     phase_windows   list     [{step, phase, start_ns, end_ns}] on CLOCK_REALTIME (epoch ns), the
                              clock of nsys's session start and of memory snapshots' time_us; a
@@ -225,9 +226,10 @@ _MODEL = {**dict.fromkeys(("vocab_size", "context_length", "d_model", "d_ff", "n
 # environment of any record: the keys the reports read or match on (the GPU's name picks its
 # peak FLOP/s); any other key is a scalar
 _ENVIRONMENT = {**dict.fromkeys(("hostname", "platform", "python", "torch", "triton", "cuda",
-                                 "driver", "device", "gpu_name", "git_commit"), str),
+                                 "driver", "device", "gpu_name", "git_commit",
+                                 "float32_matmul_precision"), str),
                 **dict.fromkeys(("gpu_count", "gpu_memory_bytes", "cudnn"), int),
-                "git_dirty": bool}
+                **dict.fromkeys(("git_dirty", "cuda_matmul_allow_tf32"), bool)}
 _WINDOW = {"step": int, "phase": str, "start_ns": int, "end_ns": int}
 _SUMMARY_KEYS = {"mean_s", "std_s", "median_s", "min_s", "max_s", "n"}
 

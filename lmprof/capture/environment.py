@@ -68,6 +68,9 @@ def collect(device: torch.device) -> dict:
         "gpu_memory_bytes": None,
         "git_commit": git_commit(),
         "git_dirty": git_dirty(),
+        # what fp32 matmuls ran as (IEEE fp32 or TF32): MFU's peak for fp32 runs
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

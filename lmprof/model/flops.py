@@ -6,7 +6,10 @@ Forward, per sequence of T tokens, counting 2 FLOPs per multiply-add:
              attention scores QKᵀ        2·T²·d        (all heads: h·2·T²·d_head)
              attention values PV         2·T²·d
   LM head                                2·T·d·V
-The causal mask is not subtracted: the naive and SDPA paths compute the full T×T product.
+The causal mask is not subtracted: naive attention computes the full T×T product (and torch's
+FlopCounterMode counts it so), while causal SDPA backends and the Triton flash kernel skip the
+masked half of it; their TFLOP/s and MFU therefore read high by up to that share (the benchmark
+table's note says so).
 Backward ≈ 2× forward (grads w.r.t. inputs and weights). AdamW is elementwise, counted per
 parameter (about 10 FLOPs per parameter) so it is visible but never dominates.
 Softmax ≈ 5·T² FLOPs per (batch, head) (max, subtract, exp, sum, divide) — used to contrast
@@ -72,9 +75,13 @@ def step_flops(cfg: ModelConfig, batch_size: int, mode: str) -> dict:
     return out
 
 
-# Dense peak FLOP/s per GPU model (no sparsity), from NVIDIA's data sheets. Keys are matched as
-# substrings of torch.cuda.get_device_name(). Override with --peak-tflops.
+# Dense peak FLOP/s per GPU model (no sparsity), from NVIDIA's data sheets (their tensor-core
+# figures are with sparsity: halved here). Keys are matched as substrings of
+# torch.cuda.get_device_name(), in this order (the NVL and PCIe boards before the SXM ones whose
+# names they contain); a GPU not listed gets no MFU.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H200 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
+    "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
     "H200": {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
     "H100 80GB HBM3": {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
     "H100 PCIe": {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0},
@@ -82,6 +89,7 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "A100": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
     "L40S": {"fp32": 91.6, "tf32": 183.0, "bf16": 362.0, "fp16": 362.0},
     "A10": {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0},
+    "V100-PCIE": {"fp32": 14.0, "tf32": 14.0, "bf16": 0.0, "fp16": 112.0},
     "V100": {"fp32": 15.7, "tf32": 15.7, "bf16": 0.0, "fp16": 125.0},
 }
 

@@ -20,15 +20,31 @@ def phase_summary_table(record: dict[str, Any]) -> pd.DataFrame:
     for name in PHASE_ORDER:
         if name in summary:
             s = summary[name]
-            rows.append({"phase": name, "mean_s": s.get("mean_s"), "std_s": s.get("std_s"),
+            rows.append({"phase": name, "mean_s": s.get("mean_s"),
+                         "std_s": _mean_std(summary, name)[1],
                          "median_s": s.get("median_s"), "min_s": s.get("min_s"),
                          "max_s": s.get("max_s"), "steps": s.get("n")})
     return pd.DataFrame(rows)
 
 
 def _mean_std(summary: dict, key: str) -> tuple[float | None, float | None]:
+    """A phase's mean and sample standard deviation; no deviation over one measured step (the
+    runner records 0.0 there, which would read as no spread measured)."""
     s = summary.get(key)
-    return (s.get("mean_s"), s.get("std_s")) if s else (None, None)
+    if not s:
+        return None, None
+    return s.get("mean_s"), (None if s.get("n") == 1 else s.get("std_s"))
+
+
+def _peak_dtype(dtype: str, env: dict) -> str:
+    """The peak an fp32 run's matmuls ran at: TF32 tensor cores where the run recorded a float32
+    matmul precision other than "highest" or cuBLAS's TF32 switch on (torch's defaults are
+    IEEE fp32; an environment such as TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 changes them), else
+    the dtype's own. Runs recorded before these fields keep the fp32 peak."""
+    if dtype == "fp32" and (env.get("float32_matmul_precision") in ("high", "medium")
+                            or env.get("cuda_matmul_allow_tf32") is True):
+        return "tf32"
+    return dtype
 
 
 def profiled(nsys: bool, memory: bool) -> str:
@@ -54,7 +70,7 @@ def benchmark_table(records: list[dict[str, Any]]) -> pd.DataFrame:
         total_flops = sum(flops.get(k, 0) for k in ("forward_flops", "backward_flops",
                                                    "optimizer_flops"))
         tflops = total_flops / step / 1e12 if step else None
-        peak = peak_tflops(env.get("gpu_name"), c.get("dtype", "fp32"))
+        peak = peak_tflops(env.get("gpu_name"), _peak_dtype(c.get("dtype", "fp32"), env))
         rows.append({
             "size": c.get("size") or "custom",
             "d_model": m.get("d_model"), "d_ff": m.get("d_ff"),
@@ -135,9 +151,12 @@ def benchmark_note(view: pd.DataFrame) -> str:
             "synchronization before and after.")
     if "TFLOP/s" in view.columns:
         note += (" TFLOP/s counts matmul FLOPs of forward, backward (2× forward) and AdamW per "
-                 "step")
-        note += ("; MFU uses the GPU's data-sheet dense peak for the dtype." if "MFU (%)" in
-                 view.columns else " (no MFU: no known peak for these devices).")
+                 "step, attention over the full T×T (as naive attention computes it; causal SDPA "
+                 "and flash kernels skip the masked half, so their TFLOP/s reads high by up to "
+                 "that attention share)")
+        note += ("; MFU uses the GPU's data-sheet dense peak for the dtype (TF32's for fp32 "
+                 "runs whose matmuls ran as TF32)." if "MFU (%)" in view.columns
+                 else " (no MFU: no known peak for these devices).")
     if "Profiled" in view.columns:
         note += (" *Profiled* runs ran under Nsight Systems (nsys) or recorded CUDA memory "
                  "history (memory): their times include the profiler's overhead, so compare "

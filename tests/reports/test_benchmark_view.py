@@ -5,6 +5,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from lmprof.analyze.cli import main as analyze_main
 from lmprof.capture.cli import main as capture_main
 
@@ -117,3 +119,55 @@ def test_a_value_a_run_json_lacks_is_an_empty_cell_and_integers_stay_integers(tm
     lines = capsys.readouterr().out.splitlines()
     batch = lines[0].split(",").index("batch")
     assert sorted(line.split(",")[batch] for line in lines[1:] if line) == ["", "4"]
+
+
+def _edited_run(tmp_path, name: str, edit) -> Path:
+    run = _copy_run(TRAIN, tmp_path / name)
+    record = json.loads((run / "run.json").read_text())
+    edit(record)
+    (run / "run.json").write_text(json.dumps(record))
+    return run
+
+
+def test_one_measured_step_has_no_deviation(tmp_path, capsys):
+    """A phase measured once: its mean alone, not '± 0.00' (the runner records 0.0 there; a
+    sample deviation over one value is undefined)."""
+    def one_step(record):
+        for s in record["timings"]["summary"].values():
+            s["n"], s["std_s"] = 1, 0.0
+    run = _edited_run(tmp_path, "one", one_step)
+    md = _md([str(run)], capsys)
+    step = json.loads((run / "run.json").read_text())["timings"]["summary"]["step"]
+    assert f" {step['mean_s'] * 1e3:.2f} " in md and "± 0.00" not in md
+
+
+def test_mfu_peaks_follow_the_board_and_what_fp32_ran_as(tmp_path):
+    """NVL boards have their own (lower) peaks (they matched the SXM H200's: 'H200' is in
+    'H200 NVL'); an fp32 run whose matmuls ran as TF32 is set against the TF32 peak."""
+    from lmprof.model.flops import peak_tflops
+    from lmprof.reports.tables import benchmark_table
+
+    assert peak_tflops("NVIDIA H200", "bf16") == 989.4
+    assert peak_tflops("NVIDIA H200 NVL", "bf16") == 835.5
+    assert peak_tflops("NVIDIA H100 NVL", "fp32") == 60.0
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.4
+    assert peak_tflops("Tesla V100-PCIE-16GB", "fp16") == 112.0
+    assert peak_tflops("Tesla V100-SXM2-32GB", "fp16") == 125.0
+    plain = json.loads((TRAIN / "run.json").read_text())
+    assert plain["config"]["dtype"] == "fp32"
+    tf32 = json.loads((TRAIN / "run.json").read_text())
+    tf32["environment"]["float32_matmul_precision"] = "high"
+    highest = json.loads((TRAIN / "run.json").read_text())
+    highest["environment"]["float32_matmul_precision"] = "highest"
+    mfu = benchmark_table([plain, tf32, highest]).set_index("status")["mfu_pct"].tolist()
+    assert mfu[0] == mfu[2] and mfu[1] == pytest.approx(mfu[0] * 67.0 / 494.7)
+
+
+def test_cpu_run_records_what_fp32_matmuls_ran_as(tmp_path):
+    import torch
+
+    from lmprof.capture.environment import collect
+
+    env = collect(torch.device("cpu"))
+    assert env["float32_matmul_precision"] == torch.get_float32_matmul_precision()
+    assert env["cuda_matmul_allow_tf32"] is bool(torch.backends.cuda.matmul.allow_tf32)
