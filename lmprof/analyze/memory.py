@@ -248,13 +248,49 @@ def _phase_windows(flat: Flat, run: dict | None) -> tuple[dict[str, list], str]:
                 from None
     if cols["phase"]:
         return cols, "run.json phase windows"
-    if flat.has_user_metadata:
-        return cols, "user_metadata"
     if not flat.trace["seq"] or None in flat.trace["time_us"]:
-        return cols, "none"
+        return cols, "user_metadata" if flat.has_user_metadata else "none"
+    if flat.has_user_metadata:
+        for w in _metadata_windows(flat):
+            add(*w, "user_metadata")
+        return cols, "user_metadata"
     for w in _infer_windows(flat):
         add(*w, "stacks")
     return cols, ("inferred from call stacks" if cols["phase"] else "none")
+
+
+def _metadata_windows(flat: Flat) -> list[tuple]:
+    """Phase windows by wall clock from the ``user_metadata`` tags (the runner's
+    ``_set_memory_metadata(phase)``, set on the thread that runs the step): a tag holds from the
+    first entry that carries it until the next entry with another tag. The autograd thread's
+    entries carry none (most of the backward: 5,997 of 6,003 entries in a small-model capture),
+    so tags are read as windows, as run.json's are, not entry by entry. A step starts at each
+    'forward' or 'inference' tag; a 'step' tag (between phases) marks the step only."""
+    t = flat.trace
+    device = np.asarray(t["device"])
+    main = np.bincount(device).argmax()
+    rows = [(tm, m) for d, tm, m in zip(t["device"], t["time_us"], t["user_metadata"])
+            if d == main]
+    changes, current = [], None  # (first time, tag) where the tag changes
+    for tm, meta in rows:
+        if meta and meta != current:
+            changes.append((tm, meta))
+            current = meta
+    if not changes:
+        return []
+    last_time = max(tm for tm, _ in rows)
+    ends = [nxt - 1 for nxt, _ in changes[1:]] + [last_time]
+    windows, step, step_start = [], -1, None
+    for (start, tag), end in zip(changes, ends):
+        if tag in ("forward", "inference"):
+            if step >= 0:
+                windows.append((step, "step", step_start, start - 1))
+            step, step_start = step + 1, start
+        if tag != "step":
+            windows.append((max(step, 0), tag, start, end))
+    if step >= 0:
+        windows.append((step, "step", step_start, last_time))
+    return windows
 
 
 _KIND_CODE = {None: 0, "forward": 1, "backward": 2, "optimizer": 3}

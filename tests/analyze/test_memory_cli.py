@@ -246,3 +246,24 @@ def test_plots_that_cannot_be_written_and_run_beside_a_run_are_one_line_errors(t
         proc = _run(*args)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
         assert proc.stderr.startswith("error: ") and message in proc.stderr, proc.stderr
+
+
+def test_a_snapshot_without_its_run_reads_phases_from_user_metadata_by_time(tmp_path):
+    """An lmprof snapshot given alone (no run.json beside it): its user_metadata tags, set on
+    the thread that runs the step, hold by wall clock until the next tag, so the backward's
+    entries on the autograd thread (untagged) are backward. Read entry by entry before, 2,760 of
+    the 2,763 backward allocations were 'unknown' and the peak's phase too. The phase tables
+    now equal those from run.json's windows."""
+    run_dir = ROOT / "tests" / "data" / "h200-lmprof-memory"
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "memory.pickle.xz").write_bytes((run_dir / "memory.pickle.xz").read_bytes())
+    with_run, without = (json.loads(_run(p, "--format", "json").stdout)
+                         for p in (run_dir, alone / "memory.pickle.xz"))
+    assert without["memory_peak"][0]["phase_source"] == "user_metadata"
+    assert with_run["memory_peak"][0]["phase_source"] == "run.json phase windows"
+    assert without["memory_by_phase"] == with_run["memory_by_phase"]
+    assert without["memory_peak"][0]["peak_phase"] == "backward"
+    backward = next(r for r in without["memory_by_phase"] if r["phase"] == "backward")
+    assert backward["allocs"] > 2000 and backward["steps"] == 3
+    assert "unknown" not in {r["phase"] for r in without["memory_by_phase"]}
