@@ -15,11 +15,9 @@
 --                            segment_free | segment_map | segment_unmap | oom | snapshot
 --   addr             BIGINT  block (or segment) address
 --   bytes            BIGINT  size in the entry: requested bytes for blocks, segment size
---   block_bytes      BIGINT  allocator block size of alloc/free_completed: the dump's for blocks
---                            still alive at dump, else memory_trace.block_bytes (the replay of
---                            lmprof.analyze.blocks: the request rounded up to 512 B, or the whole
---                            cached block where the allocator did not split it), else (where the
---                            replay cannot know) the request rounded up to 512 B
+--   block_bytes      BIGINT  allocator block size of alloc/free_completed: exact for blocks still
+--                            alive at dump, else the request rounded up to 512 B (the allocator's
+--                            rounding; an unsplit tail of a cached block is not visible in a trace)
 --   stream           BIGINT  CUDA stream
 --   stack_id         INT     memory_stacks id of the entry's call stack
 --   user_metadata    TEXT    torch >= 2.11 `_set_memory_metadata` tag (NULL when empty)
@@ -44,11 +42,10 @@ last_alloc AS (  -- allocations never freed within the trace: their block is in 
     HAVING arg_max(action, seq) = 'alloc'
 ),
 sized AS (
-    SELECT tr.* EXCLUDE (block_bytes),
+    SELECT tr.*,
         CASE
             WHEN tr.action NOT IN ('alloc', 'free_completed') THEN NULL
             WHEN la.seq IS NOT NULL AND a.bytes IS NOT NULL THEN a.bytes
-            WHEN tr.block_bytes IS NOT NULL THEN tr.block_bytes
             WHEN tr.bytes < 512 THEN 512
             ELSE (tr.bytes + 511) // 512 * 512
         END AS block_bytes
