@@ -89,7 +89,8 @@ def timeline_png(con: duckdb.DuckDBPyConnection, sid: int, device: int, path: Pa
     ax.set_xlabel(xlabel)
     ax.set_ylabel("MiB")
     ax.set_ylim(0, max(max(res, default=0), peak_bytes / MIB) * 1.12 or 1)
-    ax.set_xlim(xs[0], xs[-1])
+    if xs[-1] > xs[0]:  # (one entry, or all at one instant: matplotlib picks a range itself,
+        ax.set_xlim(xs[0], xs[-1])  # where equal limits warned on stderr)
     ax.set_title(title, fontsize=10)
     ax.legend(loc="lower right", fontsize=8, ncol=4, framealpha=0.9)
     ax.grid(axis="y", alpha=0.3)

@@ -267,3 +267,23 @@ def test_a_snapshot_without_its_run_reads_phases_from_user_metadata_by_time(tmp_
     backward = next(r for r in without["memory_by_phase"] if r["phase"] == "backward")
     assert backward["allocs"] > 2000 and backward["steps"] == 3
     assert "unknown" not in {r["phase"] for r in without["memory_by_phase"]}
+
+
+def test_a_one_entry_trace_plots_without_a_warning(tmp_path):
+    """A trace of one entry (all entries at one instant): the timeline's x range is matplotlib's
+    own, where equal limits printed a UserWarning on stderr."""
+    snap = {"segments": [{"device": 0, "address": 4096, "total_size": 2 << 20, "stream": 0,
+                          "segment_type": "small", "allocated_size": 512, "active_size": 512,
+                          "requested_size": 100,
+                          "blocks": [{"address": 4096, "size": 512, "state": "active_allocated",
+                                      "requested_size": 100, "frames": []},
+                                     {"address": 4608, "size": (2 << 20) - 512,
+                                      "state": "inactive"}]}],
+            "device_traces": [[{"action": "alloc", "addr": 4096, "size": 100, "stream": 0,
+                                "time_us": 1000, "frames": []}]]}
+    path = tmp_path / "one.pickle"
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    proc = _run(path, "--out", tmp_path / "o")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "o" / "memory_timeline.png").is_file()
+    assert proc.stderr.strip().splitlines() == [f"wrote {tmp_path / 'o' / 'memory_timeline.png'}"]
