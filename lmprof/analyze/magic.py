@@ -59,14 +59,14 @@ def not_a_file(path: str | Path) -> str | None:
     return None
 
 
-def read_head(path: str | Path) -> bytes:
-    """An input file's first ``HEAD`` bytes, for ``kind`` and ``snapshot_like``; a one-line
-    ``UserError`` for a path ``not_a_file`` refuses or that cannot be read."""
+def read_head(path: str | Path, size: int = HEAD) -> bytes:
+    """An input file's first ``size`` bytes (``HEAD``: for ``kind`` and ``snapshot_like``); a
+    one-line ``UserError`` for a path ``not_a_file`` refuses or that cannot be read."""
     if problem := not_a_file(path):
         raise UserError(problem)
     try:
         with open(path, "rb") as fh:
-            return fh.read(HEAD)
+            return fh.read(size)
     except OSError as exc:
         raise UserError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
 

@@ -267,8 +267,7 @@ def _metadata_windows(flat: Flat) -> list[tuple]:
     so tags are read as windows, as run.json's are, not entry by entry. A step starts at each
     'forward' or 'inference' tag; a 'step' tag (between phases) marks the step only."""
     t = flat.trace
-    device = np.asarray(t["device"])
-    main = np.bincount(device).argmax()
+    main = _main_device(np.asarray(t["device"]))
     rows = [(tm, m) for d, tm, m in zip(t["device"], t["time_us"], t["user_metadata"])
             if d == main]
     changes, current = [], None  # (first time, tag) where the tag changes
@@ -293,6 +292,11 @@ def _metadata_windows(flat: Flat) -> list[tuple]:
     return windows
 
 
+def _main_device(device: np.ndarray) -> int:
+    """The device whose trace the phases are read from: the one with most entries."""
+    return int(np.bincount(device).argmax())
+
+
 _KIND_CODE = {None: 0, "forward": 1, "backward": 2, "optimizer": 3}
 
 
@@ -300,8 +304,7 @@ def _infer_windows(flat: Flat) -> list[tuple]:
     """Phase windows from runs of entries whose stacks look like forward/backward/optimizer."""
     t = flat.trace
     device = np.asarray(t["device"])
-    main = np.bincount(device).argmax()
-    sel = device == main
+    sel = device == _main_device(device)
     times = np.asarray(t["time_us"], dtype=np.int64)[sel]
     kind_of_stack = np.array([_KIND_CODE[k] for k in flat.stacks["kind"]], dtype=np.int8)
     codes = kind_of_stack[np.asarray(t["stack_id"], dtype=np.int64)[sel]]

@@ -180,12 +180,11 @@ def _check_file(path: Path) -> None:
         raise UserError(f"no such file: {str(path)!r}")
     if path.is_dir():
         raise UserError(f"{str(path)!r} is a directory, not an nsys SQLite export")
-    if magic.kind(magic.read_head(path)) != "sqlite":
+    head = magic.read_head(path, 20)  # the magic string, and the header's bytes 18-19
+    if magic.kind(head) != "sqlite":
         raise UserError(f"{str(path)!r} is not an SQLite file (export one with "
                         "'nsys export --type=sqlite')")
-    with open(path, "rb") as fh:  # (read_head read it: a regular, readable file)
-        versions = fh.read(20)[18:20]
-    if 2 in versions:
+    if 2 in head[18:20]:
         # bytes 18-19 of the header, 2: write-ahead-log mode, which nsys never writes. SQLite
         # (and DuckDB's scanner with it) then creates -wal and -shm files beside the file and
         # reads the log's changes, which nothing here could keep from writing beside the input

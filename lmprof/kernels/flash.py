@@ -913,6 +913,10 @@ def _check_saved(q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.
 # past the end of a sequence or of d_head are masked, never accessed). A grid's y dimension (the
 # dK/dV kernels' key tiles) holds at most 65535 programs.
 _GRID_Y = 65535
+# the smallest BLOCK_N of every dK/dV tile list: keys that fit the grid with it fit any launch
+_LEAST_KV_BLOCK_N = min(t[1] for lists in (_BWD_KV_TILES, _BWD_KV_ATOMIC_TILES, _IEEE["kv"],
+                                           _IEEE["kv_atomic"]) for lst in lists.values()
+                        for t in lst)
 
 
 def _largest_offset(rows: int, row_stride: int, cols: int, col_stride: int) -> int:
@@ -940,8 +944,8 @@ def _kv_grid_problem(q: torch.Tensor, k: torch.Tensor) -> str | None:
     """Why the dK/dV kernels cannot be launched for these keys, or None: their key tiles, for the
     smallest BLOCK_N the launch may be tuned to, must fit a grid's y dimension (compiled only:
     the interpreter has no such limit)."""
-    if INTERPRET:
-        return None
+    if INTERPRET or _cdiv(k.shape[-2], _LEAST_KV_BLOCK_N) <= _GRID_Y:
+        return None  # (the usual case, on every call: no config lookup)
     args = _launch_args(q, k, False)
     configs = _select(_flash_bwd_dkdv_kernel.configs + _flash_bwd_dkdv_dq_atomic_kernel.configs,
                       args, "BLOCK_N", "BLOCK_M", "SEQ_K_BUCKET", "SEQ_Q_BUCKET")
@@ -1067,13 +1071,21 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
                    lse: torch.Tensor, do: torch.Tensor, is_causal: bool = False,
                    scale: float | None = None, mode: str = "auto"
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward on 4-D inputs from the saved (o, lse): returns (dq, dk, dv), contiguous."""
+    """Backward on 4-D inputs from the saved (o, lse): returns (dq, dk, dv), contiguous. Checks
+    what it is given (ValueError); ``FlashAttentionFn`` calls ``_backward``, its inputs checked
+    by ``flash_attention`` before the forward."""
     check_inputs(q, k, v)
     _check_4d(q)
     _check_saved(q, o, lse, do)
     mode = resolve_backward(mode, q, k)
     if mode != "gluon" and (problem := _kv_grid_problem(q, k)):
         raise ValueError(f"inputs too large for the Triton backward: {problem}")
+    return _backward(q, k, v, o, lse, do, is_causal, scale, mode)
+
+
+def _backward(q, k, v, o, lse, do, is_causal: bool, scale: float | None, mode: str
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``flash_backward`` without its checks, ``mode`` resolved."""
     if mode == "gluon":
         return _gluon_backward(q, k, v, o, lse, do, is_causal, _scale(q.shape[-1], scale))
     q, k, v, do = _vectorisable(q), _vectorisable(k), _vectorisable(v), _vectorisable(do)
@@ -1216,7 +1228,7 @@ class FlashAttentionFn(torch.autograd.Function):
                                "SDPA's math backend for double backward)")
         q, k, v, o, lse = ctx.saved_tensors
         with phase(BACKWARD_RANGE):
-            dq, dk, dv = flash_backward(q, k, v, o, lse, do, ctx.is_causal, ctx.scale, ctx.mode)
+            dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.is_causal, ctx.scale, ctx.mode)
         return dq, dk, dv, None, None, None, None
 
 
