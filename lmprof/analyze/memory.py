@@ -22,8 +22,9 @@ Loaded as is (one row per item of the snapshot):
     memory_blocks         their blocks at dump time: address, bytes, requested_bytes, state
     memory_annotations    external annotations (e.g. Optimizer.step START/END), epoch µs
     memory_phase_windows  step, phase, start_us, end_us, source (run.json | stacks)
-Computed in SQL (``sql/memory_*.sql``, each documents its columns):
+Computed on load with numpy (:mod:`lmprof.analyze.memory_replay` documents its columns):
     memory_events         trace + phase/step + allocated/requested/reserved bytes after each entry
+Computed in SQL (``sql/memory_*.sql``, each documents its columns):
     memory_allocations    one row per allocation lifetime, with an inferred category
     memory_peaks          per device: peaks, when and in which phase, levels at start and dump
     memory_by_phase, memory_live_at_peak, memory_categories   views
@@ -50,6 +51,7 @@ import pandas as pd
 import pyarrow as pa
 
 from lmprof import rundir
+from lmprof.analyze import memory_replay
 from lmprof.analyze.snapshot import Flat, read_flat
 from lmprof.errors import UserError
 
@@ -82,7 +84,7 @@ _SCHEMAS: dict[str, dict[str, pa.DataType]] = {
                          "mode": _STR, "dtype": _STR, "attention": _STR, "compile": _BOOL,
                          "n_params": _BIG, "status": _STR},
 }
-_DERIVED = ("memory_events", "memory_allocations", "memory_peaks")
+_DERIVED = ("memory_allocations", "memory_peaks")
 _VIEWS = ("memory_by_phase", "memory_live_at_peak", "memory_categories")
 
 
@@ -136,6 +138,8 @@ def load_memory(con: duckdb.DuckDBPyConnection, snapshot_path: str | Path,
                   "memory_segments": flat.segments, "memory_blocks": flat.blocks,
                   "memory_annotations": flat.annotations, "memory_phase_windows": windows}
         arrow = {name: _arrow(name, cols) for name, cols in tables.items()}
+        arrow["memory_events"] = memory_replay.events(arrow["memory_trace"], flat.blocks,
+                                                      flat.segments, windows)
     except (pa.ArrowException, OverflowError, ValueError, TypeError) as exc:
         # a snapshot of the right shape holding a value of the wrong type (a string where an
         # address or a time belongs, a number too large for 64 bits): named, not a traceback

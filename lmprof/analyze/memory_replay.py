@@ -1,0 +1,194 @@
+"""memory_events: every trace entry of a snapshot with its phase and the memory levels after it.
+
+Built here, column by column with numpy, from the snapshot's own columns before they reach DuckDB,
+because the reconstruction is three running sums in trace order: as window functions over 1M
+entries DuckDB 1.5.5 took 1.2-1.7 s and about 1 GB beside the trace (bench/results/memory.md,
+2026-11-29), as ``numpy.cumsum`` it is milliseconds.
+
+Columns of the table (``snapshot_id`` is prepended on load):
+  device           INT     CUDA device index (position in device_traces)
+  seq              BIGINT  position of the entry in its device's trace (0 = oldest kept)
+  time_us          BIGINT  entry time, epoch microseconds (CLOCK_REALTIME); NULL in old layouts
+  action           TEXT    alloc | free_requested | free_completed | segment_alloc |
+                           segment_free | segment_map | segment_unmap | oom | snapshot
+  addr             BIGINT  block (or segment) address
+  bytes            BIGINT  size in the entry: requested bytes for blocks, segment size
+  block_bytes      BIGINT  allocator block size of alloc/free_completed: exact for blocks still
+                           alive at dump, else the request rounded up to 512 B (the allocator's
+                           rounding; an unsplit tail of a cached block is not visible in a trace);
+                           NULL for other actions
+  stream           BIGINT  CUDA stream
+  stack_id         INT     memory_stacks id of the entry's call stack
+  user_metadata    TEXT    torch >= 2.11 ``_set_memory_metadata`` tag (NULL when empty)
+  phase            TEXT    innermost phase: from memory_phase_windows by wall clock, else
+                           user_metadata, else 'other' (windows exist, entry outside them) or
+                           'unknown'
+  step             INT     step index of the phase window (NULL when unknown)
+  allocated_bytes  BIGINT  allocated (block) bytes after the entry: torch.cuda.memory_allocated
+  requested_bytes  BIGINT  bytes the live tensors asked for, after the entry (memory_viz's view)
+  reserved_bytes   BIGINT  bytes held in segments after the entry: torch.cuda.memory_reserved
+
+Reconstruction: the level after entry i is the level at dump time minus everything that happened
+after i. Memory allocated before recording began (parameters, optimizer state), or whose
+``alloc`` entry the ring buffer dropped, is therefore counted: it is in the dump state, and its
+``free_completed`` (if any) lowers the level when it happens.
+
+Phase: the innermost window of an entry (the latest-starting leaf window, if it has not ended
+yet, else the step window around it) changes only where a window starts or just after one ends,
+so phase and step are found once per such cut and each entry takes those of the last cut at or
+before its time. Of leaf windows starting at the same microsecond the shortest counts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+ALIVE_STATES = ("active_allocated", "active_pending_free")
+_BLOCK_ACTIONS = ("alloc", "free_completed")
+_SEGMENT_UP = ("segment_alloc", "segment_map")
+_SEGMENT_DOWN = ("segment_free", "segment_unmap")
+
+
+def _ints(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """An integer column as int64 numpy (nulls as 0: the callers mask them where they matter)."""
+    return np.asarray(pc.fill_null(col, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _is(action: pa.ChunkedArray, names: tuple[str, ...]) -> np.ndarray:
+    return np.asarray(pc.is_in(action, value_set=pa.array(names, pa.string()))
+                      .to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _pieces(windows: dict[str, list]) -> tuple[np.ndarray, list, list]:
+    """Cut times (sorted) with the phase and step that hold from each cut to the next."""
+    leaf = sorted((s, e, p, st) for st, p, s, e in zip(windows["step"], windows["phase"],
+                                                       windows["start_us"], windows["end_us"])
+                  if p != "step")
+    # equal starts: the shortest (innermost) wins, so it sorts last among them
+    leaf.sort(key=lambda w: (w[0], -w[1]))
+    steps = sorted(((s, e, st) for st, p, s, e in zip(windows["step"], windows["phase"],
+                                                      windows["start_us"], windows["end_us"])
+                    if p == "step"), key=lambda w: (w[0], -w[1]))
+    cuts = sorted(set(windows["start_us"]) | {e + 1 for e in windows["end_us"]})
+    leaf_starts = np.array([w[0] for w in leaf], dtype=np.int64)
+    step_starts = np.array([w[0] for w in steps], dtype=np.int64)
+    t = np.array(cuts, dtype=np.int64)
+    li = np.searchsorted(leaf_starts, t, side="right") - 1
+    si = np.searchsorted(step_starts, t, side="right") - 1
+    phases: list = []
+    step_of: list = []
+    for c, a, b in zip(cuts, li.tolist(), si.tolist()):
+        if a >= 0 and c <= leaf[a][1]:
+            phases.append(leaf[a][2])
+            step_of.append(leaf[a][3])
+        elif b >= 0 and c <= steps[b][1]:
+            phases.append("step")
+            step_of.append(steps[b][2])
+        else:
+            phases.append(None)
+            step_of.append(None)
+    return t, phases, step_of
+
+
+def _dump_state(blocks: dict[str, list], segments: dict[str, list]
+                ) -> tuple[dict[tuple[int, int], int], dict[int, tuple[int, int, int]]]:
+    """Blocks alive at dump by (device, address) → bytes, and per device the dump's
+    (allocated, requested, reserved) bytes."""
+    alive: dict[tuple[int, int], int] = {}
+    level: dict[int, list[int]] = {}
+    for dev, addr, size, req, state in zip(blocks["device"], blocks["address"], blocks["bytes"],
+                                           blocks["requested_bytes"], blocks["state"]):
+        if state in ALIVE_STATES:
+            alive[(dev, addr)] = size
+            lv = level.setdefault(dev, [0, 0, 0])
+            lv[0] += size or 0
+            lv[1] += req or 0
+    for dev, total in zip(segments["device"], segments["total_bytes"]):
+        level.setdefault(dev, [0, 0, 0])[2] += total or 0
+    return alive, {d: (a, r, s) for d, (a, r, s) in level.items()}
+
+
+def events(trace: pa.Table, blocks: dict[str, list], segments: dict[str, list],
+           windows: dict[str, list]) -> pa.Table:
+    """The memory_events columns of one snapshot, from its trace (an Arrow table of the
+    memory_trace schema in (device, seq) order), its dump's blocks and segments, and its phase
+    windows (columns of memory_phase_windows)."""
+    n = trace.num_rows
+    device = _ints(trace["device"])
+    seq = _ints(trace["seq"])
+    if n and (np.any(np.diff(device) < 0) or np.any((np.diff(seq) <= 0) & (np.diff(device) == 0))):
+        raise ValueError("trace entries are not in (device, seq) order")
+    action = trace["action"]
+    nbytes = _ints(trace["bytes"])
+    sized = np.asarray(pc.is_valid(trace["bytes"]).to_numpy(zero_copy_only=False), dtype=bool)
+    is_alloc = _is(action, ("alloc",)) & sized   # an entry without a size moves no level
+    is_free = _is(action, ("free_completed",)) & sized
+    is_block = is_alloc | is_free
+
+    # block sizes: the request rounded up to 512 B; the dump's size for an allocation whose block
+    # is still alive at dump (its last alloc/free_completed entry is an alloc at a live address)
+    block = np.maximum((nbytes + 511) // 512 * 512, 512)
+    alive, dump = _dump_state(blocks, segments)
+    if alive:
+        addr = _ints(trace["addr"])
+        alive_addrs = pa.array([a for _, a in alive], pa.int64())
+        at_alive = pc.is_in(trace["addr"], value_set=alive_addrs)  # hashed, not sorted
+        idx = np.flatnonzero(is_block & np.asarray(pc.fill_null(at_alive, False)
+                                                   .to_numpy(zero_copy_only=False), dtype=bool))
+        last: dict[tuple[int, int], int] = {}
+        for i, d, a in zip(idx.tolist(), device[idx].tolist(), addr[idx].tolist()):
+            last[(d, a)] = i  # idx ascends in (device, seq): the last one seen is the latest
+        for key, i in last.items():
+            if is_alloc[i] and key in alive and alive[key] is not None:
+                block[i] = alive[key]
+
+    d_alloc = np.where(is_alloc, block, np.where(is_free, -block, 0))
+    d_req = np.where(is_alloc, nbytes, np.where(is_free, -nbytes, 0))
+    d_res = np.where(_is(action, _SEGMENT_UP), nbytes,
+                     np.where(_is(action, _SEGMENT_DOWN), -nbytes, 0))
+    # after entry i: dump level - (sum of the device's deltas) + (its deltas up to i)
+    starts = np.flatnonzero(np.r_[True, np.diff(device) != 0]) if n else np.zeros(0, np.int64)
+    ends = np.r_[starts[1:], n] if n else starts
+    levels = []
+    for k, d in enumerate((d_alloc, d_req, d_res)):
+        if not n:
+            levels.append(d)
+            continue
+        run = np.cumsum(d)
+        before = np.r_[0, run][starts]          # running sum before each device's first entry
+        total = run[ends - 1] - before           # each device's sum
+        at_dump = np.array([dump.get(int(device[s]), (0, 0, 0))[k] for s in starts],
+                           dtype=np.int64)
+        levels.append(run + np.repeat(at_dump - total - before, ends - starts))
+
+    # phase and step by wall clock, then user_metadata, then other/unknown
+    time_us = trace["time_us"]
+    has_windows = any(p != "step" for p in windows["phase"])
+    step = pa.nulls(n, pa.int32())
+    if windows["phase"]:
+        cuts, phases, steps = _pieces(windows)
+        valid = np.asarray(pc.is_valid(time_us).to_numpy(zero_copy_only=False), dtype=bool)
+        at = np.searchsorted(cuts, _ints(time_us), side="right") - 1
+        at[~valid] = -1
+        names = pa.array(phases + [None], pa.string())
+        step_vals = pa.array(list(steps) + [None], pa.int32())
+        pick = pa.array(np.where(at >= 0, at, len(phases)))
+        window_phase = names.take(pick)
+        step = step_vals.take(pick)
+    else:
+        window_phase = pa.nulls(n, pa.string())
+    fallback = "other" if has_windows else "unknown"
+    phase = pc.coalesce(window_phase, trace["user_metadata"], pa.scalar(fallback, pa.string()))
+
+    bb = pa.array(block, pa.int64(), mask=~is_block)
+    return pa.table({
+        "device": trace["device"], "seq": trace["seq"], "time_us": time_us,
+        "action": action, "addr": trace["addr"], "bytes": trace["bytes"], "block_bytes": bb,
+        "stream": trace["stream"], "stack_id": trace["stack_id"],
+        "user_metadata": trace["user_metadata"], "phase": phase, "step": step,
+        "allocated_bytes": pa.array(levels[0], pa.int64()),
+        "requested_bytes": pa.array(levels[1], pa.int64()),
+        "reserved_bytes": pa.array(levels[2], pa.int64()),
+    })
