@@ -98,8 +98,17 @@ def make_snapshot(entries: int, out: Path) -> dict:
     big = []
     # Repetition r is shifted back in time, so the newest one is the fixture's own (whose
     # addresses the dump state matches); older ones use addresses no dump block uses.
+    # An older repetition runs in copies of the dump's segments, allocated before its first
+    # entry and freed after its last, so its addresses lie in segments the trace knows (the
+    # block-size replay of lmprof.analyze.blocks works on every entry, as on a real trace).
     for r in range(reps - 1, -1, -1):
         lists: dict[int, list] = {}
+        t_first = steady[0]["time_us"] - r * span_us
+        t_last = steady[-1]["time_us"] - r * span_us
+        segs = [{"action": "segment_alloc", "addr": sg["address"] + r * addr_step,
+                 "size": sg["total_size"], "stream": sg.get("stream", 0), "time_us": t_first,
+                 "frames": []} for sg in data["segments"]] if r else []
+        big += segs
         for e in (trace if r == 0 else steady):
             fr = e["frames"]
             new_fr = lists.get(id(fr))
@@ -107,6 +116,7 @@ def make_snapshot(entries: int, out: Path) -> dict:
                 new_fr = lists[id(fr)] = list(fr)
             big.append({**e, "addr": e["addr"] + r * addr_step,
                         "time_us": e["time_us"] - r * span_us, "frames": new_fr})
+        big += [{**sg, "action": "segment_free", "time_us": t_last} for sg in segs]
     big = big[max(0, len(big) - entries):]
     data["device_traces"] = [big]
     with open(out, "wb") as f:

@@ -13,10 +13,11 @@ Columns of the table (``snapshot_id`` is prepended on load):
                            segment_free | segment_map | segment_unmap | oom | snapshot
   addr             BIGINT  block (or segment) address
   bytes            BIGINT  size in the entry: requested bytes for blocks, segment size
-  block_bytes      BIGINT  allocator block size of alloc/free_completed: exact for blocks still
-                           alive at dump, else the request rounded up to 512 B (the allocator's
-                           rounding; an unsplit tail of a cached block is not visible in a trace);
-                           NULL for other actions
+  block_bytes      BIGINT  allocator block size of alloc/free_completed: the dump's for blocks
+                           still alive at dump, else the replay's of :mod:`lmprof.analyze.blocks`
+                           (the request rounded up to 512 B, or the whole cached block where the
+                           allocator did not split it), else (where the replay cannot know) the
+                           request rounded up to 512 B; NULL for other actions
   stream           BIGINT  CUDA stream
   stack_id         INT     memory_stacks id of the entry's call stack
   user_metadata    TEXT    torch >= 2.11 ``_set_memory_metadata`` tag (NULL when empty)
@@ -27,6 +28,8 @@ Columns of the table (``snapshot_id`` is prepended on load):
   allocated_bytes  BIGINT  allocated (block) bytes after the entry: torch.cuda.memory_allocated
   requested_bytes  BIGINT  bytes the live tensors asked for, after the entry (memory_viz's view)
   reserved_bytes   BIGINT  bytes held in segments after the entry: torch.cuda.memory_reserved
+  device_free_bytes BIGINT the entry's ``device_free`` as the snapshot gives it (torch records it
+                           on ``oom`` entries: the bytes the device had free)
 
 Reconstruction: the level after entry i is the level at dump time minus everything that happened
 after i. Memory allocated before recording began (parameters, optimizer state), or whose
@@ -111,10 +114,11 @@ def _dump_state(blocks: dict[str, list], segments: dict[str, list]
 
 
 def events(trace: pa.Table, blocks: dict[str, list], segments: dict[str, list],
-           windows: dict[str, list]) -> pa.Table:
+           windows: dict[str, list], exact: np.ndarray | None = None) -> pa.Table:
     """The memory_events columns of one snapshot, from its trace (an Arrow table of the
-    memory_trace schema in (device, seq) order), its dump's blocks and segments, and its phase
-    windows (columns of memory_phase_windows)."""
+    memory_trace schema in (device, seq) order), its dump's blocks and segments, its phase
+    windows (columns of memory_phase_windows) and, per entry, the block bytes the replay of
+    :mod:`lmprof.analyze.blocks` found (-1 where it does not know)."""
     n = trace.num_rows
     device = _ints(trace["device"])
     seq = _ints(trace["seq"])
@@ -130,6 +134,8 @@ def events(trace: pa.Table, blocks: dict[str, list], segments: dict[str, list],
     # block sizes: the request rounded up to 512 B; the dump's size for an allocation whose block
     # is still alive at dump (its last alloc/free_completed entry is an alloc at a live address)
     block = np.maximum((nbytes + 511) // 512 * 512, 512)
+    if exact is not None:
+        block = np.where(exact >= 0, exact, block)
     alive, dump = _dump_state(blocks, segments)
     if alive:
         addr = _ints(trace["addr"])
@@ -191,4 +197,5 @@ def events(trace: pa.Table, blocks: dict[str, list], segments: dict[str, list],
         "allocated_bytes": pa.array(levels[0], pa.int64()),
         "requested_bytes": pa.array(levels[1], pa.int64()),
         "reserved_bytes": pa.array(levels[2], pa.int64()),
+        "device_free_bytes": trace["device_free_bytes"],
     })

@@ -15,6 +15,9 @@ from lmprof.analyze.cli import analyze
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "data" / "h200-small-fp32" / "memory.pickle.xz"
+# its allocated peak: 2774.5 MiB, the captured workload's torch.cuda.max_memory_allocated()
+# (test_memory_tables.py checks it)
+PEAK = 2909263872
 
 
 def _run(*args):
@@ -110,7 +113,7 @@ def test_several_runs_compare(tmp_path):
     assert res.exit_code == 0, res.output
     pbc = (tmp_path / "o" / "memory_peak_by_context.csv").read_text().split()
     assert pbc[0] == "size,context_length,forward_fp32_peak_bytes,train_fp32_peak_bytes"
-    assert pbc[1:] == ["small,128,,2899810304", "small,256,2899810304,"]
+    assert pbc[1:] == [f"small,128,,{PEAK}", f"small,256,{PEAK},"]
     res = CliRunner().invoke(analyze, ["memory", *dirs, "--run", dirs[0]])
     assert res.exit_code != 0
     # the directory holding both runs stands for them (a run without a snapshot is left out)
@@ -187,14 +190,14 @@ def test_peak_by_context_keeps_attention_apart(tmp_path):
     pbc = (tmp_path / "o" / "memory_peak_by_context.csv").read_text().split()
     assert pbc[0] == "size,attention,context_length,train_fp32_peak_bytes"
     peaks = dict(row.split(",")[1::2] for row in pbc[1:])  # attention -> peak
-    assert peaks["naive"] == "2899810304" and int(peaks["flash"]) < 2899810304
+    assert peaks["naive"] == str(PEAK) and int(peaks["flash"]) < PEAK
     compare = (tmp_path / "o" / "memory_compare.csv").read_text().splitlines()
     assert "attention" in compare[0].split(",") and "compile" in compare[0].split(",")
     # markdown shows MiB as its header says (the nullable integers were printed as bytes)
     res = CliRunner().invoke(analyze, ["memory", *dirs], catch_exceptions=False)
     table = res.output.split("## memory peak by context")[1]
     assert "Train fp32 peak (MiB)" in table
-    assert f"{2899810304 / 2**20:.1f}" in table and "2899810304" not in table  # 2765.469
+    assert f"{PEAK / 2**20:.1f}" in table and str(PEAK) not in table  # 2774.5
 
 
 def test_largest_allocations_show_first_alloc_in_ms():
@@ -287,3 +290,30 @@ def test_a_one_entry_trace_plots_without_a_warning(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "o" / "memory_timeline.png").is_file()
     assert proc.stderr.strip().splitlines() == [f"wrote {tmp_path / 'o' / 'memory_timeline.png'}"]
+
+
+def test_a_reused_database_holds_only_the_last_run(tmp_path):
+    """A second run into one `--db` replaces the memory tables (memory_events too, which is
+    loaded rather than derived), and memory_trace stays the view of its columns; a database
+    whose memory_trace is a table (lmprof before that view) is replaced as well."""
+    import duckdb
+
+    db = tmp_path / "m.duckdb"
+    for _ in range(2):
+        assert _run(FIXTURE, "--db", db).returncode == 0
+        con = duckdb.connect(str(db), read_only=True)
+        counts = con.execute("SELECT (SELECT count(*) FROM memory_events), "
+                             "(SELECT count(*) FROM memory_trace)").fetchall()[0]
+        kind = con.execute("SELECT table_type FROM information_schema.tables "
+                           "WHERE table_name = 'memory_trace'").fetchall()
+        con.close()
+        assert counts == (12819, 12819) and kind == [("VIEW",)]
+    con = duckdb.connect(str(db))
+    con.execute("DROP VIEW memory_trace")
+    con.execute("CREATE TABLE memory_trace AS SELECT 1 AS seq")
+    con.close()
+    proc = _run(FIXTURE, "--db", db)
+    assert proc.returncode == 0, proc.stderr
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT count(*) FROM memory_trace").fetchall()[0][0] == 12819
+    con.close()

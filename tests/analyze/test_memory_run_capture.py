@@ -34,6 +34,7 @@ def replay():
     last = {e["addr"]: i for i, e in enumerate(trace) if e["action"] in ("alloc", "free_completed")}
 
     def block(i, e):  # allocator bytes: exact for blocks alive at dump, else rounded to 512 B
+        # (a lower bound: lmprof.analyze.blocks also finds the cached blocks left unsplit)
         if e["action"] == "alloc" and last[e["addr"]] == i and e["addr"] in alive_at_dump:
             return alive_at_dump[e["addr"]]
         return max(512, (e["size"] + 511) // 512 * 512)
@@ -83,7 +84,10 @@ def test_peak_is_in_backward(con, run, replay):
             and w["start_ns"] <= replay["time_us"] * 1000 <= w["end_ns"]]
     assert [w["phase"] for w in leaf] == ["backward"]
     pk = memory.peaks(con)
-    assert pk["peak_allocated_bytes"][0] == replay["peak"]
+    # torch's own max_memory_allocated() over the measured steps, to the byte (the replay here
+    # rounds requests to 512 B only: a lower bound, 0.17% below)
+    assert pk["peak_allocated_bytes"][0] == run["peak_memory"]["allocated_bytes"]
+    assert replay["peak"] < pk["peak_allocated_bytes"][0] < replay["peak"] * 1.01
     assert pk["peak_phase"][0] == "backward" and pk["peak_step"][0] == leaf[0]["step"]
 
 

@@ -55,14 +55,16 @@ def test_requested_peak_matches_plain_replay(con, snap):
 
 
 def test_allocated_peak_matches_replay_and_max_memory_allocated(con, snap):
-    # blocks alive at dump count their exact size; trace events their 512-byte rounding
-    start, peak = _replay(snap, lambda x: x["size"] if "state" in x else _round(x["size"]))
+    # the captured workload's torch.cuda.max_memory_allocated() (whole process, warm-up too),
+    # to its 0.1 MiB: the replayed block sizes (lmprof.analyze.blocks) give it exactly
     got, at_start, at_dump = con.execute(
         "SELECT peak_allocated_bytes, start_allocated_bytes, dump_allocated_bytes "
         "FROM memory_peaks").fetchall()[0]
-    assert got == peak and at_start == start
-    # the captured workload's torch.cuda.max_memory_allocated() (whole process, warm-up too)
-    assert abs(got / MIB - 2774.5) / 2774.5 < 0.01
+    assert round(got / MIB, 1) == 2774.5
+    # every block at least its request rounded to 512 B (what the trace alone tells): a peak
+    # at least that replay's, which read 0.33% low here
+    _, rounded = _replay(snap, lambda x: x["size"] if "state" in x else _round(x["size"]))
+    assert rounded < got < rounded * 1.01
     # torch's own segment summary agrees on the state at dump
     from torch.cuda import _memory_viz
 

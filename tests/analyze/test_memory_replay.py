@@ -1,0 +1,239 @@
+"""memory_replay.events checked against a brute-force reference written from its semantics.
+
+The reference below is plain Python, entry by entry, with no numpy and nothing shared with the
+module: block sizes (the dump's size for an allocation still alive at dump, else the request
+rounded up to 512 B), the levels after each entry (dump level minus everything after the entry)
+and phase/step (the innermost window at the last window cut at or before the entry's time).
+It is compared row by row on seeded random traces, on an empty trace and on the H200 fixture.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from lmprof.analyze import memory, snapshot
+from lmprof.analyze.memory_replay import events
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT / "tests" / "data" / "h200-small-fp32" / "memory.pickle.xz"
+TRACE_COLS = ("device", "seq", "time_us", "action", "addr", "bytes", "stream", "stack_id",
+              "user_metadata", "device_free_bytes")
+ALIVE = ("active_allocated", "active_pending_free")
+ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
+           "segment_map", "segment_unmap", "oom", "snapshot")
+I32, I64, STR = pa.int32(), pa.int64(), pa.string()
+SCHEMA = {"device": I32, "seq": I64, "time_us": I64, "action": STR, "addr": I64, "bytes": I64,
+          "block_bytes": I64, "stream": I64, "stack_id": I32, "user_metadata": STR,
+          "phase": STR, "step": I32, "allocated_bytes": I64, "requested_bytes": I64,
+          "reserved_bytes": I64, "device_free_bytes": I64}
+
+
+# --- the reference ---------------------------------------------------------------------------
+
+def _innermost(wins, t):
+    """Of windows (start, end, phase, step) starting at or before t: the latest-starting one,
+    the shortest among equal starts; None if none starts by t."""
+    best = None
+    for w in wins:
+        if w[0] <= t and (best is None or w[0] > best[0] or (w[0] == best[0] and w[1] < best[1])):
+            best = w
+    return best
+
+
+def _pair_at_cut(windows, t):
+    """(phase, step) holding from cut t: the innermost leaf window if not ended, else the
+    innermost step window if not ended, else (None, None)."""
+    all_w = list(zip(windows["start_us"], windows["end_us"], windows["phase"], windows["step"]))
+    leaf = _innermost([w for w in all_w if w[2] != "step"], t)
+    if leaf is not None and t <= leaf[1]:
+        return leaf[2], leaf[3]
+    step = _innermost([w for w in all_w if w[2] == "step"], t)
+    if step is not None and t <= step[1]:
+        return "step", step[3]
+    return None, None
+
+
+def reference(trace: dict, blocks: dict, segments: dict, windows: dict) -> list[dict]:
+    rows = [dict(zip(TRACE_COLS, r)) for r in zip(*(trace[c] for c in TRACE_COLS))]
+    alive = {}                                   # (device, address) -> block bytes
+    dump = {}                                    # device -> [allocated, requested, reserved]
+    for d, a, b, r, s in zip(blocks["device"], blocks["address"], blocks["bytes"],
+                             blocks["requested_bytes"], blocks["state"]):
+        if s in ALIVE:
+            alive[(d, a)] = b
+            lv = dump.setdefault(d, [0, 0, 0])
+            lv[0] += b
+            lv[1] += r
+    for d, total in zip(segments["device"], segments["total_bytes"]):
+        dump.setdefault(d, [0, 0, 0])[2] += total
+    last = {}                                    # (device, addr) -> index of its last alloc/free
+    for i, r in enumerate(rows):
+        if r["action"] in ("alloc", "free_completed"):
+            last[(r["device"], r["addr"])] = i
+    deltas = []
+    for i, r in enumerate(rows):
+        key, act, n = (r["device"], r["addr"]), r["action"], r["bytes"]
+        bb = None
+        if act in ("alloc", "free_completed"):
+            if last[key] == i and act == "alloc" and key in alive:
+                bb = alive[key]
+            else:
+                bb = max(512, -(-n // 512) * 512)
+        sign = {"alloc": 1, "free_completed": -1}.get(act, 0)
+        res = {"segment_alloc": n, "segment_map": n, "segment_free": -n,
+               "segment_unmap": -n}.get(act, 0)
+        deltas.append((bb, sign * (bb or 0), sign * n, res))
+    totals = {}                                  # device -> sum of all its deltas
+    for r, (_, *d) in zip(rows, deltas):
+        t = totals.setdefault(r["device"], [0, 0, 0])
+        for k in range(3):
+            t[k] += d[k]
+    cuts = sorted(set(windows["start_us"]) | {e + 1 for e in windows["end_us"]})
+    has_leaf = any(p != "step" for p in windows["phase"])
+    out, running = [], {}
+    for r, (bb, *d) in zip(rows, deltas):
+        run = running.setdefault(r["device"], [0, 0, 0])
+        base = dump.get(r["device"], [0, 0, 0])
+        levels = []
+        for k in range(3):
+            run[k] += d[k]
+            levels.append(base[k] - totals[r["device"]][k] + run[k])
+        phase, step = None, None
+        if r["time_us"] is not None:
+            before = [c for c in cuts if c <= r["time_us"]]
+            if before:
+                phase, step = _pair_at_cut(windows, max(before))
+        if phase is None:
+            phase = r["user_metadata"] or ("other" if has_leaf else "unknown")
+        row = {c: r[c] for c in TRACE_COLS}  # the trace's columns, device_free_bytes included
+        row.update(block_bytes=bb, phase=phase, step=step, allocated_bytes=levels[0],
+                   requested_bytes=levels[1], reserved_bytes=levels[2])
+        out.append(row)
+    return out
+
+
+def check(trace: dict, blocks: dict, segments: dict, windows: dict) -> None:
+    got = events(memory._arrow("memory_trace", trace), blocks, segments, windows)
+    assert {f.name: f.type for f in got.schema} == SCHEMA
+    want = reference(trace, blocks, segments, windows)
+    rows = got.to_pylist()
+    assert len(rows) == len(want)
+    for i, (g, w) in enumerate(zip(rows, want)):
+        assert g == w, f"row {i}"
+
+
+# --- synthetic snapshots ---------------------------------------------------------------------
+
+def _windows(rng: random.Random, kind: str) -> dict:
+    """Steps 0..n-1 with gaps between them; inside each, leaf windows that may share a start
+    (different ends), nest, or end before the step does. kind: 'none', 'steps' or 'full'."""
+    w = {"step": [], "phase": [], "start_us": [], "end_us": [], "source": []}
+    if kind == "none":
+        return w
+
+    def add(step, phase, s, e):
+        for k, v in zip(w, (step, phase, s, e, "test")):
+            w[k].append(v)
+
+    t = rng.choice((-40, 0, 100))     # time 0 (a NULL time_us's fill) inside a window or not
+    for k in range(rng.randint(2, 4)):
+        s, e = t, t + rng.randint(60, 120)
+        add(k, "step", s, e)
+        if kind == "full":
+            a = s + rng.randint(0, 5)
+            fwd_end = a + rng.randint(10, 25)
+            add(k, "forward", a, fwd_end)
+            if rng.random() < 0.5:                       # same start, longer: shortest wins
+                add(k, "inference", a, fwd_end + rng.randint(1, 10))
+            b = fwd_end + rng.randint(1, 3)
+            add(None if rng.random() < 0.2 else k, "backward", b, b + rng.randint(10, 20))
+            if rng.random() < 0.5:                       # nested: ends inside backward
+                add(k, "optimizer", b + 2, b + 5)
+            add(k, "optimizer", b + 25, min(e - 5, b + 40))  # ends while the step goes on
+        t = e + rng.randint(1, 30)                           # gap before the next step
+    return w
+
+
+SIZES = (0, 1, 511, 512, 513, 4096, 2**20 + 3, 2**33 + 7)
+
+
+def _snapshot(seed: int) -> tuple[dict, dict, dict, dict]:
+    rng = random.Random(seed)
+    windows = _windows(rng, ("none", "steps", "full", "full")[seed % 4])
+    bounds = [t + dt for t in windows["start_us"] + windows["end_us"] for dt in (-1, 0, 1)]
+    pool = [0x1000 * k for k in range(1, 9)]     # shared by every device: addresses reused
+    n_dev = rng.choice((2, 3))
+    trace = {c: [] for c in TRACE_COLS}
+    for dev in range(n_dev):
+        for seq in range(rng.randint(1, 40)):
+            act = rng.choice(ACTIONS + ("alloc", "free_completed") * 3)
+            r = rng.random()
+            time = None if r < 0.1 else (rng.choice(bounds) if r < 0.4 and bounds
+                                         else rng.randint(-100, 800))
+            meta = rng.choice((None, None, "tag-a", "tag-b"))
+            size = rng.choice(SIZES + (rng.randint(0, 10**6),))
+            for c, v in zip(TRACE_COLS, (dev, seq, time, act, rng.choice(pool), size,
+                                         rng.choice((0, 7)), rng.randint(0, 5), meta,
+                                         rng.choice((None, 2**34)))):
+                trace[c].append(v)
+    blocks = {c: [] for c in ("device", "segment_address", "address", "bytes",
+                              "requested_bytes", "state", "stack_id")}
+    segments = {c: [] for c in ("device", "address", "total_bytes", "allocated_bytes",
+                                "active_bytes", "requested_bytes", "stream", "segment_type",
+                                "is_expandable", "stack_id")}
+    empty_dev = rng.randrange(n_dev + 1)         # this device has no blocks nor segments
+    for dev in range(n_dev + 1):                 # device n_dev: blocks but no trace
+        if dev == empty_dev:
+            continue
+        seen = rng.sample(pool, rng.randint(0, len(pool))) + [0x99000 + dev, 0x9a000]
+        for a in seen:
+            size = rng.choice((512, 1024, 1536, 2**21, 777))  # not always the rounding
+            for c, v in zip(blocks, (dev, 0, a, size, rng.randint(0, size),
+                                     rng.choice(ALIVE + ("inactive",)), 1)):
+                blocks[c].append(v)
+        for k in range(rng.randint(0, 3)):
+            for c, v in zip(segments, (dev, 0x100000 * (k + 1), rng.choice((2**21, 2**25)),
+                                       0, 0, 0, 0, "large", False, 1)):
+                segments[c].append(v)
+    return trace, blocks, segments, windows
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_snapshots_match_the_reference(seed):
+    check(*_snapshot(seed))
+
+
+@pytest.mark.parametrize("seed", [0, 2], ids=["no-windows", "windows"])
+def test_empty_trace_gives_no_rows(seed):
+    trace, blocks, segments, windows = _snapshot(seed)
+    got = events(memory._arrow("memory_trace", {c: [] for c in TRACE_COLS}), blocks, segments,
+                 windows)
+    assert got.num_rows == 0
+    assert {f.name: f.type for f in got.schema} == SCHEMA
+
+
+@pytest.mark.parametrize("swap", [(0, 1), (1, 2)], ids=["seq", "device"])
+def test_trace_out_of_order_is_refused(swap):
+    trace = {c: [] for c in TRACE_COLS}
+    for dev, seq in ((0, 0), (0, 1), (1, 0)):
+        for c, v in zip(TRACE_COLS, (dev, seq, 10, "alloc", 0x1000, 512, 0, 0, None, None)):
+            trace[c].append(v)
+    i, j = swap                                  # (0, 1): seq 1 before 0; (1, 2): device 1 first
+    for c in TRACE_COLS:
+        trace[c][i], trace[c][j] = trace[c][j], trace[c][i]
+    with pytest.raises(ValueError):
+        events(memory._arrow("memory_trace", trace), {k: [] for k in (
+            "device", "address", "bytes", "requested_bytes", "state")},
+            {"device": [], "total_bytes": []}, {"step": [], "phase": [], "start_us": [],
+                                                 "end_us": [], "source": []})
+
+
+def test_fixture_matches_the_reference():
+    flat = snapshot.read_flat(FIXTURE)
+    windows = memory._phase_windows(flat, None)[0]
+    assert any(p != "step" for p in windows["phase"])    # the fixture has leaf windows
+    check(flat.trace, flat.blocks, flat.segments, windows)
