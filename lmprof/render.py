@@ -220,7 +220,14 @@ def _table_markdown(table: Table, shorten: Shorten | None, floatfmt: str,
                              None if raw else headers)
     return tabulate.tabulate([[_cell(v) for v in row] for row in rows],
                              headers=[_cell(h) for h in headers], tablefmt="pipe",
-                             showindex=False, floatfmt=formats, missingval="")
+                             showindex=False, floatfmt=formats, missingval="",
+                             disable_numparse=_text_columns(rows))
+
+
+def _text_columns(rows: list) -> list[int]:
+    """Columns holding text: tabulate would read "12.10" or "1e3" in them as numbers and print
+    12.100 and 1000.000; their text is shown as it is."""
+    return sorted({i for row in rows for i, v in enumerate(row) if isinstance(v, str)})
 
 
 def _cell(v: Any) -> Any:
@@ -303,7 +310,9 @@ def to_markdown(df: pd.DataFrame, shorten: Shorten | None = None,
     view = view.astype(object).where(view.notna(), None)  # NaN/NA print as empty cells
     formats = _float_formats([list(view[c]) for c in view.columns], floatfmt,
                              None if raw else list(view.columns))
-    return escaped(view).to_markdown(index=False, floatfmt=formats, missingval="")
+    out = escaped(view)
+    return out.to_markdown(index=False, floatfmt=formats, missingval="",
+                           disable_numparse=_text_columns(out.itertuples(index=False)))
 
 
 def escaped(df: pd.DataFrame) -> pd.DataFrame:

@@ -201,9 +201,13 @@ def build_grid(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Grid:
             fixed[name] = _coerce(name, value, where)
             continue
         values = value if isinstance(value, list) else [value]
-        values = [v for v in values if not (isinstance(v, str) and not v.strip())]
-        if not values:
+        blank = [v for v in values if isinstance(v, str) and not v.strip()]
+        if len(blank) == len(values):
             raise UserError(f"empty grid: {_FLAGS[name]} has no values")
+        if blank:  # '128,,256' or '128,': a value left out by mistake, not a wish to drop it
+            shown = (f"{_FLAGS[name]} {values!r}" if where == "grid file"
+                     else repr(",".join(map(str, values))))
+            raise UserError(f"{where}: {shown} has an empty item")
         values = [_coerce(name, v, where) for v in values]
         # (a switch's values as written: yes, not True)
         dupes = sorted({("yes" if v else "no") if isinstance(v, bool) else str(v)

@@ -328,3 +328,16 @@ def test_a_bar_in_text_stays_in_its_cell():
     assert [c.strip() for c in row.strip("|").split(" | ")] == ["runs/a\\|b.pickle", "2.500"]
     assert header.count("|") - header.count("\\|") == 3  # two cells
     assert render(Table.fetch(con.execute(sql)), "csv").splitlines()[1] == "runs/a|b.pickle,2.5"
+
+
+def test_numbers_in_text_print_as_written():
+    """Text that reads as a number (a version, a label) keeps its digits in markdown: tabulate
+    parsed "12.10" and "1e3" as numbers and printed 12.100 and 1000.000."""
+    rows = [("86.0", 1.5), ("12.10", 2.0), ("1e3", 3.0)]
+    import pandas as pd
+
+    for table in (Table(["version", "n"], ["VARCHAR", "DOUBLE"], rows),
+                  pd.DataFrame(rows, columns=["version", "n"])):
+        cells = [[c.strip() for c in line.strip("|").split("|")]
+                 for line in render(table, "md").splitlines()[2:]]
+        assert cells == [["86.0", "1.500"], ["12.10", "2.000"], ["1e3", "3.000"]]

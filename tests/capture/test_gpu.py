@@ -94,3 +94,42 @@ def test_memory_snapshot_of_an_out_of_memory_run(tmp_path, warmup):
         assert int(oom[0]["requested_bytes"]) > int(oom[0]["device_free_bytes"])
     else:
         assert not (out / "memory_oom.csv").exists()
+
+
+@pytest.mark.parametrize("extra", [
+    ["--mode", "train"],
+    ["--mode", "train", "--dtype", "bf16", "--context-length", "512"],
+    ["--mode", "forward", "--batch-size", "8"],
+    ["--mode", "train", "--attention", "flash", "--dtype", "bf16"],
+    ["--mode", "train", "--model", "medium", "--batch-size", "2"],
+], ids=["train-fp32", "train-bf16-512", "inference", "train-flash-bf16", "medium-train"])
+def test_memory_peak_is_max_memory_allocated_to_the_byte(tmp_path, extra):
+    """A fresh capture: the allocated peak analyze memory rebuilds from the snapshot (blocks
+    replayed by lmprof.analyze.blocks) equals the runner's torch.cuda.max_memory_allocated()
+    over the measured steps, and the reserved peak max_memory_reserved()."""
+    import json
+    import subprocess
+    import sys
+
+    from click.testing import CliRunner
+
+    from lmprof.capture.cli import capture
+
+    args = ["run", "--model", "small", "--context-length", "128", "--warmup", "1", "--steps",
+            "2", "--memory", "--out", str(tmp_path), "-q"]
+    for flag, value in zip(extra[::2], extra[1::2]):  # the case's options replace the defaults
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    res = CliRunner().invoke(capture, args)
+    assert res.exit_code == 0, res.output
+    record = rundir.load_run(tmp_path / "latest")
+    proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", "memory",
+                           str(tmp_path / "latest"), "--format", "json"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    peak = json.loads(proc.stdout)["memory_peak"][0]
+    truth = record["peak_memory"]
+    assert peak["peak_allocated_bytes"] == truth["allocated_bytes"], (peak, truth)
+    assert peak["peak_reserved_bytes"] == truth["reserved_bytes"], (peak, truth)

@@ -136,6 +136,7 @@ def _bad_inputs(tmp: Path) -> dict[str, list[str]]:
     return {
         "empty grid file": ["--grid", str(tmp / "empty.toml")],
         "empty grid": ["--context-length", ","],
+        "empty item in a list": ["--context-length", "16,,32"],
         "repeated value": ["--context-length", "16,16"],
         "memory on cpu": ["--memory", "yes"],
         "unknown option in file": ["--grid", str(tmp / "unknown.yaml")],
@@ -161,7 +162,7 @@ def _bad_inputs(tmp: Path) -> dict[str, list[str]]:
     }
 
 
-BAD_CASES = ["empty grid file", "empty grid", "repeated value", "memory on cpu", "unknown option in file",
+BAD_CASES = ["empty grid file", "empty grid", "empty item in a list", "repeated value", "memory on cpu", "unknown option in file",
              "malformed file", "file not a mapping", "missing file", "fixed option as list",
              "bad bool", "bad int", "unwritable out", "gpu that does not exist",
              "shard out of range", "shard malformed", "grid too large",
