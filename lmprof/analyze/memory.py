@@ -647,8 +647,10 @@ def tables(con: duckdb.DuckDBPyConnection, top: int = 10) -> tuple[dict[str, pd.
         "memory_peak": (
             "Reconstructed from the allocator state at dump time and the recorded trace, so "
             "memory allocated before recording (parameters, optimizer state) is counted. "
-            "*Allocated* counts allocator blocks, as `torch.cuda.memory_allocated` does (blocks "
-            "freed during the trace are estimated by rounding the request up to 512 B); "
+            "*Allocated* counts allocator blocks, as `torch.cuda.memory_allocated` does: each "
+            "traced block's size is replayed from where the allocator put it (a cached block is "
+            "split only where enough is left), else, where the replay cannot know (expandable "
+            "segments, a max_split_size), the request rounded up to 512 B; "
             "*requested* counts tensor sizes, as pytorch.org/memory_viz does. Phases: "
             + ", ".join(sources) + "."),
         "memory_live_at_peak": (
