@@ -40,7 +40,7 @@ run.json (schema_version 1)::
 timings::
 
     warmup_s        float    wall time of all warm-up steps (compilation included)
-    warmup_steps_s  list     per warm-up step
+    warmup_steps_s  list     per warm-up step done (a run that failed in warm-up: those before)
     total_s         float    wall time of warm-up plus measured steps
     steps           list     per measured step: {"step": i, "<phase>_s": seconds, "step_s": s}
     summary         dict     per phase (forward|backward|optimizer|inference|step):

@@ -8,7 +8,8 @@ clock (``memory_events.time_us`` is epoch µs; an nsys export's session start is
 
 Loaded as is (one row per item of the snapshot):
     memory_snapshots      one row per loaded snapshot: path, label, run config, phase_source,
-                          status (run.json's: OK, or OOM / ERROR for a snapshot of a failure)
+                          status (run.json's: OK, or OOM / ERROR for a snapshot of a failure),
+                          completed_steps (training steps done before the dump; NULL: unknown)
     memory_trace          trace entries: device, seq, time_us, action, addr, bytes, stream,
                           stack_id, user_metadata, device_free_bytes (oom entries); a view of
                           memory_events' columns (the trace is stored once)
@@ -84,7 +85,7 @@ _SCHEMAS: dict[str, dict[str, pa.DataType]] = {
                          "context_length": _BIG, "d_model": _BIG, "num_layers": _BIG,
                          "d_ff": _BIG, "vocab_size": _BIG,
                          "mode": _STR, "dtype": _STR, "attention": _STR, "compile": _BOOL,
-                         "n_params": _BIG, "status": _STR},
+                         "n_params": _BIG, "status": _STR, "completed_steps": _BIG},
 }
 _DERIVED = ("memory_allocations", "memory_peaks")
 _VIEWS = ("memory_by_phase", "memory_live_at_peak", "memory_categories")
@@ -225,7 +226,25 @@ def _snapshot_row(path: Path, run: dict | None, phase_source: str, layout: str,
         "mode": [c.get("mode")], "dtype": [c.get("dtype")],
         "attention": [c.get("attention")], "compile": [c.get("compile")],
         "n_params": [m.get("n_params")], "status": [(run or {}).get("status")],
+        "completed_steps": [completed_steps(run)],
     }
+
+
+def completed_steps(run: dict | None) -> int | None:
+    """Training steps (warm-up and measured) a run completed before its snapshot was dumped,
+    from run.json; None where it cannot tell (no run.json, or a run that failed after some
+    of several warm-up steps, recorded before run.json kept them)."""
+    if not run:
+        return None
+    c, t = run.get("config") or {}, run.get("timings") or {}
+    if run.get("status") == "OK":  # (every step: at least one; a config without them: unknown)
+        return (c.get("warmup") or 0) + (c.get("steps") or 0) or None
+    warm = t.get("warmup_steps_s")
+    if not isinstance(warm, list):  # a run.json of an older lmprof that failed in warm-up
+        return 0 if (c.get("warmup") or 0) <= 1 else None
+    done = sum(1 for w in run.get("phase_windows") or []
+               if isinstance(w, dict) and w.get("phase") == "step" and not w.get("failed"))
+    return len(warm) + done
 
 
 def snapshot_label(path: Path, run: dict | None) -> str:
@@ -492,10 +511,17 @@ def model_state(con, cats: pd.DataFrame | None = None) -> pd.DataFrame:
         def measured(names, col="max_bytes"):
             return int(c.loc[c["category"].isin(names), col].sum())
 
-        expected_state = p + (2 * p if train else 0)
+        # AdamW makes its moments in the first optimizer step, and gradients outlive their
+        # backward only once a step completes: a run that failed before (an OOM in its first
+        # forward) holds neither
+        fresh = train and not pd.isna(s.completed_steps) and s.completed_steps == 0
+        adam = train and not fresh
+        expected_state = p + (2 * p if adam else 0)
         traced = bool(s.has_trace)  # without a trace the categories cannot be told apart
-        state = "parameters" + (" + AdamW state (2 moments)" if train else "")
-        wanted = _state_tensor_bytes(s, train) if traced else None
+        state = "parameters" + (" + AdamW state (2 moments)" if adam else
+                                " (no step completed before the failure: no AdamW state yet)"
+                                if fresh else "")
+        wanted = _state_tensor_bytes(s, adam) if traced else None
         if wanted is not None:
             rows += _matched_state_rows(con, s, state, expected_state, wanted, train)
         else:
@@ -507,7 +533,7 @@ def model_state(con, cats: pd.DataFrame | None = None) -> pd.DataFrame:
                                          "allocated before recording or by the optimizer, "
                                          "alive at dump" if train else
                                          "allocated before recording, alive at dump")})
-        if train:
+        if adam:
             rows.append({"snapshot": s.label, "quantity": "gradients", "expected_bytes": p,
                          "measured_bytes": measured(["gradients"]) if traced else None,
                          "measured_as": "most bytes alive at once of allocations made in "

@@ -295,12 +295,11 @@ def execute(prep: Prepared, run_dir: Path, hooks: Hooks, progress: bool) -> dict
     runner = None
     try:
         runner = StepRunner(prep, on_window=windows.append)
-        warm = []
-        for i in range(spec.warmup):
+        warm = timings["warmup_steps_s"] = []  # (kept as they complete: a failure in warm-up
+        for i in range(spec.warmup):            # leaves the steps done before it)
             bar.set_postfix_str("warm-up")
             warm.append(runner.step(i, warmup=True)["step_s"])
             bar.update()
-        timings["warmup_steps_s"] = warm
         timings["warmup_s"] = sum(warm)
         if prep.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(prep.device)

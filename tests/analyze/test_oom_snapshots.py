@@ -114,3 +114,38 @@ def test_timeline_marks_where_memory_ran_out(tmp_path, monkeypatch):
     allocated = con.execute("SELECT allocated_bytes FROM memory_events WHERE action = 'oom'"
                             ).fetchall()[0][0]
     assert oom[1][1] == pytest.approx(allocated / 2**20)
+
+
+def test_a_run_that_failed_in_its_first_step_expects_no_optimizer_state(tables):
+    """Both runs ran out of memory in their first forward (warm-up 0: measured step 0; warm-up 1:
+    its warm-up step), before any optimizer step: AdamW's moments and the gradients did not
+    exist yet, so the model state expected is the parameters alone, and on the traced run
+    every parameter tensor is found among what was alive at dump."""
+    for run in ("w0", "w1"):
+        state = [r for r in _rows(tables, "memory_model_state") if run in r["snapshot"]]
+        quantities = [r["quantity"] for r in state]
+        assert quantities[0].startswith("parameters (no step completed")
+        assert not any("gradients" in q or "AdamW state (2" in q for q in quantities)
+        assert float(state[0]["expected_bytes"]) == 4 * 128_625_408  # the small model's params
+    w0 = next(r for r in _rows(tables, "memory_model_state") if "w0" in r["snapshot"])
+    assert w0["measured_as"].startswith("111 of the 111 tensors found")
+    assert float(w0["measured_bytes"]) == float(w0["expected_bytes"])
+
+
+@pytest.mark.parametrize("run, steps", [
+    (None, None),
+    ({"status": "OK", "config": {"warmup": 2, "steps": 3}}, 5),
+    ({"status": "OOM", "config": {"warmup": 2, "steps": 3},
+      "timings": {"warmup_steps_s": [0.1, 0.1]},
+      "phase_windows": [{"phase": "step", "step": 0}, {"phase": "forward", "step": 0},
+                        {"phase": "step", "step": 1, "failed": True}]}, 3),
+    ({"status": "OOM", "config": {"warmup": 3, "steps": 3},
+      "timings": {"warmup_steps_s": [0.1]}, "phase_windows": []}, 1),
+    # run.json of lmprof before it kept the warm-up steps of a failed run
+    ({"status": "OOM", "config": {"warmup": 1, "steps": 3}, "timings": {}}, 0),
+    ({"status": "ERROR", "config": {"warmup": 4, "steps": 3}, "timings": {}}, None),
+])
+def test_completed_steps(run, steps):
+    from lmprof.analyze.memory import completed_steps
+
+    assert completed_steps(run) == steps
