@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lmprof.analyze.memory_replay import int_column
 from lmprof.analyze.snapshot import ACTIVE_STATES, Flat
 
 SMALL_SIZE = 1 << 20  # kSmallSize: requests up to this go to the small pool
@@ -62,9 +63,9 @@ def exact_block_bytes(flat: Flat, trace: pa.Table) -> np.ndarray:
         return out
     # the entries the replay reads (a third of a trace are free_requested), per device
     rows = np.flatnonzero(action >= 0)
-    device = _ints(trace["device"])[rows]
-    addr = _ints(trace["addr"])[rows]
-    size = _ints(trace["bytes"])[rows]
+    device = int_column(trace["device"])[rows]
+    addr = int_column(trace["addr"])[rows]
+    size = int_column(trace["bytes"])[rows]
     acts = action[rows]
     # the replay makes a tuple per entry: the cyclic collector, run by those allocations, would
     # walk the whole snapshot's objects again and again (it doubled the replay's time)
@@ -80,10 +81,6 @@ def exact_block_bytes(flat: Flat, trace: pa.Table) -> np.ndarray:
         if enabled:
             gc.enable()
     return out
-
-
-def _ints(col) -> np.ndarray:
-    return np.asarray(pc.fill_null(col, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 _ACTIONS = pa.array(["alloc", "free_completed", "segment_alloc", "segment_free", "segment_map",

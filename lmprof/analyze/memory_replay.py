@@ -48,13 +48,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-ALIVE_STATES = ("active_allocated", "active_pending_free")
-_BLOCK_ACTIONS = ("alloc", "free_completed")
+from lmprof.analyze.snapshot import ACTIVE_STATES
+
 _SEGMENT_UP = ("segment_alloc", "segment_map")
 _SEGMENT_DOWN = ("segment_free", "segment_unmap")
 
 
-def _ints(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+def int_column(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """An integer column as int64 numpy (nulls as 0: the callers mask them where they matter)."""
     return np.asarray(pc.fill_null(col, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
 
@@ -66,14 +66,10 @@ def _is(action: pa.ChunkedArray, names: tuple[str, ...]) -> np.ndarray:
 
 def _pieces(windows: dict[str, list]) -> tuple[np.ndarray, list, list]:
     """Cut times (sorted) with the phase and step that hold from each cut to the next."""
-    leaf = sorted((s, e, p, st) for st, p, s, e in zip(windows["step"], windows["phase"],
-                                                       windows["start_us"], windows["end_us"])
-                  if p != "step")
-    # equal starts: the shortest (innermost) wins, so it sorts last among them
-    leaf.sort(key=lambda w: (w[0], -w[1]))
-    steps = sorted(((s, e, st) for st, p, s, e in zip(windows["step"], windows["phase"],
-                                                      windows["start_us"], windows["end_us"])
-                    if p == "step"), key=lambda w: (w[0], -w[1]))
+    # by start; of equal starts the shortest (innermost) wins, so it sorts last among them
+    rows = list(zip(windows["start_us"], windows["end_us"], windows["phase"], windows["step"]))
+    leaf = sorted((w for w in rows if w[2] != "step"), key=lambda w: (w[0], -w[1]))
+    steps = sorted((w for w in rows if w[2] == "step"), key=lambda w: (w[0], -w[1]))
     cuts = sorted(set(windows["start_us"]) | {e + 1 for e in windows["end_us"]})
     leaf_starts = np.array([w[0] for w in leaf], dtype=np.int64)
     step_starts = np.array([w[0] for w in steps], dtype=np.int64)
@@ -88,7 +84,7 @@ def _pieces(windows: dict[str, list]) -> tuple[np.ndarray, list, list]:
             step_of.append(leaf[a][3])
         elif b >= 0 and c <= steps[b][1]:
             phases.append("step")
-            step_of.append(steps[b][2])
+            step_of.append(steps[b][3])
         else:
             phases.append(None)
             step_of.append(None)
@@ -103,7 +99,7 @@ def _dump_state(blocks: dict[str, list], segments: dict[str, list]
     level: dict[int, list[int]] = {}
     for dev, addr, size, req, state in zip(blocks["device"], blocks["address"], blocks["bytes"],
                                            blocks["requested_bytes"], blocks["state"]):
-        if state in ALIVE_STATES:
+        if state in ACTIVE_STATES:
             alive[(dev, addr)] = size
             lv = level.setdefault(dev, [0, 0, 0])
             lv[0] += size or 0
@@ -120,12 +116,12 @@ def events(trace: pa.Table, blocks: dict[str, list], segments: dict[str, list],
     windows (columns of memory_phase_windows) and, per entry, the block bytes the replay of
     :mod:`lmprof.analyze.blocks` found (-1 where it does not know)."""
     n = trace.num_rows
-    device = _ints(trace["device"])
-    seq = _ints(trace["seq"])
+    device = int_column(trace["device"])
+    seq = int_column(trace["seq"])
     if n and (np.any(np.diff(device) < 0) or np.any((np.diff(seq) <= 0) & (np.diff(device) == 0))):
         raise ValueError("trace entries are not in (device, seq) order")
     action = trace["action"]
-    nbytes = _ints(trace["bytes"])
+    nbytes = int_column(trace["bytes"])
     sized = np.asarray(pc.is_valid(trace["bytes"]).to_numpy(zero_copy_only=False), dtype=bool)
     is_alloc = _is(action, ("alloc",)) & sized   # an entry without a size moves no level
     is_free = _is(action, ("free_completed",)) & sized
@@ -138,7 +134,7 @@ def events(trace: pa.Table, blocks: dict[str, list], segments: dict[str, list],
         block = np.where(exact >= 0, exact, block)
     alive, dump = _dump_state(blocks, segments)
     if alive:
-        addr = _ints(trace["addr"])
+        addr = int_column(trace["addr"])
         alive_addrs = pa.array([a for _, a in alive], pa.int64())
         at_alive = pc.is_in(trace["addr"], value_set=alive_addrs)  # hashed, not sorted
         idx = np.flatnonzero(is_block & np.asarray(pc.fill_null(at_alive, False)
@@ -157,17 +153,14 @@ def events(trace: pa.Table, blocks: dict[str, list], segments: dict[str, list],
     # after entry i: dump level - (sum of the device's deltas) + (its deltas up to i)
     starts = np.flatnonzero(np.r_[True, np.diff(device) != 0]) if n else np.zeros(0, np.int64)
     ends = np.r_[starts[1:], n] if n else starts
-    levels = []
-    for k, d in enumerate((d_alloc, d_req, d_res)):
-        if not n:
-            levels.append(d)
-            continue
+    levels = [d_alloc, d_req, d_res]
+    for k, d in enumerate(levels if n else ()):
         run = np.cumsum(d)
         before = np.r_[0, run][starts]          # running sum before each device's first entry
         total = run[ends - 1] - before           # each device's sum
         at_dump = np.array([dump.get(int(device[s]), (0, 0, 0))[k] for s in starts],
                            dtype=np.int64)
-        levels.append(run + np.repeat(at_dump - total - before, ends - starts))
+        levels[k] = run + np.repeat(at_dump - total - before, ends - starts)
 
     # phase and step by wall clock, then user_metadata, then other/unknown
     time_us = trace["time_us"]
@@ -176,7 +169,7 @@ def events(trace: pa.Table, blocks: dict[str, list], segments: dict[str, list],
     if windows["phase"]:
         cuts, phases, steps = _pieces(windows)
         valid = np.asarray(pc.is_valid(time_us).to_numpy(zero_copy_only=False), dtype=bool)
-        at = np.searchsorted(cuts, _ints(time_us), side="right") - 1
+        at = np.searchsorted(cuts, int_column(time_us), side="right") - 1
         at[~valid] = -1
         names = pa.array(phases + [None], pa.string())
         step_vals = pa.array(list(steps) + [None], pa.int32())
