@@ -257,6 +257,48 @@ def _table_csv(table: Table) -> str:
     return buf.getvalue()
 
 
+STREAM_ROWS = 65_536  # rows fetched at a time by ``stream``
+
+
+def stream(result: Any, fmt: str, write: Callable[[str], None]) -> bool:
+    """Write the pending result of ``con.execute(...)`` as csv or json through ``write``, batch by
+    batch, so that a large result never sits in memory whole; the text is exactly ``render`` of
+    ``Table.fetch(result)`` followed by a newline (as ``emit`` writes it). False, with nothing
+    written or fetched, where it needs the whole table: markdown (column widths), or a column
+    type ``Table`` does not render (that goes through pandas)."""
+    desc = result.description
+    columns = [d[0] for d in desc or ()]
+    types = [str(d[1]) for d in desc or ()]
+    if fmt not in ("csv", "json") or not desc or not Table.supports(types, columns):
+        return False
+    floats = [i for i, t in enumerate(types) if _TO_FLOAT.match(t)]
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
+    if fmt == "csv":
+        writer.writerow(columns)
+    first = True
+    while batch := result.fetchmany(STREAM_ROWS):
+        if floats:
+            batch = [_floats(row, floats) for row in batch]
+        if fmt == "csv":
+            for row in batch:
+                writer.writerow([_csv_text(v) for v in row])
+        else:  # the list json.dumps(rows, indent=1) prints: each object one level in
+            for row in batch:
+                text = json.dumps({k: _json_safe(v) for k, v in zip(columns, row)}, indent=1,
+                                  default=str)
+                buf.write(("[\n " if first else ",\n ") + text.replace("\n", "\n "))
+                first = False
+        write(buf.getvalue())
+        buf.seek(0)
+        buf.truncate()
+    if fmt == "json":
+        write("[]\n" if first else "\n]\n")
+    else:
+        write(buf.getvalue() + "\n")
+    return True
+
+
 def _json_rows(df: pd.DataFrame | Table) -> list[dict[str, Any]]:
     """A table's rows as JSON objects (NaN and infinities as null)."""
     if isinstance(df, Table):

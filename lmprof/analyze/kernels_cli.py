@@ -359,12 +359,47 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, skip_steps, nsy
                 (file,), trace_options(attribution, phase_ranges, (), (), skip_steps=skip_steps),
                 None, nsys_path))
         _confine(con)
+        name = "schema" if show_schema else "result"
         try:
             if not show_schema:
                 _check_reads_only(con, query)
+            result = con.execute(SCHEMA_SQL if show_schema else query)
+            # csv and json go out batch by batch (a whole export's kernels are gigabytes as
+            # Python rows); markdown needs the whole table
+            if _streamed(result, fmt, out, name):
+                return
             # rows, not a DataFrame, unless a column's type needs pandas to print as before
-            df = Table.fetch(con.execute(SCHEMA_SQL if show_schema else query))
+            df = Table.fetch(result)
         except duckdb.Error as exc:
             raise UserError(f"query failed: {' '.join(str(exc).split())}") from None
         # the user's own columns and values, as the query gave them
-        click.echo(emit({"schema" if show_schema else "result": df}, fmt, out, raw=True))
+        click.echo(emit({name: df}, fmt, out, raw=True))
+
+
+def _streamed(result, fmt: str, out: str | None, name: str) -> bool:
+    """``result`` written as csv or json to stdout (and ``out/<name>.<fmt>``) as it is fetched;
+    False where it is not (see ``lmprof.render.stream``)."""
+    from lmprof.render import stream
+
+    with contextlib.ExitStack() as stack:
+        sinks = [lambda text: click.echo(text, nl=False)]
+        if out is not None:
+            path = Path(out) / f"{name}.{fmt}"
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                f = stack.enter_context(path.open("w"))
+            except OSError as exc:
+                raise UserError(f"cannot write to --out {str(out)!r}: "
+                                f"{exc.strerror or exc}") from None
+            sinks.append(f.write)
+
+        def write(text: str) -> None:
+            for sink in sinks:
+                sink(text)
+        try:
+            return stream(result, fmt, write)
+        except BaseException:
+            if out is not None:  # no half-written result file
+                stack.close()
+                path.unlink(missing_ok=True)
+            raise

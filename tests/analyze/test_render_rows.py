@@ -341,3 +341,62 @@ def test_numbers_in_text_print_as_written():
         cells = [[c.strip() for c in line.strip("|").split("|")]
                  for line in render(table, "md").splitlines()[2:]]
         assert cells == [["86.0", "1.500"], ["12.10", "2.000"], ["1e3", "3.000"]]
+
+
+STREAM_QUERY = """
+    SELECT i, i::HUGEINT * 10 AS big, (i / 7)::DECIMAL(18, 3) AS dec,
+        CASE WHEN i % 5 = 0 THEN NULL ELSE i / 3 END AS ratio,
+        CASE i % 4 WHEN 0 THEN 'plain' WHEN 1 THEN 'a, "quoted" | cell'
+             WHEN 2 THEN 'two' || chr(10) || 'lines' ELSE NULL END AS text,
+        i % 2 = 0 AS even,
+        CASE WHEN i = 3 THEN 'nan'::DOUBLE WHEN i = 4 THEN 'inf'::DOUBLE ELSE 0.1 * i END AS x
+    FROM range(QUERY_ROWS) t(i)"""
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7, 50])
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_streamed_output_is_the_whole_tables(monkeypatch, rows, fmt):
+    """`analyze sql` writes csv and json batch by batch (render.stream): byte for byte what
+    rendering the whole fetched table gives, across batch edges (batches of 3 rows here), for
+    DECIMAL/HUGEINT, NULL, NaN, infinity, booleans, and text needing csv quotes."""
+    from lmprof import render as render_mod
+
+    monkeypatch.setattr(render_mod, "STREAM_ROWS", 3)
+    con = duckdb.connect()
+    query = STREAM_QUERY.replace("QUERY_ROWS", str(rows))
+    whole = render(Table.fetch(con.execute(query)), fmt) + "\n"
+    parts: list[str] = []
+    assert render_mod.stream(con.execute(query), fmt, parts.append)
+    assert "".join(parts) == whole
+    assert len(parts) == -(-rows // 3) + 1  # a write per batch, then the end
+    assert not render_mod.stream(con.execute(query), "md", parts.append)  # widths need all
+
+
+def test_sql_streams_to_stdout_and_out(tmp_path, monkeypatch):
+    """The CLI: the same csv on stdout and in --out/result.csv; a query that fails after a batch
+    went out to the --out file leaves no half-written file."""
+    from click.testing import CliRunner
+
+    from lmprof import render as render_mod
+    from lmprof.analyze.cli import analyze
+
+    monkeypatch.setattr(render_mod, "STREAM_ROWS", 100)
+    query = "SELECT op_id, name, dur_ns, phase FROM kernels ORDER BY op_id"
+    res = CliRunner().invoke(analyze, ["sql", str(FIXTURES["no_run_json"]), query, "--format",
+                                       "csv", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    written = (tmp_path / "o" / "result.csv").read_text()
+    assert res.output == written and written.count("\n") == 4348 + 2  # header, rows, end
+    real = render_mod.stream
+
+    def failing(result, fmt, write):  # DuckDB failing after a batch went out
+        def write_then_fail(text):
+            write(text)
+            raise duckdb.InvalidInputException("boom")
+        return real(result, fmt, write_then_fail)
+
+    monkeypatch.setattr(render_mod, "stream", failing)
+    bad = CliRunner().invoke(analyze, ["sql", str(FIXTURES["no_run_json"]), query, "--format",
+                                       "csv", "--out", str(tmp_path / "bad")])
+    assert bad.exit_code != 0 and "boom" in str(bad.exception)
+    assert (tmp_path / "bad").is_dir() and not (tmp_path / "bad" / "result.csv").exists()
