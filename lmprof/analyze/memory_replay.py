@@ -13,7 +13,8 @@ Columns of the table (``snapshot_id`` is prepended on load):
                            segment_free | segment_map | segment_unmap | oom | snapshot
   addr             BIGINT  block (or segment) address
   bytes            BIGINT  size in the entry: requested bytes for blocks, segment size
-  block_bytes      BIGINT  allocator block size of alloc/free_completed: the dump's for blocks
+  block_bytes      BIGINT  allocator block size of alloc/free_requested/free_completed (a
+                           free_requested: that of the allocation it frees): the dump's for blocks
                            still alive at dump, else the replay's of :mod:`lmprof.analyze.blocks`
                            (the request rounded up to 512 B, or the whole cached block where the
                            allocator did not split it), else (where the replay cannot know) the
@@ -25,8 +26,12 @@ Columns of the table (``snapshot_id`` is prepended on load):
                            user_metadata, else 'other' (windows exist, entry outside them) or
                            'unknown'
   step             INT     step index of the phase window (NULL when unknown)
-  allocated_bytes  BIGINT  allocated (block) bytes after the entry: torch.cuda.memory_allocated
-  requested_bytes  BIGINT  bytes the live tensors asked for, after the entry (memory_viz's view)
+  allocated_bytes  BIGINT  allocated (block) bytes after the entry: torch.cuda.memory_allocated,
+                           which falls where a tensor is freed (free_requested), before a stream
+                           that still uses its block (record_stream) lets it go (free_completed);
+                           in a trace without free_requested entries, at free_completed
+  requested_bytes  BIGINT  bytes the live tensors asked for, after the entry (memory_viz's view;
+                           released as allocated_bytes)
   reserved_bytes   BIGINT  bytes held in segments after the entry: torch.cuda.memory_reserved
   device_free_bytes BIGINT the entry's ``device_free`` as the snapshot gives it (torch records it
                            on ``oom`` entries: the bytes the device had free)
@@ -34,7 +39,8 @@ Columns of the table (``snapshot_id`` is prepended on load):
 Reconstruction: the level after entry i is the level at dump time minus everything that happened
 after i. Memory allocated before recording began (parameters, optimizer state), or whose
 ``alloc`` entry the ring buffer dropped, is therefore counted: it is in the dump state, and its
-``free_completed`` (if any) lowers the level when it happens.
+release (if any) lowers the level when it happens. A block freed but held for a stream at dump
+(active_pending_free) is not allocated (torch counted it out at its free_requested).
 
 Phase: the innermost window of an entry (the latest-starting leaf window, if it has not ended
 yet, else the step window around it) changes only where a window starts or just after one ends,
@@ -91,10 +97,11 @@ def _pieces(windows: dict[str, list]) -> tuple[np.ndarray, list, list]:
     return t, phases, step_of
 
 
-def _dump_state(blocks: dict[str, list], segments: dict[str, list]
+def _dump_state(blocks: dict[str, list], segments: dict[str, list], pending: bool
                 ) -> tuple[dict[tuple[int, int], int], dict[int, tuple[int, int, int]]]:
     """Blocks alive at dump by (device, address) → bytes, and per device the dump's
-    (allocated, requested, reserved) bytes."""
+    (allocated, requested, reserved) bytes; ``pending``: blocks freed but waiting on a stream
+    (active_pending_free) count as allocated."""
     alive: dict[tuple[int, int], int] = {}
     level: dict[int, list[int]] = {}
     for dev, addr, size, req, state in zip(blocks["device"], blocks["address"], blocks["bytes"],
@@ -102,11 +109,39 @@ def _dump_state(blocks: dict[str, list], segments: dict[str, list]
         if state in ACTIVE_STATES:
             alive[(dev, addr)] = size
             lv = level.setdefault(dev, [0, 0, 0])
-            lv[0] += size or 0
-            lv[1] += req or 0
+            if pending or state == "active_allocated":
+                lv[0] += size or 0
+                lv[1] += req or 0
     for dev, total in zip(segments["device"], segments["total_bytes"]):
         level.setdefault(dev, [0, 0, 0])[2] += total or 0
     return alive, {d: (a, r, s) for d, (a, r, s) in level.items()}
+
+
+def _request_sizes(block: np.ndarray, device: np.ndarray, addr: np.ndarray,
+                   is_alloc: np.ndarray, is_req: np.ndarray, is_free: np.ndarray,
+                   alive: dict[tuple[int, int], int]) -> None:
+    """Each free_requested entry's block (in place): that of the allocation it frees, the alloc
+    just before it at its address; for a block allocated before recording, the free_completed
+    just after it; else the block alive (pending) at dump there; else its request rounded."""
+    sel = np.flatnonzero(is_alloc | is_req | is_free)
+    if device.size and device[0] != device[-1]:
+        order = sel[np.lexsort((sel, addr[sel], device[sel]))]
+    else:  # one device: a stable sort by address keeps each address' entries in trace order
+        order = sel[np.argsort(addr[sel], kind="stable")]
+    k_dev, k_addr = device[order], addr[order]
+    same = (k_dev[1:] == k_dev[:-1]) & (k_addr[1:] == k_addr[:-1])  # entry p+1 shares p's key
+    pos = np.flatnonzero(is_req[order])
+    prev = np.maximum(pos - 1, 0)
+    nxt = np.minimum(pos + 1, order.size - 1)
+    from_alloc = (pos > 0) & np.r_[False, same][pos] & is_alloc[order[prev]]
+    from_free = ~from_alloc & np.r_[same, False][pos] & is_free[order[nxt]]
+    rows = order[pos]
+    block[rows] = np.where(from_alloc, block[order[prev]],
+                           np.where(from_free, block[order[nxt]], block[rows]))
+    for i in rows[~(from_alloc | from_free)].tolist():
+        size = alive.get((int(device[i]), int(addr[i])))
+        if size is not None:
+            block[i] = size
 
 
 def events(trace: pa.Table, blocks: dict[str, list], segments: dict[str, list],
@@ -125,16 +160,21 @@ def events(trace: pa.Table, blocks: dict[str, list], segments: dict[str, list],
     sized = np.asarray(pc.is_valid(trace["bytes"]).to_numpy(zero_copy_only=False), dtype=bool)
     is_alloc = _is(action, ("alloc",)) & sized   # an entry without a size moves no level
     is_free = _is(action, ("free_completed",)) & sized
+    is_req = _is(action, ("free_requested",)) & sized
     is_block = is_alloc | is_free
+    # torch lowers memory_allocated where a tensor is freed (free_requested); a block a stream
+    # still uses (record_stream) returns to the pool later (free_completed). A trace without
+    # free_requested entries (written by hand, or cut) releases at free_completed.
+    by_request = bool(is_req.any())
 
     # block sizes: the request rounded up to 512 B; the dump's size for an allocation whose block
     # is still alive at dump (its last alloc/free_completed entry is an alloc at a live address)
     block = np.maximum((nbytes + 511) // 512 * 512, 512)
     if exact is not None:
         block = np.where(exact >= 0, exact, block)
-    alive, dump = _dump_state(blocks, segments)
+    alive, dump = _dump_state(blocks, segments, pending=not by_request)
+    addr = int_column(trace["addr"])
     if alive:
-        addr = int_column(trace["addr"])
         alive_addrs = pa.array([a for _, a in alive], pa.int64())
         at_alive = pc.is_in(trace["addr"], value_set=alive_addrs)  # hashed, not sorted
         idx = np.flatnonzero(is_block & np.asarray(pc.fill_null(at_alive, False)
@@ -146,8 +186,12 @@ def events(trace: pa.Table, blocks: dict[str, list], segments: dict[str, list],
             if is_alloc[i] and key in alive and alive[key] is not None:
                 block[i] = alive[key]
 
-    d_alloc = np.where(is_alloc, block, np.where(is_free, -block, 0))
-    d_req = np.where(is_alloc, nbytes, np.where(is_free, -nbytes, 0))
+    release = is_free
+    if by_request:
+        _request_sizes(block, device, addr, is_alloc, is_req, is_free, alive)
+        release = is_req
+    d_alloc = np.where(is_alloc, block, np.where(release, -block, 0))
+    d_req = np.where(is_alloc, nbytes, np.where(release, -nbytes, 0))
     d_res = np.where(_is(action, _SEGMENT_UP), nbytes,
                      np.where(_is(action, _SEGMENT_DOWN), -nbytes, 0))
     # after entry i: dump level - (sum of the device's deltas) + (its deltas up to i)
@@ -181,7 +225,7 @@ def events(trace: pa.Table, blocks: dict[str, list], segments: dict[str, list],
     fallback = "other" if has_windows else "unknown"
     phase = pc.coalesce(window_phase, trace["user_metadata"], pa.scalar(fallback, pa.string()))
 
-    bb = pa.array(block, pa.int64(), mask=~is_block)
+    bb = pa.array(block, pa.int64(), mask=~(is_block | is_req))
     return pa.table({
         "device": trace["device"], "seq": trace["seq"], "time_us": time_us,
         "action": action, "addr": trace["addr"], "bytes": trace["bytes"], "block_bytes": bb,

@@ -2,8 +2,10 @@
 
 The reference below is plain Python, entry by entry, with no numpy and nothing shared with the
 module: block sizes (the dump's size for an allocation still alive at dump, else the request
-rounded up to 512 B), the levels after each entry (dump level minus everything after the entry)
-and phase/step (the innermost window at the last window cut at or before the entry's time).
+rounded up to 512 B; a free_requested's, the allocation's it frees), the levels after each entry
+(dump level minus everything after the entry, memory released at free_requested where the trace
+has them) and phase/step (the innermost window at the last window cut at or before the entry's
+time).
 It is compared row by row on seeded random traces, on an empty trace and on the H200 fixture.
 """
 
@@ -59,6 +61,11 @@ def _pair_at_cut(windows, t):
 
 def reference(trace: dict, blocks: dict, segments: dict, windows: dict) -> list[dict]:
     rows = [dict(zip(TRACE_COLS, r)) for r in zip(*(trace[c] for c in TRACE_COLS))]
+    # memory is released where a tensor is freed (free_requested), or, in a trace without
+    # free_requested entries, where its block returns (free_completed); a block held for a
+    # stream at dump (active_pending_free) is then allocated only in the second case
+    by_request = any(r["action"] == "free_requested" for r in rows)
+    release = "free_requested" if by_request else "free_completed"
     alive = {}                                   # (device, address) -> block bytes
     dump = {}                                    # device -> [allocated, requested, reserved]
     for d, a, b, r, s in zip(blocks["device"], blocks["address"], blocks["bytes"],
@@ -66,24 +73,42 @@ def reference(trace: dict, blocks: dict, segments: dict, windows: dict) -> list[
         if s in ALIVE:
             alive[(d, a)] = b
             lv = dump.setdefault(d, [0, 0, 0])
-            lv[0] += b
-            lv[1] += r
+            if s == "active_allocated" or not by_request:
+                lv[0] += b
+                lv[1] += r
     for d, total in zip(segments["device"], segments["total_bytes"]):
         dump.setdefault(d, [0, 0, 0])[2] += total
     last = {}                                    # (device, addr) -> index of its last alloc/free
     for i, r in enumerate(rows):
         if r["action"] in ("alloc", "free_completed"):
             last[(r["device"], r["addr"])] = i
-    deltas = []
+    sizes = {}                                   # index -> block bytes of alloc / free_completed
     for i, r in enumerate(rows):
         key, act, n = (r["device"], r["addr"]), r["action"], r["bytes"]
-        bb = None
         if act in ("alloc", "free_completed"):
             if last[key] == i and act == "alloc" and key in alive:
-                bb = alive[key]
+                sizes[i] = alive[key]
             else:
-                bb = max(512, -(-n // 512) * 512)
-        sign = {"alloc": 1, "free_completed": -1}.get(act, 0)
+                sizes[i] = max(512, -(-n // 512) * 512)
+    blockish = ("alloc", "free_requested", "free_completed")
+    for i, r in enumerate(rows):  # a free_requested: the block of the allocation it frees
+        if r["action"] != "free_requested":
+            continue
+        key = (r["device"], r["addr"])
+        same = [j for j, o in enumerate(rows) if o["action"] in blockish
+                and (o["device"], o["addr"]) == key]
+        k = same.index(i)
+        if k > 0 and rows[same[k - 1]]["action"] == "alloc":
+            sizes[i] = sizes[same[k - 1]]
+        elif k + 1 < len(same) and rows[same[k + 1]]["action"] == "free_completed":
+            sizes[i] = sizes[same[k + 1]]
+        else:
+            sizes[i] = alive.get(key, max(512, -(-r["bytes"] // 512) * 512))
+    deltas = []
+    for i, r in enumerate(rows):
+        act, n = r["action"], r["bytes"]
+        bb = sizes.get(i)
+        sign = {"alloc": 1, release: -1}.get(act, 0)
         res = {"segment_alloc": n, "segment_map": n, "segment_free": -n,
                "segment_unmap": -n}.get(act, 0)
         deltas.append((bb, sign * (bb or 0), sign * n, res))
@@ -237,3 +262,50 @@ def test_fixture_matches_the_reference():
     windows = memory._phase_windows(flat, None)[0]
     assert any(p != "step" for p in windows["phase"])    # the fixture has leaf windows
     check(flat.trace, flat.blocks, flat.segments, windows)
+
+
+MIB = 1 << 20
+
+
+def test_a_block_held_for_a_stream_is_released_where_the_tensor_is_freed(tmp_path):
+    """record_stream: torch lowers memory_allocated at free_requested, and the block goes back
+    to the pool at free_completed, later. The rebuilt level follows torch; a block still held at
+    dump (active_pending_free) is not allocated; memory_allocations' lifetimes end at the same
+    entries, so the blocks they hold live at each entry add up to the level there, and the
+    peak table agrees."""
+    import pickle
+
+    base = 0x7F0000000000
+    blocks = [{"address": base, "size": 2 * MIB, "requested_size": 2 * MIB,
+               "state": "active_allocated", "frames": []},
+              {"address": base + 2 * MIB, "size": MIB, "requested_size": MIB,
+               "state": "active_pending_free", "frames": []},
+              {"address": base + 3 * MIB, "size": 17 * MIB, "state": "inactive"}]
+    trace = [("alloc", 2, MIB), ("alloc", 3, 3 * MIB), ("free_requested", 3, 3 * MIB),
+             ("alloc", 6, MIB), ("free_completed", 3, 3 * MIB), ("free_requested", 2, MIB),
+             ("free_requested", 6, MIB), ("free_completed", 6, MIB)]
+    entries = [{"action": a, "addr": base + at * MIB, "size": n, "stream": 0, "time_us": i,
+                "frames": []} for i, (a, at, n) in enumerate(trace)]
+    snap = {"segments": [{"device": 0, "address": base, "total_size": 20 * MIB, "stream": 0,
+                          "segment_type": "large", "allocated_size": 3 * MIB,
+                          "active_size": 3 * MIB, "requested_size": 3 * MIB,
+                          "is_expandable": False, "blocks": blocks}],
+            "device_traces": [entries]}
+    path = tmp_path / "snap.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    import duckdb
+
+    con = duckdb.connect()
+    memory.load_memory(con, path)
+    levels = [r[0] for r in con.execute(
+        "SELECT allocated_bytes FROM memory_events ORDER BY seq").fetchall()]
+    assert levels == [x * MIB for x in (3, 6, 3, 4, 4, 3, 2, 2)]
+    live = con.execute("""
+        SELECT e.seq, e.allocated_bytes, coalesce(sum(a.block_bytes), 0)
+        FROM memory_events e LEFT JOIN memory_allocations a
+          ON coalesce(a.alloc_seq, -1) <= e.seq AND (a.free_seq IS NULL OR a.free_seq > e.seq)
+        GROUP BY ALL ORDER BY e.seq""").fetchall()
+    assert all(level == held for _, level, held in live), live
+    peak = con.execute("SELECT peak_allocated_bytes, peak_seq, start_allocated_bytes, "
+                       "dump_allocated_bytes FROM memory_peaks").fetchall()
+    assert peak == [(6 * MIB, 1, 2 * MIB, 2 * MIB)]

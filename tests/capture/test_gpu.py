@@ -133,3 +133,60 @@ def test_memory_peak_is_max_memory_allocated_to_the_byte(tmp_path, extra):
     truth = record["peak_memory"]
     assert peak["peak_allocated_bytes"] == truth["allocated_bytes"], (peak, truth)
     assert peak["peak_reserved_bytes"] == truth["reserved_bytes"], (peak, truth)
+
+
+def test_memory_level_follows_torch_under_record_stream(tmp_path):
+    """A tensor freed while another stream still uses it (record_stream): torch lowers
+    memory_allocated at once (free_requested) and returns the block later (free_completed).
+    The level analyze memory rebuilds after each of these entries equals memory_allocated()
+    read right after it in the program, and the block's free_completed comes after a later
+    allocation (the case the rule is for)."""
+    import pickle
+
+    import duckdb
+    import torch
+
+    from lmprof.analyze import memory
+
+    dev = torch.device("cuda")
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    try:
+        side = torch.cuda.Stream()
+        x = torch.empty(64 * 2**20, dtype=torch.uint8, device=dev)
+        x_at = x.data_ptr()
+        seen = {"alloc x": torch.cuda.memory_allocated()}
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(2_000_000_000)  # keeps the side stream busy (about a second)
+        x.record_stream(side)
+        del x
+        seen["free x"] = torch.cuda.memory_allocated()
+        y = torch.empty(32 * 2**20, dtype=torch.uint8, device=dev)
+        y_at = y.data_ptr()
+        seen["alloc y"] = torch.cuda.memory_allocated()
+        torch.cuda.synchronize()
+        z = torch.empty(2**20, dtype=torch.uint8, device=dev)  # the allocator now frees x's
+        seen["alloc z"] = torch.cuda.memory_allocated()
+        del y, z
+        seen["dump"] = torch.cuda.memory_allocated()
+        snap = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    path = tmp_path / "snap.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    con = duckdb.connect()
+    memory.load_memory(con, path)
+    dev_index = torch.cuda.current_device()
+    rows = con.execute("SELECT seq, action, addr, allocated_bytes FROM memory_events "
+                       "WHERE device = ? ORDER BY seq", [dev_index]).fetchall()
+
+    def level_after(action, addr):
+        return next(r[3] for r in reversed(rows) if r[1] == action and r[2] == addr)
+
+    assert level_after("alloc", x_at) == seen["alloc x"]
+    assert level_after("free_requested", x_at) == seen["free x"]
+    assert level_after("alloc", y_at) == seen["alloc y"]
+    x_done = next(r[0] for r in reversed(rows) if r[1] == "free_completed" and r[2] == x_at)
+    y_alloc = next(r[0] for r in reversed(rows) if r[1] == "alloc" and r[2] == y_at)
+    assert x_done > y_alloc  # x's block went back only after y was allocated
+    assert rows[-1][3] == seen["dump"]

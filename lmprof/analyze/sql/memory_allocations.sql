@@ -1,6 +1,8 @@
 -- memory_allocations: one row per allocation lifetime of one snapshot ($snapshot_id): trace
--- allocations paired with their free_completed by address, allocations made before recording
--- that the trace sees freed, and blocks alive at dump that the trace never saw allocated.
+-- allocations paired with their release by address (the free_requested where the program freed
+-- the tensor, as torch.cuda.memory_allocated counts it; free_completed in a trace without
+-- free_requested entries), allocations made before recording that the trace sees released, and
+-- blocks allocated at dump that the trace never saw allocated.
 -- Summing block_bytes over the rows live at an event gives memory_events.allocated_bytes.
 --
 -- Columns:
@@ -11,11 +13,11 @@
 --   origin          TEXT    'trace' (allocated while recording) | 'before recording'
 --   alloc_seq       BIGINT  memory_events.seq of the alloc (NULL: before recording)
 --   alloc_time_us   BIGINT  epoch µs of the alloc (NULL: before recording)
---   free_seq        BIGINT  seq of its free_completed (NULL: alive at dump)
---   free_time_us    BIGINT  epoch µs of the free_completed (NULL: alive at dump)
+--   free_seq        BIGINT  seq of its release (NULL: allocated at dump)
+--   free_time_us    BIGINT  epoch µs of the release (NULL: allocated at dump)
 --   lifetime_us     BIGINT  free_time_us - alloc_time_us (NULL when either end is unknown)
 --   phase, step             phase/step at allocation ('before recording' for origin 'before recording')
---   free_phase, free_step   phase/step at free_completed
+--   free_phase, free_step   phase/step at the release
 --   stack_id        INT     allocation call stack (memory_stacks); for blocks alive at dump
 --                           their recorded frames, NULL when freed before being seen allocated
 --   category        TEXT    inferred role (heuristic, from phases and lifetime):
@@ -27,9 +29,16 @@
 --                           'temporaries' allocated and freed in the same phase of a step;
 --                           'other' everything else (incl. before-recording blocks freed,
 --                           and every block of a snapshot without trace entries)
-WITH ev AS (
-    SELECT * FROM memory_events
-    WHERE snapshot_id = $snapshot_id AND action IN ('alloc', 'free_completed')
+WITH rule AS (  -- where allocated memory is released (see memory_events)
+    SELECT CASE WHEN bool_or(action = 'free_requested') THEN 'free_requested'
+                ELSE 'free_completed' END AS release
+    FROM memory_events WHERE snapshot_id = $snapshot_id
+),
+ev AS (  -- allocations and their releases (named free_completed below whichever they are)
+    SELECT e.* REPLACE (CASE e.action WHEN 'alloc' THEN 'alloc' ELSE 'free_completed' END
+                        AS action)
+    FROM memory_events e CROSS JOIN rule
+    WHERE e.snapshot_id = $snapshot_id AND e.action IN ('alloc', rule.release)
 ),
 paired AS (
     SELECT *,
@@ -57,7 +66,10 @@ lifetimes AS (
     SELECT b.device, b.address, b.requested_bytes, b.bytes, 'before recording', NULL, NULL,
         NULL, NULL, 'before recording', NULL, NULL, NULL, b.stack_id
     FROM memory_blocks b
-    WHERE b.snapshot_id = $snapshot_id AND b.state IN ('active_allocated', 'active_pending_free')
+    CROSS JOIN rule
+    WHERE b.snapshot_id = $snapshot_id
+      AND (b.state = 'active_allocated'
+           OR (b.state = 'active_pending_free' AND rule.release = 'free_completed'))
       AND NOT EXISTS (SELECT 1 FROM paired p WHERE p.action = 'alloc' AND p.next_action IS NULL
                       AND p.device = b.device AND p.addr = b.address)
 )

@@ -12,7 +12,7 @@
 --   live_at_peak         BIGINT  how many of them are alive at the allocated peak
 --   first_alloc_us       BIGINT  first allocation, µs after the oldest trace entry (NULL: before
 --                                recording)
---   mean_lifetime_us     DOUBLE  mean time from alloc to free_completed (freed ones)
+--   mean_lifetime_us     DOUBLE  mean time from alloc to release (freed ones; see memory_allocations)
 WITH a AS (
     SELECT a.*, p.first_time_us, p.peak_seq,
         coalesce(a.alloc_seq, -1) <= coalesce(p.peak_seq, 9223372036854775807)

@@ -15,18 +15,26 @@
 --   peak_reserved_bytes        BIGINT  highest reserved (segment) bytes
 --   reserved_peak_time_us      BIGINT  epoch µs where reserved first reaches its peak
 --   start_allocated_bytes      BIGINT  allocated before the first entry (made before recording)
---   dump_allocated_bytes       BIGINT  allocated at dump time (sum of active blocks)
+--   dump_allocated_bytes       BIGINT  allocated at dump time (sum of allocated blocks; blocks
+--                                      freed but held for a stream count only in a trace
+--                                      without free_requested entries)
 --   dump_reserved_bytes        BIGINT  reserved at dump time (sum of segments)
 WITH ev AS (
     SELECT * FROM memory_events WHERE snapshot_id = $snapshot_id
 ),
-dump AS (
+rule AS (  -- where allocated memory is released: see memory_events (lmprof.analyze.memory_replay)
+    SELECT CASE WHEN bool_or(action = 'free_requested') THEN 'free_requested'
+                ELSE 'free_completed' END AS release
+    FROM ev
+),
+dump AS (  -- a block a stream still holds (active_pending_free) is freed, not allocated
     SELECT device,
-        coalesce(sum(bytes) FILTER (WHERE state IN ('active_allocated', 'active_pending_free')), 0)
-            AS alloc,
-        coalesce(sum(requested_bytes) FILTER (WHERE state IN ('active_allocated',
-            'active_pending_free')), 0) AS req
-    FROM memory_blocks WHERE snapshot_id = $snapshot_id GROUP BY device
+        coalesce(sum(bytes) FILTER (WHERE state = 'active_allocated' OR (state =
+            'active_pending_free' AND rule.release = 'free_completed')), 0) AS alloc,
+        coalesce(sum(requested_bytes) FILTER (WHERE state = 'active_allocated' OR (state =
+            'active_pending_free' AND rule.release = 'free_completed')), 0) AS req
+    FROM memory_blocks CROSS JOIN rule
+    WHERE snapshot_id = $snapshot_id GROUP BY device
 ),
 dump_res AS (
     SELECT device, sum(total_bytes) AS res FROM memory_segments
@@ -35,14 +43,14 @@ dump_res AS (
 start AS (  -- the level before the oldest entry, as a pseudo-entry with seq -1
     SELECT device, -1 AS seq, min(time_us) AS time_us, 'before recording' AS phase,
         NULL::INT AS step,
-        arg_min(allocated_bytes + CASE action WHEN 'alloc' THEN -block_bytes
-                WHEN 'free_completed' THEN block_bytes ELSE 0 END, seq) AS allocated_bytes,
-        arg_min(requested_bytes + CASE action WHEN 'alloc' THEN -bytes
-                WHEN 'free_completed' THEN bytes ELSE 0 END, seq) AS requested_bytes,
+        arg_min(allocated_bytes + CASE WHEN action = 'alloc' THEN -block_bytes
+                WHEN action = rule.release THEN block_bytes ELSE 0 END, seq) AS allocated_bytes,
+        arg_min(requested_bytes + CASE WHEN action = 'alloc' THEN -bytes
+                WHEN action = rule.release THEN bytes ELSE 0 END, seq) AS requested_bytes,
         arg_min(reserved_bytes + CASE WHEN action IN ('segment_alloc', 'segment_map') THEN -bytes
                 WHEN action IN ('segment_free', 'segment_unmap') THEN bytes ELSE 0 END, seq)
             AS reserved_bytes
-    FROM ev GROUP BY device
+    FROM ev CROSS JOIN rule GROUP BY device
 ),
 levels AS (
     SELECT device, seq, time_us, phase, step, allocated_bytes, requested_bytes, reserved_bytes
