@@ -357,6 +357,7 @@ def _infer_windows(flat: Flat) -> list[tuple]:
     edges = np.flatnonzero(np.diff(codes)) + 1
     bounds = list(zip(np.r_[0, edges], np.r_[edges, len(codes)] - 1))
     runs = [(int(codes[s]), int(s), int(e)) for s, e in bounds]
+    allocs = np.r_[0, np.cumsum(np.asarray(t["action"], dtype=object)[sel] == "alloc")]
     windows, step, step_start, step_end = [], -1, None, None
     fwd, bwd, opt = (_KIND_CODE[k] for k in ("forward", "backward", "optimizer"))
 
@@ -366,6 +367,12 @@ def _infer_windows(flat: Flat) -> list[tuple]:
 
     for i, (code, s, e) in enumerate(runs):
         t0, t1 = int(times[s]), int(times[e])
+        if code == fwd and allocs[e + 1] == allocs[s]:
+            # frees alone under forward-looking frames (a training loop letting go of its last
+            # step's tensors): no forward or inference ran; they belong to the step they end
+            if step_start is not None:
+                step_end = t1
+            continue
         if code == fwd:
             follows = runs[i + 1][0] if i + 1 < len(runs) else None
             close_step()

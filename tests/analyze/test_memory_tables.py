@@ -185,3 +185,25 @@ def test_model_state_is_reconciled_to_the_byte():
                       "AND category IN ('model state', 'optimizer state')").fetchall()[0][0]
     assert state["measured_bytes"] + other["measured_bytes"] + rounding["measured_bytes"] == alive
     assert rounding["measured_bytes"] > 0
+
+
+def test_stack_inference_makes_no_inference_phase_of_frees_alone(tmp_path):
+    """A training capture read by its call stacks alone (no run.json, no user_metadata tags):
+    the few frees under forward-looking frames after the last optimizer step (the loop letting
+    go of its tensors) are the end of that step, not an 'inference' phase with no allocation."""
+    snap = pickle.loads(lzma.decompress(
+        (ROOT / "tests" / "data" / "h200-lmprof-memory" / "memory.pickle.xz").read_bytes()))
+    for trace in snap["device_traces"]:
+        for e in trace:
+            e.pop("user_metadata", None)
+    path = tmp_path / "memory.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    c = connect()
+    memory.load_memory(c, path)
+    assert memory.snapshots(c)["phase_source"][0] == "inferred from call stacks"
+    phases = dict(c.execute("SELECT phase, count(*) FILTER (WHERE action = 'alloc') "
+                            "FROM memory_events GROUP BY phase").fetchall())
+    assert "inference" not in phases
+    assert {"forward", "backward", "optimizer"} <= set(phases)
+    steps = c.execute("SELECT count(*) FROM memory_phase_windows WHERE phase = 'step'")
+    assert steps.fetchall()[0][0] == 3
