@@ -407,12 +407,13 @@ def render(df: pd.DataFrame | Table | str, fmt: str, shorten: Shorten | None = N
 
 def emit(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: str | Path | None,
          shorten: Shorten | None = None, notes: dict[str, str] | None = None,
-         raw: bool = False) -> str:
+         raw: bool = False, owner: str | None = None) -> str:
     """Render named tables to one text (stdout), and write each to ``out/<name>.<fmt>`` if given
     (``raw``: see ``render``). On stdout one table is its rows (markdown under a title, csv, or
     a JSON list); several are, in markdown, titled sections; in csv, each table after a
     ``# name`` line (csv has no form for several tables); in JSON, one object of the tables'
-    rows by name, so that the whole output parses."""
+    rows by name, so that the whole output parses. ``owner`` (the command) removes from ``out``
+    the tables its previous run there wrote and this one did not (``rundir.retire_stale``)."""
     notes = notes or {}
     parts = []
     if fmt == "json" and len(tables) > 1:
@@ -437,4 +438,8 @@ def emit(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: str | Pat
                 (out_dir / f"{name}.{fmt}").write_text(render(df, fmt, shorten, raw) + "\n")
         except OSError as exc:
             raise UserError(f"cannot write to --out {str(out_dir)!r}: {exc.strerror or exc}") from None
+        if owner is not None:
+            from lmprof.rundir import retire_stale
+
+            retire_stale(out_dir, owner, [f"{name}.{fmt}" for name in tables])
     return "\n".join(parts)

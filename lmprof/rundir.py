@@ -367,6 +367,34 @@ def artifact_path(record: dict[str, Any], key: str) -> Path | None:
 MAX_TEXT_BYTES = 256 * 2**20
 
 
+def retire_stale(folder: str | Path, owner: str, written: list[str]) -> None:
+    """After a command wrote the files named ``written`` into ``folder``: remove those its
+    previous run there wrote and this one did not, as listed in ``folder/.lmprof-<owner>``
+    (a reused ``--out`` then holds this run's tables, not also an older run's), and list this
+    run's there. Only files of that list are ever removed: a plain name, a regular file (not a
+    link); a folder without the list (a first run, or files of the user's own) loses nothing."""
+    folder = Path(folder)
+    manifest = folder / f".lmprof-{owner}"
+    keep = set(written)
+    try:
+        before = manifest.read_text().splitlines() if manifest.is_file() else []
+    except (OSError, UnicodeDecodeError):
+        before = []
+    for name in before:
+        if name in keep or not name or name.startswith(".") or "/" in name or "\\" in name:
+            continue
+        path = folder / name
+        try:
+            if stat.S_ISREG(path.lstat().st_mode):
+                path.unlink()
+        except OSError:
+            pass  # gone already, or not ours to remove: nothing to say
+    try:
+        manifest.write_text("".join(f"{n}\n" for n in sorted(keep)))
+    except OSError:
+        pass  # a folder we could write the results to but not the list: the next run keeps all
+
+
 def read_text_file(path: str | Path, what: str) -> str:
     """A small UTF-8 text input read whole; a one-line UserError, naming ``what``, for a path
     that is not a regular file (a named pipe would block for ever, /dev/zero fill the memory), is

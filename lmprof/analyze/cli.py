@@ -41,11 +41,11 @@ def runs_cmd(run_dirs: tuple[str, ...], fmt: str, out: str | None) -> None:
     runs = load_runs(list(run_dirs))
     df = benchmark_table(runs)
     if fmt != "md" or df.empty:
-        click.echo(emit({"benchmark": df}, fmt, out))
+        click.echo(emit({"benchmark": df}, fmt, out, owner="runs"))
         return
     # the report's very table (its numbers as tabulate prints them by default)
     note, body = benchmark_markdown(runs, df)
-    click.echo(emit({"benchmark": body}, fmt, out, notes={"benchmark": note}))
+    click.echo(emit({"benchmark": body}, fmt, out, notes={"benchmark": note}, owner="runs"))
 
 
 def _register() -> None:

@@ -225,7 +225,7 @@ def kernels_cmd(reports, attribution, phase_ranges, skip_steps, softmax_ranges, 
         if not table_names:  # tables for traces of several ranks: left out where they are empty
             tables = kernel_tables.without_empty_multi_rank(tables)
         click.echo(emit(tables, fmt, out, shorten={"name": kernel_names.display_name},
-                        notes=notes))
+                        notes=notes, owner="kernels"))
 
 
 def _several_reports(traces, names, top):
@@ -373,7 +373,7 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, skip_steps, nsy
         except duckdb.Error as exc:
             raise UserError(f"query failed: {' '.join(str(exc).split())}") from None
         # the user's own columns and values, as the query gave them
-        click.echo(emit({name: df}, fmt, out, raw=True))
+        click.echo(emit({name: df}, fmt, out, raw=True, owner="sql"))
 
 
 def _streamed(result, fmt: str, out: str | None, name: str) -> bool:
@@ -397,9 +397,14 @@ def _streamed(result, fmt: str, out: str | None, name: str) -> bool:
             for sink in sinks:
                 sink(text)
         try:
-            return stream(result, fmt, write)
+            streamed = stream(result, fmt, write)
         except BaseException:
             if out is not None:  # no half-written result file
                 stack.close()
                 path.unlink(missing_ok=True)
             raise
+    if streamed and out is not None:
+        from lmprof.rundir import retire_stale
+
+        retire_stale(out, "sql", [f"{name}.{fmt}"])
+    return streamed

@@ -62,7 +62,8 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
             for ref, label in zip(refs, labels):
                 memory.load_memory(con, ref.path, ref.run, label=label)
             tables, notes = memory.tables(con, top)
-            click.echo(emit(tables, fmt, out, shorten={"site": display_site}, notes=notes))
+            click.echo(emit(tables, fmt, out, shorten={"site": display_site}, notes=notes,
+                            owner="memory"))
             plot_dir = plots or out
             if plot_dir:
                 from lmprof.reports.memory_plots import write_plots
@@ -73,6 +74,7 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
                     where = exc.filename or plot_dir
                     raise UserError(f"cannot write the plots to {str(where)!r}: "
                                     f"{exc.strerror or exc}") from None
+                rundir.retire_stale(plot_dir, "memory-plots", [p.name for p in written])
                 for path in written:
                     click.echo(f"wrote {path}", err=True)
         finally:

@@ -171,6 +171,9 @@ def build(paths: list[str], out: str | Path, kernel_options: Any = None,
             target.write_text("\n".join(parts))
         except OSError as exc:
             raise UserError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
+        img_dir = target.parent / ctx.img_name
+        if img_dir.is_dir():  # images of an earlier report here that this one has not drawn
+            rundir.retire_stale(img_dir, "report", [p.name for p in ctx.images])
     except BaseException:
         if created is not None:  # no half-written report folder left behind
             shutil.rmtree(created, ignore_errors=True)

@@ -709,5 +709,50 @@ def test_several_reports_give_the_cross_run_tables_of_the_tables_asked_for(tmp_p
         code, out, err = run("kernels", *runs, *args, "--format", "json", "--out",
                              str(tmp_path / "o" / asked[0]))
         assert code == 0, err
-        written = sorted(p.stem for p in (tmp_path / "o" / asked[0]).iterdir())
+        written = sorted(p.stem for p in (tmp_path / "o" / asked[0]).iterdir()
+                         if not p.name.startswith("."))  # (.lmprof-kernels: what it wrote)
         assert written == sorted(expect), (asked, written)
+
+
+def test_a_reused_out_holds_only_the_last_runs_tables(tmp_path):
+    """`--out` used again: the tables the earlier run wrote and this one did not are removed
+    (listed in `.lmprof-kernels`), a file of the user's own stays, and another command's tables
+    in the same folder (`analyze sql`'s) are not the kernel run's to remove."""
+    out = tmp_path / "o"
+    code, _, err = run("kernels", str(REPORT), "--format", "csv", "--table", "gemm_fraction",
+                       "--table", "gpu_idle", "--out", str(out))
+    assert code == 0, err
+    (out / "notes.csv").write_text("mine\n")
+    code, _, err = run("sql", str(REPORT), "SELECT 1 AS one", "--format", "csv", "--out", str(out))
+    assert code == 0, err
+    code, _, err = run("kernels", str(REPORT), "--format", "csv", "--table", "gpu_idle",
+                       "--out", str(out))
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == \
+        ["gpu_idle.csv", "notes.csv", "result.csv"]
+    code, _, err = run("kernels", str(REPORT), "--format", "json", "--table", "gpu_idle",
+                       "--out", str(out))
+    assert code == 0, err  # another format: the csv of the last run is stale too
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == \
+        ["gpu_idle.json", "notes.csv", "result.csv"]
+
+
+def test_retire_stale_touches_only_what_it_listed(tmp_path):
+    from lmprof.rundir import retire_stale
+
+    (tmp_path / "a.csv").write_text("")
+    (tmp_path / "b.csv").write_text("")
+    (tmp_path / "user.csv").write_text("")
+    retire_stale(tmp_path, "t", ["a.csv", "b.csv"])  # first run: nothing listed, nothing gone
+    assert {p.name for p in tmp_path.iterdir()} >= {"a.csv", "b.csv", "user.csv"}
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "x.csv").write_text("")
+    (tmp_path / ".lmprof-t").write_text("a.csv\nb.csv\n../elsewhere/x.csv\nelsewhere\n.hidden\n")
+    (tmp_path / "link.csv").symlink_to(tmp_path / "user.csv")
+    with open(tmp_path / ".lmprof-t", "a") as f:
+        f.write("link.csv\n")
+    retire_stale(tmp_path, "t", ["a.csv"])
+    names = {p.name for p in tmp_path.iterdir()}
+    assert "b.csv" not in names and {"a.csv", "user.csv", "link.csv", "elsewhere"} <= names
+    assert (tmp_path / "elsewhere" / "x.csv").exists()
+    assert (tmp_path / ".lmprof-t").read_text() == "a.csv\n"

@@ -151,8 +151,22 @@ def test_report_gains_memory_section(tmp_path):
     (row,) = [ln for ln in text.splitlines() if "| residual stream" in ln]
     assert float(row.split("|")[2]) == 3.0  # expected: 4 × 256 × 768 × 4 B = 3 MiB
     imgs = sorted(p.name for p in (tmp_path / "rep" / "img").iterdir())
-    assert imgs == ["memory_0_dev0_categories.png", "memory_0_dev0_timeline.png"]
+    assert imgs == [".lmprof-report", "memory_0_dev0_categories.png",
+                    "memory_0_dev0_timeline.png"]
     assert "](img/memory_0_dev0_timeline.png)" in text
+    # the same folder for a report without memory: the earlier report's images go, and the
+    # list of what lmprof drew there says none now
+    (d / "run.json").write_text(json.dumps({
+        "schema_version": 1, "run_id": "r1", "status": "OK",
+        "config": {"size": "small", "context_length": 256, "batch_size": 4, "mode": "train",
+                   "dtype": "fp32"}, "model": {"d_model": 768, "num_layers": 12},
+        "artifacts": {}}))
+    (d / "memory.pickle.xz").unlink()
+    (tmp_path / "rep" / "img" / "mine.png").write_bytes(b"")
+    text = build([str(d)], tmp_path / "rep").read_text()
+    assert "## Memory" not in text
+    assert sorted(p.name for p in (tmp_path / "rep" / "img").iterdir()) == \
+        [".lmprof-report", "mine.png"]
 
 
 def test_one_snapshot_named_thrice_is_one_and_equal_labels_are_told_apart(tmp_path):

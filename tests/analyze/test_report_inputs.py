@@ -78,7 +78,7 @@ def test_one_gpu_export_and_snapshot_files(tmp_path):
         assert title in text, title
     assert "Phase timing per process" not in text and "Communication (NCCL)" not in text
     assert sorted(p.name for p in (tmp_path / "rep" / "img").iterdir()) == [
-        "memory_0_dev0_categories.png", "memory_0_dev0_timeline.png"]
+        ".lmprof-report", "memory_0_dev0_categories.png", "memory_0_dev0_timeline.png"]
     tr = trace.prepare(duckdb.connect(), REPORT, trace.Options())
     top = kernels.top_kernels(tr, 5)
     assert _block(text, "Top kernels per phase") == to_markdown(top, shorten={
