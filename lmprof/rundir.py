@@ -49,6 +49,7 @@ timings::
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import math
@@ -384,15 +385,12 @@ def retire_stale(folder: str | Path, owner: str, written: list[str]) -> None:
         if name in keep or not name or name.startswith(".") or "/" in name or "\\" in name:
             continue
         path = folder / name
-        try:
+        with contextlib.suppress(OSError):  # gone already, or not ours to remove
             if stat.S_ISREG(path.lstat().st_mode):
                 path.unlink()
-        except OSError:
-            pass  # gone already, or not ours to remove: nothing to say
-    try:
+    # (a folder that takes the results but not the list: the next run there removes nothing)
+    with contextlib.suppress(OSError):
         manifest.write_text("".join(f"{n}\n" for n in sorted(keep)))
-    except OSError:
-        pass  # a folder we could write the results to but not the list: the next run keeps all
 
 
 def read_text_file(path: str | Path, what: str) -> str:

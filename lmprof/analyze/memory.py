@@ -9,7 +9,8 @@ clock (``memory_events.time_us`` is epoch µs; an nsys export's session start is
 Loaded as is (one row per item of the snapshot):
     memory_snapshots      one row per loaded snapshot: path, label, run config, phase_source,
                           status (run.json's: OK, or OOM / ERROR for a snapshot of a failure),
-                          completed_steps (training steps done before the dump; NULL: unknown)
+                          completed_steps (training steps done before the dump; NULL: unknown),
+                          release_action (where memory is released: memory_replay.release_action)
     memory_trace          trace entries: device, seq, time_us, action, addr, bytes, stream,
                           stack_id, user_metadata, device_free_bytes (oom entries); a view of
                           memory_events' columns (the trace is stored once)
@@ -85,7 +86,8 @@ _SCHEMAS: dict[str, dict[str, pa.DataType]] = {
                          "context_length": _BIG, "d_model": _BIG, "num_layers": _BIG,
                          "d_ff": _BIG, "vocab_size": _BIG,
                          "mode": _STR, "dtype": _STR, "attention": _STR, "compile": _BOOL,
-                         "n_params": _BIG, "status": _STR, "completed_steps": _BIG},
+                         "n_params": _BIG, "status": _STR, "completed_steps": _BIG,
+                         "release_action": _STR},
 }
 _DERIVED = ("memory_allocations", "memory_peaks")
 _VIEWS = ("memory_by_phase", "memory_live_at_peak", "memory_categories")
@@ -145,6 +147,7 @@ def load_memory(con: duckdb.DuckDBPyConnection, snapshot_path: str | Path,
         trace = _arrow("memory_trace", flat.trace)
         arrow["memory_events"] = memory_replay.events(trace, flat.blocks, flat.segments, windows,
                                                       exact_block_bytes(flat, trace))
+        release = memory_replay.release_action(trace)
         del trace
     except (pa.ArrowException, OverflowError, ValueError, TypeError) as exc:
         # a snapshot of the right shape holding a value of the wrong type (a string where an
@@ -159,7 +162,7 @@ def load_memory(con: duckdb.DuckDBPyConnection, snapshot_path: str | Path,
     layout = flat.layout
     del flat
     _append(con, "memory_snapshots", sid,
-            _snapshot_row(path, run_record, phase_source, layout, con, sid, label))
+            _snapshot_row(path, run_record, phase_source, layout, release, con, sid, label))
     for name in _DERIVED:
         _derive(con, name, sid)
     for name in _VIEWS:
@@ -205,7 +208,7 @@ def _derive(con: duckdb.DuckDBPyConnection, name: str, sid: int) -> None:
     con.execute(verb + query, {"snapshot_id": sid})
 
 
-def _snapshot_row(path: Path, run: dict | None, phase_source: str, layout: str,
+def _snapshot_row(path: Path, run: dict | None, phase_source: str, layout: str, release: str,
                   con: duckdb.DuckDBPyConnection, sid: int, label: str | None = None
                   ) -> dict[str, list]:
     n = con.execute("SELECT count(*) FROM memory_trace WHERE snapshot_id = ?",
@@ -226,7 +229,7 @@ def _snapshot_row(path: Path, run: dict | None, phase_source: str, layout: str,
         "mode": [c.get("mode")], "dtype": [c.get("dtype")],
         "attention": [c.get("attention")], "compile": [c.get("compile")],
         "n_params": [m.get("n_params")], "status": [(run or {}).get("status")],
-        "completed_steps": [completed_steps(run)],
+        "completed_steps": [completed_steps(run)], "release_action": [release],
     }
 
 

@@ -117,6 +117,15 @@ def _dump_state(blocks: dict[str, list], segments: dict[str, list], pending: boo
     return alive, {d: (a, r, s) for d, (a, r, s) in level.items()}
 
 
+def release_action(trace: pa.Table) -> str:
+    """The entry at which allocated memory is released in this trace: ``free_requested``, where
+    torch lowers memory_allocated (a block another stream still uses, record_stream, returns to
+    the pool later, at ``free_completed``); ``free_completed`` in a trace without free_requested
+    entries (written by hand, or cut). memory_snapshots.release_action keeps it for the SQL."""
+    has = pc.any(pc.equal(trace["action"], "free_requested")).as_py()
+    return "free_requested" if has else "free_completed"
+
+
 def _request_sizes(block: np.ndarray, device: np.ndarray, addr: np.ndarray,
                    is_alloc: np.ndarray, is_req: np.ndarray, is_free: np.ndarray,
                    alive: dict[tuple[int, int], int]) -> None:
@@ -162,10 +171,7 @@ def events(trace: pa.Table, blocks: dict[str, list], segments: dict[str, list],
     is_free = _is(action, ("free_completed",)) & sized
     is_req = _is(action, ("free_requested",)) & sized
     is_block = is_alloc | is_free
-    # torch lowers memory_allocated where a tensor is freed (free_requested); a block a stream
-    # still uses (record_stream) returns to the pool later (free_completed). A trace without
-    # free_requested entries (written by hand, or cut) releases at free_completed.
-    by_request = bool(is_req.any())
+    by_request = release_action(trace) == "free_requested"
 
     # block sizes: the request rounded up to 512 B; the dump's size for an allocation whose block
     # is still alive at dump (its last alloc/free_completed entry is an alloc at a live address)

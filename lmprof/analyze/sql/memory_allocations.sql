@@ -29,10 +29,8 @@
 --                           'temporaries' allocated and freed in the same phase of a step;
 --                           'other' everything else (incl. before-recording blocks freed,
 --                           and every block of a snapshot without trace entries)
-WITH rule AS (  -- where allocated memory is released (see memory_events)
-    SELECT CASE WHEN bool_or(action = 'free_requested') THEN 'free_requested'
-                ELSE 'free_completed' END AS release
-    FROM memory_events WHERE snapshot_id = $snapshot_id
+WITH rule AS (  -- where allocated memory is released (memory_snapshots.release_action)
+    SELECT release_action AS release FROM memory_snapshots WHERE snapshot_id = $snapshot_id
 ),
 ev AS (  -- allocations and their releases (named free_completed below whichever they are)
     SELECT e.* REPLACE (CASE e.action WHEN 'alloc' THEN 'alloc' ELSE 'free_completed' END

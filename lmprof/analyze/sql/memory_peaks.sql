@@ -22,10 +22,8 @@
 WITH ev AS (
     SELECT * FROM memory_events WHERE snapshot_id = $snapshot_id
 ),
-rule AS (  -- where allocated memory is released: see memory_events (lmprof.analyze.memory_replay)
-    SELECT CASE WHEN bool_or(action = 'free_requested') THEN 'free_requested'
-                ELSE 'free_completed' END AS release
-    FROM ev
+rule AS (  -- where allocated memory is released (memory_snapshots.release_action)
+    SELECT release_action AS release FROM memory_snapshots WHERE snapshot_id = $snapshot_id
 ),
 dump AS (  -- a block a stream still holds (active_pending_free) is freed, not allocated
     SELECT device,
