@@ -135,7 +135,7 @@ def _coerce(name: str, value: Any, where: str) -> Any:
             return int(value) if not isinstance(value, str) else int(value.strip())
         if kind is float:
             return float(value)
-    except ValueError:
+    except (TypeError, ValueError):  # (TypeError: a date or set that YAML or TOML read)
         raise bad from None
     return str(value).strip()
 

@@ -133,6 +133,9 @@ def _bad_inputs(tmp: Path) -> dict[str, list[str]]:
     (tmp / "list.json").write_text("[1, 2]")
     (tmp / "a_file").write_text("")
     (tmp / "empty.toml").write_text("")
+    (tmp / "date.yaml").write_text("batch_size: [4, 2020-01-01]\n")
+    (tmp / "set.yaml").write_text("seed: !!set {1: null}\n")
+    (tmp / "date.toml").write_text("lr = 1979-05-27T07:32:00\n")
     return {
         "empty grid file": ["--grid", str(tmp / "empty.toml")],
         "empty grid": ["--context-length", ","],
@@ -159,6 +162,10 @@ def _bad_inputs(tmp: Path) -> dict[str, list[str]]:
         "timeout not a number": ["--timeout", "nan"],
         "name outside out": ["--name", str(tmp / "elsewhere")],
         "name of the parent": ["--name", ".."],
+        # YAML and TOML read these as dates and sets: int() and float() of them raised TypeError
+        "date in a yaml list": ["--grid", str(tmp / "date.yaml")],
+        "set in a yaml file": ["--grid", str(tmp / "set.yaml")],
+        "date in a toml file": ["--grid", str(tmp / "date.toml")],
     }
 
 
@@ -167,7 +174,8 @@ BAD_CASES = ["empty grid file", "empty grid", "empty item in a list", "repeated 
              "bad bool", "bad int", "unwritable out", "gpu that does not exist",
              "shard out of range", "shard malformed", "grid too large",
              "flash cell it cannot run", "integer beyond 64 bits", "timeout not a number",
-             "name outside out", "name of the parent"]
+             "name outside out", "name of the parent", "date in a yaml list",
+             "set in a yaml file", "date in a toml file"]
 
 
 @pytest.mark.parametrize("case", BAD_CASES)
