@@ -377,20 +377,30 @@ def retire_stale(folder: str | Path, owner: str, written: list[str]) -> None:
     folder = Path(folder)
     manifest = folder / f".lmprof-{owner}"
     keep = set(written)
-    try:
-        before = manifest.read_text().splitlines() if manifest.is_file() else []
+    try:  # (a link to a file elsewhere, or a named pipe, is no list of this tool's)
+        before = manifest.read_text().splitlines() \
+            if stat.S_ISREG(manifest.lstat().st_mode) else []
     except (OSError, UnicodeDecodeError):
         before = []
     for name in before:
-        if name in keep or not name or name.startswith(".") or "/" in name or "\\" in name:
+        if name in keep or not name or name.startswith(".") or "/" in name or "\\" in name \
+                or "\0" in name:
             continue
         path = folder / name
         with contextlib.suppress(OSError):  # gone already, or not ours to remove
             if stat.S_ISREG(path.lstat().st_mode):
                 path.unlink()
-    # (a folder that takes the results but not the list: the next run there removes nothing)
-    with contextlib.suppress(OSError):
-        manifest.write_text("".join(f"{n}\n" for n in sorted(keep)))
+    # written beside it and renamed over it: a link or a pipe of that name is replaced, never
+    # written through (a folder that takes the results but not the list: the next run there
+    # removes nothing)
+    tmp = folder / f".lmprof-{owner}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "x") as f:
+            f.write("".join(f"{n}\n" for n in sorted(keep)))
+        os.replace(tmp, manifest)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def read_text_file(path: str | Path, what: str) -> str:

@@ -756,3 +756,36 @@ def test_retire_stale_touches_only_what_it_listed(tmp_path):
     assert "b.csv" not in names and {"a.csv", "user.csv", "link.csv", "elsewhere"} <= names
     assert (tmp_path / "elsewhere" / "x.csv").exists()
     assert (tmp_path / ".lmprof-t").read_text() == "a.csv\n"
+
+
+def test_a_manifest_that_is_not_a_regular_file_is_never_written_through(tmp_path):
+    """`.lmprof-<command>` as a link to a file elsewhere: the list was written into that file
+    (here: the user's own notes outside --out, overwritten by 'result.csv'); as a named pipe the
+    command hung for ever opening it to write. Either is left out, as a manifest of no list."""
+    out = tmp_path / "o"
+    out.mkdir()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    (out / ".lmprof-sql").symlink_to(notes)
+    code, _, err = run("sql", str(REPORT), "SELECT 1 AS one", "--format", "csv", "--out", str(out))
+    assert code == 0, err
+    assert notes.read_text() == "mine\n"
+    assert (out / ".lmprof-sql").read_text() == "result.csv\n"  # (a list of its own instead)
+    fifo = tmp_path / "p"
+    fifo.mkdir()
+    os.mkfifo(fifo / ".lmprof-sql")
+    args = ["sql", str(REPORT), "SELECT 1 AS one", "--format", "csv", "--out", str(fifo)]
+    proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", *args], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_manifest_naming_a_nul_is_no_traceback(tmp_path):
+    # (os.lstat of a name with a NUL raised ValueError, which the OSError guard let through)
+    (tmp_path / "b.csv").write_text("")
+    (tmp_path / ".lmprof-sql").write_text("a\0b\nb.csv\n")
+    code, _, err = run("sql", str(REPORT), "SELECT 1 AS one", "--format", "csv",
+                       "--out", str(tmp_path))
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lmprof-sql", "result.csv"]
