@@ -260,17 +260,23 @@ def _table_csv(table: Table) -> str:
 STREAM_ROWS = 65_536  # rows fetched at a time by ``stream``
 
 
+def streams(result: Any, fmt: str) -> bool:
+    """Whether ``stream`` writes the pending ``result`` in ``fmt`` (see there); nothing fetched."""
+    desc = result.description
+    return fmt in ("csv", "json") and bool(desc) and \
+        Table.supports([str(d[1]) for d in desc], [d[0] for d in desc])
+
+
 def stream(result: Any, fmt: str, write: Callable[[str], None]) -> bool:
     """Write the pending result of ``con.execute(...)`` as csv or json through ``write``, batch by
     batch, so that a large result never sits in memory whole; the text is exactly ``render`` of
     ``Table.fetch(result)`` followed by a newline (as ``emit`` writes it). False, with nothing
     written or fetched, where it needs the whole table: markdown (column widths), or a column
     type ``Table`` does not render (that goes through pandas)."""
-    desc = result.description
-    columns = [d[0] for d in desc or ()]
-    types = [str(d[1]) for d in desc or ()]
-    if fmt not in ("csv", "json") or not desc or not Table.supports(types, columns):
+    if not streams(result, fmt):
         return False
+    columns = [d[0] for d in result.description]
+    types = [str(d[1]) for d in result.description]
     floats = [i for i, t in enumerate(types) if _TO_FLOAT.match(t)]
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n", quoting=csv.QUOTE_MINIMAL)

@@ -378,9 +378,11 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, skip_steps, nsy
 
 def _streamed(result, fmt: str, out: str | None, name: str) -> bool:
     """``result`` written as csv or json to stdout (and ``out/<name>.<fmt>``) as it is fetched;
-    False where it is not (see ``lmprof.render.stream``)."""
-    from lmprof.render import stream
+    False, with no file opened, where it is not (see ``lmprof.render.stream``)."""
+    from lmprof.render import stream, streams
 
+    if not streams(result, fmt):  # emit writes the file, once the whole table is fetched
+        return False
     with contextlib.ExitStack() as stack:
         sinks = [lambda text: click.echo(text, nl=False)]
         if out is not None:

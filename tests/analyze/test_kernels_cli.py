@@ -789,3 +789,20 @@ def test_a_manifest_naming_a_nul_is_no_traceback(tmp_path):
                        "--out", str(tmp_path))
     assert code == 0, err
     assert sorted(p.name for p in tmp_path.iterdir()) == [".lmprof-sql", "result.csv"]
+
+
+@pytest.mark.parametrize("fmt,column", [("md", "i"), ("csv", "[i]"), ("json", "[i]")])
+def test_a_query_failing_unstreamed_leaves_the_last_result_file_as_it_was(tmp_path, fmt, column):
+    """Markdown, and csv/json of a type only pandas renders (a LIST), are not streamed; their
+    result file was still opened for writing first, so that a query failing as it ran left the
+    last run's result.<fmt> empty. (DuckDB runs a large result as it is fetched: the error
+    comes after the command has looked at the result's columns.)"""
+    code, _, err = run("sql", str(REPORT), "SELECT 1 AS one", "--format", fmt, "--out",
+                       str(tmp_path))
+    assert code == 0, err
+    before = (tmp_path / f"result.{fmt}").read_text()
+    code, _, err = run("sql", str(REPORT), f"SELECT {column} AS l, CASE WHEN i > 150000 THEN "
+                       "error('boom') END AS e FROM range(200000) t(i)", "--format", fmt,
+                       "--out", str(tmp_path))
+    assert code == 2 and err.count("\n") == 1 and "boom" in err, err
+    assert (tmp_path / f"result.{fmt}").read_text() == before
