@@ -379,8 +379,13 @@ def escaped(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _json_safe(v):
+    """``v`` with NaN and infinities as None, also inside a STRUCT's or MAP's dict and a list."""
     if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
         return None
+    if isinstance(v, dict):
+        return {k: _json_safe(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_json_safe(x) for x in v]
     return v
 
 

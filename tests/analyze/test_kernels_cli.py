@@ -806,3 +806,16 @@ def test_a_query_failing_unstreamed_leaves_the_last_result_file_as_it_was(tmp_pa
                        "--out", str(tmp_path))
     assert code == 2 and err.count("\n") == 1 and "boom" in err, err
     assert (tmp_path / f"result.{fmt}").read_text() == before
+
+
+def test_json_of_nested_values_holds_no_nan_or_infinity(tmp_path):
+    """NaN and infinities are null in JSON (none is a JSON number); inside a STRUCT or MAP they
+    were printed as NaN / Infinity, which no strict JSON reader takes."""
+    from lmprof.rundir import parse_json
+
+    code, out, err = run("sql", str(REPORT), "SELECT {'a': 'inf'::double, 'b': 'nan'::double, "
+                         "'c': 1.5::double} AS s, MAP {'k': '-inf'::double} AS m", "--format", "json",
+                         "--out", str(tmp_path))
+    assert code == 0, err
+    for text in (out, (tmp_path / "result.json").read_text()):
+        assert parse_json(text) == [{"s": {"a": None, "b": None, "c": 1.5}, "m": {"k": None}}]
