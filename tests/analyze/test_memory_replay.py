@@ -61,10 +61,13 @@ def _pair_at_cut(windows, t):
 
 def reference(trace: dict, blocks: dict, segments: dict, windows: dict) -> list[dict]:
     rows = [dict(zip(TRACE_COLS, r)) for r in zip(*(trace[c] for c in TRACE_COLS))]
-    # memory is released where a tensor is freed (free_requested), or, in a trace without
-    # free_requested entries, where its block returns (free_completed); a block held for a
-    # stream at dump (active_pending_free) is then allocated only in the second case
-    by_request = any(r["action"] == "free_requested" for r in rows)
+    # memory is released where a tensor is freed (free_requested), or, in a trace with
+    # free_completed but no free_requested entries, where its block returns (free_completed); a
+    # block held for a stream at dump (active_pending_free) is then allocated only in the second
+    # case
+    # (a trace with neither releases nothing: torch's rule stays for the dump)
+    by_request = any(r["action"] == "free_requested" for r in rows) or not any(
+        r["action"] == "free_completed" for r in rows)
     release = "free_requested" if by_request else "free_completed"
     alive = {}                                   # (device, address) -> block bytes
     dump = {}                                    # device -> [allocated, requested, reserved]
@@ -309,3 +312,39 @@ def test_a_block_held_for_a_stream_is_released_where_the_tensor_is_freed(tmp_pat
     peak = con.execute("SELECT peak_allocated_bytes, peak_seq, start_allocated_bytes, "
                        "dump_allocated_bytes FROM memory_peaks").fetchall()
     assert peak == [(6 * MIB, 1, 2 * MIB, 2 * MIB)]
+
+
+@pytest.mark.parametrize("trace", [None, [], [("alloc", 0, 2 * MIB)]],
+                         ids=["no-trace", "empty-trace", "allocations-alone"])
+def test_a_block_held_for_a_stream_at_dump_is_not_allocated_without_releases(tmp_path, trace):
+    """A snapshot whose trace releases nothing (none recorded, or a cut trace of allocations
+    alone) still follows torch: a block freed but held for a stream (active_pending_free) is
+    not in memory_allocated, as the segment's own allocated_size (2 MiB here) says."""
+    import pickle
+
+    import duckdb
+
+    base = 0x7F0000000000
+    blocks = [{"address": base, "size": 2 * MIB, "requested_size": 2 * MIB,
+               "state": "active_allocated", "frames": []},
+              {"address": base + 2 * MIB, "size": MIB, "requested_size": MIB,
+               "state": "active_pending_free", "frames": []},
+              {"address": base + 3 * MIB, "size": 17 * MIB, "state": "inactive"}]
+    snap = {"segments": [{"device": 0, "address": base, "total_size": 20 * MIB, "stream": 0,
+                          "segment_type": "large", "allocated_size": 2 * MIB,
+                          "active_size": 3 * MIB, "requested_size": 3 * MIB,
+                          "is_expandable": False, "blocks": blocks}]}
+    if trace is not None:
+        snap["device_traces"] = [[{"action": a, "addr": base + at, "size": n, "stream": 0,
+                                   "time_us": i, "frames": []}
+                                  for i, (a, at, n) in enumerate(trace)]]
+    path = tmp_path / "snap.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    con = duckdb.connect()
+    memory.load_memory(con, path)
+    peak = con.execute("SELECT peak_allocated_bytes, peak_requested_bytes, "
+                       "dump_allocated_bytes FROM memory_peaks").fetchall()
+    assert peak == [(2 * MIB, 2 * MIB, 2 * MIB)]
+    held = con.execute("SELECT addr - ?, block_bytes FROM memory_allocations WHERE "
+                       "free_seq IS NULL", [base]).fetchall()
+    assert held == [(0, 2 * MIB)]

@@ -17,7 +17,7 @@
 --   start_allocated_bytes      BIGINT  allocated before the first entry (made before recording)
 --   dump_allocated_bytes       BIGINT  allocated at dump time (sum of allocated blocks; blocks
 --                                      freed but held for a stream count only in a trace
---                                      without free_requested entries)
+--                                      with free_completed but no free_requested entries)
 --   dump_reserved_bytes        BIGINT  reserved at dump time (sum of segments)
 WITH ev AS (
     SELECT * FROM memory_events WHERE snapshot_id = $snapshot_id
