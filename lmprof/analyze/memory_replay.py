@@ -29,8 +29,8 @@ Columns of the table (``snapshot_id`` is prepended on load):
   allocated_bytes  BIGINT  allocated (block) bytes after the entry: torch.cuda.memory_allocated,
                            which falls where a tensor is freed (free_requested), before a stream
                            that still uses its block (record_stream) lets it go (free_completed);
-                           in a trace with free_completed but no free_requested entries, at
-                           free_completed
+                           in a trace written by hand that frees its allocations with
+                           free_completed alone, at free_completed (release_action)
   requested_bytes  BIGINT  bytes the live tensors asked for, after the entry (memory_viz's view;
                            released as allocated_bytes)
   reserved_bytes   BIGINT  bytes held in segments after the entry: torch.cuda.memory_reserved
@@ -121,15 +121,23 @@ def _dump_state(blocks: dict[str, list], segments: dict[str, list], pending: boo
 def release_action(trace: pa.Table) -> str:
     """The entry at which allocated memory is released in this trace: ``free_requested``, where
     torch lowers memory_allocated (a block another stream still uses, record_stream, returns to
-    the pool later, at ``free_completed``); ``free_completed`` in a trace that has free_completed
-    entries but no free_requested (written by hand). A trace with neither (none, or allocations
-    alone) releases nothing, and keeps torch's rule for the dump: a block held for a stream
+    the pool later, at ``free_completed``); ``free_completed`` in a trace without free_requested
+    entries where a free_completed frees a block allocated in the trace (written by hand: in
+    torch's own trace a free_requested comes between). A trace torch cut to its last entries
+    that kept none, or one with no release at all, follows torch: its free_completed entries
+    return blocks counted out before the trace, and a block held for a stream at dump
     (active_pending_free) is not allocated. memory_snapshots.release_action keeps it for the SQL."""
     action = trace["action"]
     if pc.any(pc.equal(action, "free_requested")).as_py():
         return "free_requested"
-    return "free_completed" if pc.any(pc.equal(action, "free_completed")).as_py() \
-        else "free_requested"
+    is_alloc, is_free = _is(action, ("alloc",)), _is(action, ("free_completed",))
+    sel = np.flatnonzero(is_alloc | is_free)
+    device, addr = int_column(trace["device"])[sel], int_column(trace["addr"])[sel]
+    k = np.lexsort((sel, addr, device))           # by (device, address), each in trace order
+    device, addr, order = device[k], addr[k], sel[k]
+    freed_after_alloc = ((device[1:] == device[:-1]) & (addr[1:] == addr[:-1])
+                         & is_alloc[order[:-1]] & is_free[order[1:]])
+    return "free_completed" if freed_after_alloc.any() else "free_requested"
 
 
 def _request_sizes(block: np.ndarray, device: np.ndarray, addr: np.ndarray,

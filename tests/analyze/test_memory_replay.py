@@ -61,13 +61,17 @@ def _pair_at_cut(windows, t):
 
 def reference(trace: dict, blocks: dict, segments: dict, windows: dict) -> list[dict]:
     rows = [dict(zip(TRACE_COLS, r)) for r in zip(*(trace[c] for c in TRACE_COLS))]
-    # memory is released where a tensor is freed (free_requested), or, in a trace with
-    # free_completed but no free_requested entries, where its block returns (free_completed); a
-    # block held for a stream at dump (active_pending_free) is then allocated only in the second
-    # case
-    # (a trace with neither releases nothing: torch's rule stays for the dump)
-    by_request = any(r["action"] == "free_requested" for r in rows) or not any(
-        r["action"] == "free_completed" for r in rows)
+    # memory is released where a tensor is freed (free_requested), or, in a trace without
+    # free_requested entries where a free_completed frees an allocation of the trace (written by
+    # hand), where its block returns (free_completed); a block held for a stream at dump
+    # (active_pending_free) is then allocated only in the second case
+    by_hand = False
+    for i, r in enumerate(rows):
+        if r["action"] == "free_completed":
+            earlier = [o["action"] for o in rows[:i] if o["action"] in ("alloc", "free_completed")
+                       and (o["device"], o["addr"]) == (r["device"], r["addr"])]
+            by_hand = by_hand or earlier[-1:] == ["alloc"]
+    by_request = any(r["action"] == "free_requested" for r in rows) or not by_hand
     release = "free_requested" if by_request else "free_completed"
     alive = {}                                   # (device, address) -> block bytes
     dump = {}                                    # device -> [allocated, requested, reserved]
@@ -348,3 +352,48 @@ def test_a_block_held_for_a_stream_at_dump_is_not_allocated_without_releases(tmp
     held = con.execute("SELECT addr - ?, block_bytes FROM memory_allocations WHERE "
                        "free_seq IS NULL", [base]).fetchall()
     assert held == [(0, 2 * MIB)]
+
+
+@pytest.mark.parametrize("cut", [True, False], ids=["cut-by-torch", "written-by-hand"])
+def test_a_trace_without_free_requested_releases_where_torch_would(tmp_path, cut):
+    """A trace torch cut (the ring buffer kept too few entries) can hold the free_completed of a
+    block whose free_requested, and so its allocation, came before the first entry kept: torch
+    counted that block out before the trace, and the level there is the 2 MiB still allocated.
+    A trace written by hand that frees its own allocations with free_completed alone still
+    releases there."""
+    import pickle
+
+    import duckdb
+
+    base = 0x7F0000000000
+    blocks = [{"address": base, "size": 2 * MIB, "requested_size": 2 * MIB,
+               "state": "active_allocated", "frames": []},
+              {"address": base + 2 * MIB, "size": MIB, "requested_size": MIB,
+               "state": "active_allocated", "frames": []},
+              {"address": base + 3 * MIB, "size": 17 * MIB, "state": "inactive"}]
+    # cut: a 3 MiB block allocated and freed (free_requested) before the trace returns to the
+    # pool, and its address takes a 1 MiB allocation; by hand: the 3 MiB is allocated first
+    trace = [("free_completed", 2, 3 * MIB), ("alloc", 2, MIB)]
+    if not cut:
+        trace.insert(0, ("alloc", 2, 3 * MIB))
+    entries = [{"action": a, "addr": base + at * MIB, "size": n, "stream": 0, "time_us": i,
+                "frames": []} for i, (a, at, n) in enumerate(trace)]
+    snap = {"segments": [{"device": 0, "address": base, "total_size": 20 * MIB, "stream": 0,
+                          "segment_type": "large", "allocated_size": 3 * MIB,
+                          "active_size": 3 * MIB, "requested_size": 3 * MIB,
+                          "is_expandable": False, "blocks": blocks}],
+            "device_traces": [entries]}
+    path = tmp_path / "snap.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    con = duckdb.connect()
+    memory.load_memory(con, path)
+    levels = [r[0] for r in con.execute(
+        "SELECT allocated_bytes FROM memory_events ORDER BY seq").fetchall()]
+    peak = con.execute("SELECT peak_allocated_bytes, start_allocated_bytes "
+                       "FROM memory_peaks").fetchall()
+    if cut:
+        assert levels == [2 * MIB, 3 * MIB]
+        assert peak == [(3 * MIB, 2 * MIB)]
+    else:
+        assert levels == [5 * MIB, 2 * MIB, 3 * MIB]
+        assert peak == [(5 * MIB, 2 * MIB)]

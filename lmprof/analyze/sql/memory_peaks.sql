@@ -16,8 +16,8 @@
 --   reserved_peak_time_us      BIGINT  epoch µs where reserved first reaches its peak
 --   start_allocated_bytes      BIGINT  allocated before the first entry (made before recording)
 --   dump_allocated_bytes       BIGINT  allocated at dump time (sum of allocated blocks; blocks
---                                      freed but held for a stream count only in a trace
---                                      with free_completed but no free_requested entries)
+--                                      freed but held for a stream count only where
+--                                      memory_snapshots.release_action is free_completed)
 --   dump_reserved_bytes        BIGINT  reserved at dump time (sum of segments)
 WITH ev AS (
     SELECT * FROM memory_events WHERE snapshot_id = $snapshot_id
