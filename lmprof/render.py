@@ -109,7 +109,7 @@ class Table:
         columns = [d[0] for d in desc or ()]
         types = [str(d[1]) for d in desc or ()]
         if not desc or not cls.supports(types, columns):
-            return result.df()
+            return _plain_nested(result.df())
         rows = result.fetchall()
         floats = [i for i, t in enumerate(types) if _TO_FLOAT.match(t)]
         if floats and rows:
@@ -118,6 +118,57 @@ class Table:
 
     def numeric(self, i: int) -> bool:
         return self.types[i] != "VARCHAR"
+
+
+def _plain_nested(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with its LIST, ARRAY, STRUCT and MAP values as Python lists and dicts of plain
+    values (``.df()`` gives numpy arrays, masked where an element is NULL, and Decimal inside a
+    STRUCT), so that json writes them as JSON arrays and objects, and csv and markdown as JSON
+    text (``_nested_text``), not as numpy's ``[1 --]``."""
+    for i in range(df.shape[1]):
+        col = df.iloc[:, i]
+        if col.dtype == object and any(isinstance(v, (dict, list, _ndarray())) for v in col):
+            df.isetitem(i, [_plain(v) for v in col])
+    return df
+
+
+def _ndarray() -> type:
+    import numpy as np
+
+    return np.ndarray
+
+
+def _plain(v: Any) -> Any:
+    """A value of a nested column as plain Python: lists, dicts, int, float, str, bool, None."""
+    import numpy as np
+
+    if isinstance(v, np.ndarray):
+        mask = np.ma.getmaskarray(v) if isinstance(v, np.ma.MaskedArray) else None
+        items = np.ma.getdata(v)
+        return [None if mask is not None and mask[k] else _plain(x) for k, x in enumerate(items)]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, numbers.Number) and not isinstance(v, (bool, int, float, complex)):
+        return float(v)  # Decimal, as a DECIMAL column's values are (``Table``)
+    return v
+
+
+def _nested_text(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` for csv and markdown: a list or dict cell as JSON text (NaN and infinities null);
+    ``df`` itself where there is none."""
+    cols = [i for i in range(df.shape[1]) if df.iloc[:, i].dtype == object
+            and any(isinstance(v, (dict, list)) for v in df.iloc[:, i])]
+    if not cols:
+        return df
+    out = df.copy()
+    for i in cols:
+        out.isetitem(i, [json.dumps(_json_safe(v), default=str, ensure_ascii=False)
+                         if isinstance(v, (dict, list)) else v for v in df.iloc[:, i]])
+    return out
 
 
 def _floats(row: tuple, idx: list[int]) -> tuple:
@@ -410,9 +461,9 @@ def render(df: pd.DataFrame | Table | str, fmt: str, shorten: Shorten | None = N
         if fmt == "csv":
             return _table_csv(df)
     elif fmt == "md":
-        return to_markdown(df, shorten, raw=raw)
+        return to_markdown(_nested_text(df), shorten, raw=raw)
     elif fmt == "csv":
-        return df.to_csv(index=False)
+        return _nested_text(df).to_csv(index=False)
     return json.dumps(_json_rows(df), indent=1, default=str)
 
 

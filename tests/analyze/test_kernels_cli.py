@@ -819,3 +819,33 @@ def test_json_of_nested_values_holds_no_nan_or_infinity(tmp_path):
     assert code == 0, err
     for text in (out, (tmp_path / "result.json").read_text()):
         assert parse_json(text) == [{"s": {"a": None, "b": None, "c": 1.5}, "m": {"k": None}}]
+
+
+def test_nested_values_are_json_arrays_and_objects_in_every_format(tmp_path):
+    """LIST, ARRAY, STRUCT and MAP values come out as JSON: arrays and objects in json, their
+    JSON text in csv and markdown (they were numpy's text, "[1 --]" for a list with a NULL,
+    and a Decimal's repr inside a STRUCT)."""
+    import csv
+    import io
+
+    from lmprof.rundir import parse_json
+
+    query = ("SELECT [1, NULL, 3] AS l, ['x', 'y'] AS ls, [[1], [2, 3]] AS ll, "
+             "{'a': 1.25::DECIMAL(4, 2), 'b': [0.5]} AS s, MAP {'k': 2} AS m, "
+             "[4, 5]::INTEGER[2] AS arr, NULL::INTEGER[] AS nl, 7 AS i")
+    expected = {"l": [1, None, 3], "ls": ["x", "y"], "ll": [[1], [2, 3]],
+                "s": {"a": 1.25, "b": [0.5]}, "m": {"k": 2}, "arr": [4, 5], "nl": None, "i": 7}
+    code, out, err = run("sql", str(REPORT), query, "--format", "json")
+    assert code == 0, err
+    assert parse_json(out) == [expected]
+    code, out, err = run("sql", str(REPORT), query, "--format", "csv")
+    assert code == 0, err
+    (row,) = list(csv.DictReader(io.StringIO(out)))
+    for name, value in expected.items():
+        if isinstance(value, list | dict):
+            assert parse_json(row[name]) == value, name
+    assert row["nl"] == "" and row["i"] == "7"
+    code, out, err = run("sql", str(REPORT), query)
+    assert code == 0, err
+    cells = [c.strip() for c in out.strip().splitlines()[-1].strip("|").split("|")]
+    assert [parse_json(c) for c in cells[:6]] == [expected[k] for k in list(expected)[:6]]
