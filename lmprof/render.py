@@ -283,8 +283,25 @@ def _text_columns(rows: list) -> list[int]:
 
 def _cell(v: Any) -> Any:
     """A markdown table cell: a '|' in text (a file name, a kernel's template arguments) would
-    end the cell; escaped, it shows as itself."""
-    return v.replace("|", "\\|") if isinstance(v, str) else v
+    end the cell; escaped, it shows as itself. Line breaks and '<' as ``md_text``."""
+    return md_text(v).replace("|", "\\|") if isinstance(v, str) else v
+
+
+def md_text(text: str) -> str:
+    """Text from the inputs (a kernel name, a run.json value, an error) for one line of
+    markdown: its line breaks become spaces (a break ended the table row or list item) and a
+    '<' is escaped, so that "MulFunctor<float>" or "<script>" shows as written rather than
+    being read as HTML."""
+    return re.sub(r"\r\n?|\n", " ", text).replace("<", "\\<")
+
+
+def md_code(text: str) -> str:
+    """``text`` (a run id, a path) as one markdown code span: fenced by more backticks than its
+    longest run of them, its line breaks as spaces."""
+    text = re.sub(r"\r\n?|\n", " ", text)
+    fence = "`" * (max((len(r) for r in re.findall("`+", text)), default=0) + 1)
+    pad = " " if fence != "`" or text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def _csv_text(v: Any) -> str:
@@ -415,12 +432,13 @@ def to_markdown(df: pd.DataFrame, shorten: Shorten | None = None,
 
 
 def escaped(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` for a markdown table: a '|' in its text cells and column names escaped (pandas'
-    ``to_markdown`` leaves it to end the cell); ``df`` itself where there is none. Only the
-    columns that hold one are rebuilt (a map would retype the others)."""
+    """``df`` for a markdown table: its text cells and column names as ``_cell`` writes them (a
+    '|' escaped: pandas' ``to_markdown`` leaves it to end the cell; line breaks and '<' as
+    ``md_text``); ``df`` itself where none needs it. Only the columns that do are rebuilt (a
+    map would retype the others)."""
     cols = [i for i in range(df.shape[1])
-            if any(isinstance(v, str) and "|" in v for v in df.iloc[:, i])]
-    if not cols and not any(isinstance(c, str) and "|" in c for c in df.columns):
+            if any(isinstance(v, str) and _cell(v) != v for v in df.iloc[:, i])]
+    if not cols and not any(isinstance(c, str) and _cell(c) != c for c in df.columns):
         return df
     out = df.copy()
     for i in cols:

@@ -21,6 +21,7 @@ from typing import Any, Callable
 from lmprof import rundir, sweepdir
 from lmprof.analyze import magic
 from lmprof.errors import UserError
+from lmprof.render import md_code, md_text
 
 
 @dataclass
@@ -190,7 +191,7 @@ def _overview(ctx: ReportContext) -> str:
     for what, files in (("nsys export", ctx.exports), ("memory snapshot", ctx.snapshots)):
         if files:
             lines.append(f"{len(files)} {what}(s) without a run directory: "
-                         + ", ".join(f"`{p}`" for p, _ in files) + ".")
+                         + ", ".join(md_code(str(p)) for p, _ in files) + ".")
     return "\n".join(lines)
 
 
@@ -203,6 +204,6 @@ def _runs_overview(runs: list[dict[str, Any]]) -> str:
         envs[key] += 1
     lines = [f"{len(runs)} run(s)."]
     for (dev, torch_v, cuda_v, triton_v), n in sorted(envs.items(), key=str):
-        lines.append(f"- {n} on {dev}: torch {torch_v}, CUDA {cuda_v or '-'}, "
-                     f"triton {triton_v or '-'}")
+        lines.append(md_text(f"- {n} on {dev}: torch {torch_v}, CUDA {cuda_v or '-'}, "
+                             f"triton {triton_v or '-'}"))
     return "\n".join(lines)

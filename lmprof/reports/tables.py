@@ -8,7 +8,7 @@ import pandas as pd
 
 from lmprof import rundir
 from lmprof.model.flops import peak_tflops
-from lmprof.render import escaped, yes_no
+from lmprof.render import escaped, md_code, md_text, yes_no
 
 PHASE_ORDER = ("forward", "inference", "backward", "optimizer", "step")
 
@@ -169,7 +169,7 @@ def failed_runs(records: list[dict[str, Any]]) -> str:
     ERROR, TIMEOUT), one markdown line each under "Failed runs:", for below that table; ''
     where none did. (An attention or precision run has no row there: its section says how it
     ended.)"""
-    errors = [f"- `{r['run_id']}`: {r['status']} — {r['error']}" for r in records
+    errors = [f"- {md_code(r['run_id'])}: {r['status']} — {md_text(r['error'])}" for r in records
               if r.get("kind", "run") == "run" and r.get("error")]
     return ("Failed runs:\n" + "\n".join(errors)) if errors else ""
 

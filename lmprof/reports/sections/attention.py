@@ -15,7 +15,7 @@ import pandas as pd
 
 from lmprof import rundir
 from lmprof.errors import UserError
-from lmprof.render import escaped
+from lmprof.render import escaped, md_code, md_text
 from lmprof.reports.report import ReportContext
 
 SDPA_PREFIX = "sdpa-"
@@ -278,12 +278,12 @@ def _combined_body(ctx: ReportContext, runs: list[tuple[dict, dict]]) -> list[st
         gpu, torch_v, triton_v, *_, commit = setup
         table = part_c_table(rows, keys=("dtype", "d", "seq", "shape", "runs"))
         unknown = [r for r in run_ids if r in undated]
-        caveat = (f" Whether the code of {', '.join(f'`{r}`' for r in unknown)} had uncommitted "
+        caveat = (f" Whether the code of {', '.join(md_code(r) for r in unknown)} had uncommitted "
                   "changes was not recorded (those runs predate the record)." if unknown else "")
         body = [f"### Sweep against SDPA (part c), {len(run_ids)} runs together",
-                f"{gpu}, torch {torch_v}, triton {triton_v}, code at commit {commit[:10]}: the "
-                f"part c rows of {', '.join(f'`{r}`' for r in run_ids)} in one table (a cell's "
-                "implementations may come from different runs, named in Runs by their last "
+                md_text(f"{gpu}, torch {torch_v}, triton {triton_v}, code at commit {commit[:10]}")
+                + f": the part c rows of {', '.join(md_code(r) for r in run_ids)} in one table "
+                "(a cell's implementations may come from different runs, named in Runs by their last "
                 "id part; where two runs timed the same cell and implementation, the later one)."
                 + caveat,
                 escaped(table).to_markdown(index=False, disable_numparse=True)]
@@ -340,12 +340,15 @@ def section(ctx: ReportContext) -> str | None:
         try:
             results = rundir.read_json_artifact(record, "attention", _shape_problem)
         except UserError as exc:
-            bodies.append(f"Run `{record.get('run_id')}`: its results could not be read ({exc}).")
+            bodies.append(f"Run {md_code(str(record.get('run_id')))}: its results could not be "
+                          f"read ({md_text(str(exc))}).")
             continue
         read.append((record, results))
         ended = "" if record.get("status") == "OK" else \
-            f": {record.get('status')} — {record.get('error')}; the results it wrote before"
-        body = [f"Run `{record.get('run_id')}`{ended}.", render_tables(results).rstrip()]
+            f": {record.get('status')} — {md_text(str(record.get('error')))}; the results it " \
+            "wrote before"
+        body = [f"Run {md_code(str(record.get('run_id')))}{ended}.",
+                render_tables(results).rstrip()]
         if results.get("part_c"):
             path, link = ctx.image(f"attention_tflops_{record.get('run_id')}.png")
             if plot_tflops(results["part_c"], path):

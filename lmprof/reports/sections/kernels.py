@@ -16,7 +16,7 @@ from pathlib import Path
 from lmprof import rundir
 from lmprof.analyze import kernel_names
 from lmprof.errors import UserError
-from lmprof.render import to_markdown
+from lmprof.render import md_code, md_text, to_markdown
 from lmprof.reports.report import ReportContext
 
 _TABLES = (
@@ -68,13 +68,13 @@ def section(ctx: ReportContext) -> str | None:
             except UserError as exc:  # (an export's numbers that overflow come here too)
                 if named:
                     raise
-                problems.append(f"- `{record.get('run_id')}`: {exc}")
+                problems.append(f"- {md_code(str(record.get('run_id')))}: {md_text(str(exc))}")
                 continue
             traces.append(tr)
             # one process, no NCCL kernels: left out, as analyze kernels leaves them out
             tables = kernel_tables.without_empty_multi_rank(tables)
-            source = f"`{path}`" if named else f"`{record.get('run_id')}`"
-            parts.append(f"### {tr.label} ({source})")
+            source = md_code(str(path) if named else str(record.get("run_id")))
+            parts.append(f"### {md_text(tr.label)} ({source})")
             for name, heading in _TABLES:
                 if name not in tables:
                     continue

@@ -15,7 +15,7 @@ import functools
 from lmprof import rundir
 from lmprof.errors import UserError
 from lmprof.reports.report import ReportContext
-from lmprof.render import to_markdown
+from lmprof.render import md_code, md_text, to_markdown
 
 _TOP = 10
 
@@ -43,7 +43,7 @@ def section(ctx: ReportContext) -> str | None:
             con.execute("ROLLBACK")
             if named:  # a file the user named: the report stops, as analyze memory does
                 raise
-            problems.append(f"- `{record.get('run_id')}`: {exc}")
+            problems.append(f"- {md_code(str(record.get('run_id')))}: {md_text(str(exc))}")
             continue
         con.execute("COMMIT")
     if len(problems) == len(runs):
@@ -79,10 +79,10 @@ def section(ctx: ReportContext) -> str | None:
         for kind, fn in (("timeline", timeline_png), ("categories", categories_png)):
             path, link = ctx.image(f"{slug}_{kind}.png")
             if fn(con, sid, device, path, title) is not None:
-                alt = label.replace("[", "\\[").replace("]", "\\]")  # (a file name's)
+                alt = md_text(label).replace("[", "\\[").replace("]", "\\]")  # (a file name's)
                 links.append(f"![{kind} of {alt}]({link})")
         if links:
-            parts += [f"#### {label} (cuda:{device})", "", *links, ""]
+            parts += [f"#### {md_text(label)} (cuda:{device})", "", *links, ""]
     if problems:
         parts += ["Runs whose memory snapshot could not be read:\n" + "\n".join(problems), ""]
     return "\n".join(parts)

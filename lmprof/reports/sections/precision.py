@@ -8,7 +8,7 @@ import pandas as pd
 
 from lmprof import rundir
 from lmprof.errors import UserError
-from lmprof.render import escaped
+from lmprof.render import escaped, md_code, md_text
 from lmprof.reports.report import ReportContext
 
 ACCUMULATION_NOTE = (
@@ -88,8 +88,9 @@ def tables(record: dict[str, Any]) -> str:
     try:
         res = rundir.read_json_artifact(record, "precision", _shape_problem)
     except UserError as exc:
-        return f"Run `{record.get('run_id')}`: its results could not be read ({exc})."
-    where = res["device"] + (f" ({res['gpu_name']})" if res.get("gpu_name") else "")
+        return (f"Run {md_code(str(record.get('run_id')))}: its results could not be read "
+                f"({md_text(str(exc))}).")
+    where = md_text(res["device"] + (f" ({res['gpu_name']})" if res.get("gpu_name") else ""))
     acc = accumulation_table(res)
     dtypes, errors = autocast_table(res)
     parts = [f"### Accumulation on {where}", "",
@@ -98,7 +99,7 @@ def tables(record: dict[str, Any]) -> str:
              f"### Autocast dtypes on {where}", "", AUTOCAST_NOTE, "",
              escaped(dtypes).to_markdown(index=False, disable_numparse=True)]
     if errors:
-        parts += ["", *[f"- {e}" for e in errors]]
+        parts += ["", *[f"- {md_text(e)}" for e in errors]]
     return "\n".join(parts)
 
 

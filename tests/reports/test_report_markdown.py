@@ -1,0 +1,77 @@
+"""`analyze report`'s markdown: text from the inputs (kernel names, run ids, a run.json's
+values) shows as itself, without breaking a table or a list and without passing raw HTML."""
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+from lmprof.analyze.cli import main as analyze_main
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+NSYS = DATA / "h200-lmprof-nsys"
+OOM = DATA / "h200-oom" / "warmup0"
+
+# an HTML open or closing tag as CommonMark reads raw HTML: '<', a tag name (a letter, then
+# letters, digits, '-'), then whitespace, '/' or '>'; a '<' escaped with a backslash is text
+TAG = re.compile(r"(?<!\\)</?[A-Za-z][A-Za-z0-9-]*(?=[\s/>])")
+
+
+def _report(args: list[str], out: Path) -> str:
+    try:
+        analyze_main(["report", *args, "-o", str(out)])
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+    return (out / "report.md").read_text()
+
+
+def _tables(md: str) -> list[list[str]]:
+    """The markdown tables of ``md``, each as its lines."""
+    tables, current = [], []
+    for line in md.splitlines():
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            tables.append(current)
+            current = []
+    return tables + ([current] if current else [])
+
+
+def _cells(line: str) -> int:
+    return len(re.findall(r"(?<!\\)\|", line)) - 1
+
+
+def test_kernel_names_with_template_arguments_are_not_html(tmp_path):
+    # "MulFunctor<float>>>" held the tag <float>: a markdown viewer took it for HTML and
+    # dropped it from the kernel tables
+    shutil.copytree(NSYS, tmp_path / "run")
+    md = _report([str(tmp_path / "run")], tmp_path / "rep")
+    kernel_rows = [ln for t in _tables(md) for ln in t if "MulFunctor" in ln]
+    assert kernel_rows and all("float>" in ln for ln in kernel_rows)
+    assert [ln for t in _tables(md) for ln in t if TAG.search(ln)] == []
+
+
+def test_text_of_a_run_json_keeps_tables_and_lists_whole(tmp_path):
+    # a newline in a value split its table row in two; '<script>' passed as raw HTML
+    run = tmp_path / "runs" / "odd"
+    shutil.copytree(OOM, run)
+    record = json.loads((run / "run.json").read_text())
+    record["environment"]["gpu_name"] = "card\n<script>x</script>"
+    record["config"]["size"] = "<b>big</b>"
+    record["error"] = "Boom\n- not an item <img src=x>"
+    record["run_id"] = "id`with`ticks\n# not a heading"
+    (run / "run.json").write_text(json.dumps(record))
+    md = _report([str(run)], tmp_path / "rep")
+    tables = _tables(md)
+    assert tables
+    for table in tables:
+        assert len({_cells(ln) for ln in table}) == 1, table
+    benchmark = next(t for t in tables if t[0].startswith("| Size"))
+    assert len(benchmark) == 3  # header, rule, the one run
+    assert TAG.search(md) is None
+    assert not any(ln.startswith(("- not an item", "# not a heading")) for ln in md.splitlines())
+    failed = md.split("Failed runs:\n", 1)[1].split("\n\n", 1)[0]
+    assert len(failed.splitlines()) == 1
+    # the run id stays one code span: a fence longer than its longest run of backticks
+    assert "`` id`with`ticks # not a heading ``" in failed
+
