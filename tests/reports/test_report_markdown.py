@@ -75,3 +75,26 @@ def test_text_of_a_run_json_keeps_tables_and_lists_whole(tmp_path):
     # the run id stays one code span: a fence longer than its longest run of backticks
     assert "`` id`with`ticks # not a heading ``" in failed
 
+
+
+ATTENTION = DATA / "attention-runs" / "20261126T102626Z-attention-c-86e3"
+
+
+def test_attention_plots_of_any_run_id_are_linked_and_written(tmp_path):
+    # the plot's file was named by the run id: an id with a space or parentheses made a link
+    # no viewer resolves, one with '/' a path under img/ that does not exist (exit 2)
+    runs = []
+    for name, run_id in (("a", "my run (v2)"), ("b", "team/run")):
+        run = tmp_path / "runs" / name
+        shutil.copytree(ATTENTION, run)
+        record = json.loads((run / "run.json").read_text())
+        record["run_id"] = run_id
+        (run / "run.json").write_text(json.dumps(record))
+        runs.append(str(run))
+    out = tmp_path / "rep"
+    md = _report(runs, out)
+    # a CommonMark link destination without '<...>' holds no space and no unbalanced ')'
+    links = re.findall(r"!\[[^\]]*\]\(([^()\s]+)\)", md)
+    assert md.count("![") == len(links) >= 2
+    written = {p.relative_to(out).as_posix() for p in out.rglob("*.png")}
+    assert set(links) == written

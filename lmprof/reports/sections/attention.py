@@ -350,7 +350,8 @@ def section(ctx: ReportContext) -> str | None:
         body = [f"Run {md_code(str(record.get('run_id')))}{ended}.",
                 render_tables(results).rstrip()]
         if results.get("part_c"):
-            path, link = ctx.image(f"attention_tflops_{record.get('run_id')}.png")
+            # named by position: a run id may hold what a file name or a link cannot (' ', '/')
+            path, link = ctx.image(f"attention_tflops_{len(read) - 1}.png")
             if plot_tflops(results["part_c"], path):
                 body.append(f"![fwd+bwd TFLOP/s against sequence length]({link})")
         bodies.append("\n\n".join(body))
