@@ -67,9 +67,9 @@ def benchmark_table(records: list[dict[str, Any]]) -> pd.DataFrame:
         opt, opt_sd = _mean_std(summary, "optimizer")
         step, step_sd = _mean_std(summary, "step")
         flops = r.get("flops") or {}
-        total_flops = sum(flops.get(k, 0) for k in ("forward_flops", "backward_flops",
-                                                   "optimizer_flops"))
-        tflops = total_flops / step / 1e12 if step else None
+        parts = [flops.get(k, 0) for k in ("forward_flops", "backward_flops", "optimizer_flops")]
+        # (a count run.json leaves null is unknown: no rate rather than one of part of the work)
+        tflops = sum(parts) / step / 1e12 if step and None not in parts else None
         peak = peak_tflops(env.get("gpu_name"), _peak_dtype(c.get("dtype", "fp32"), env))
         rows.append({
             "size": c.get("size") or "custom",

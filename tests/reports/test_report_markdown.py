@@ -98,3 +98,26 @@ def test_attention_plots_of_any_run_id_are_linked_and_written(tmp_path):
     assert md.count("![") == len(links) >= 2
     written = {p.relative_to(out).as_posix() for p in out.rglob("*.png")}
     assert set(links) == written
+
+
+MEMORY = DATA / "h200-lmprof-memory"
+
+
+def _edited(src: Path, dst: Path, edit) -> Path:
+    shutil.copytree(src, dst)
+    record = json.loads((dst / "run.json").read_text())
+    edit(record)
+    (dst / "run.json").write_text(json.dumps(record))
+    return dst
+
+
+def test_a_null_flop_count_leaves_the_rate_empty(tmp_path):
+    # run.json's schema allows null: the sum of the FLOP counts was a TypeError traceback
+    def edit(record):
+        record["flops"]["backward_flops"] = None
+
+    run = _edited(NSYS, tmp_path / "runs" / "a", edit)
+    md = _report([str(run)], tmp_path / "rep")
+    header = next(ln for ln in md.splitlines() if ln.startswith("| Size"))
+    assert "TFLOP/s" not in header and "MFU" not in header  # the one run's rate is unknown
+
