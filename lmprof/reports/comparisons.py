@@ -67,11 +67,14 @@ def _grid(df: pd.DataFrame, keys: list[str], col: str) -> pd.DataFrame:
     (a frame attribute) holds the largest number of runs behind one cell."""
     cells, most = {}, 0
     for key, g in df.groupby([*keys, "context"], dropna=False, sort=False):
+        # a value no run recorded is None: the group's NaN, a new object for each group, made
+        # one "ctx ?" column per group (values under the wrong one) and printed "nan"
+        key = tuple(None if pd.isna(v) else v for v in key)
         cells.setdefault(key[:-1], {})[key[-1]] = cell(g, col)
         most = max(most, len(g))
     contexts = sorted({c for row in cells.values() for c in row},
-                      key=lambda c: (pd.isna(c), 0 if pd.isna(c) else c))  # unknown last
-    names = {c: "ctx ?" if pd.isna(c) else f"ctx {int(c)}" for c in contexts}
+                      key=lambda c: (c is None, c or 0))  # unknown last
+    names = {c: "ctx ?" if c is None else f"ctx {int(c)}" for c in contexts}
     rows = [{**dict(zip(keys, key)), **{names[c]: row.get(c) for c in contexts}}
             for key, row in cells.items() if any(v is not None for v in row.values())]
     table = pd.DataFrame(rows, columns=[*keys, *names.values()])

@@ -121,3 +121,25 @@ def test_a_null_flop_count_leaves_the_rate_empty(tmp_path):
     header = next(ln for ln in md.splitlines() if ln.startswith("| Size"))
     assert "TFLOP/s" not in header and "MFU" not in header  # the one run's rate is unknown
 
+
+
+def test_gemm_fraction_of_a_run_without_a_context_length(tmp_path):
+    # a configuration value no run.json recorded: its NaN made one 'ctx ?' column per phase,
+    # only the first phase's share kept (the others lost) and 'nan' in the key columns
+    def edit(record):
+        record["config"]["context_length"] = record["model"]["context_length"] = None
+        record["config"]["batch_size"] = None
+
+    runs = [_edited(NSYS, tmp_path / "runs" / "a", edit), _edited(MEMORY, tmp_path / "runs" / "b",
+                                                                 lambda r: None)]
+    md = _report([str(r) for r in runs], tmp_path / "rep")
+    gemm = md.split("### GEMM fraction by size and context length", 1)[1].split("\n\n")[2]
+    lines = gemm.splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header[-2:] == ["Phase", "ctx ? (%)"]
+    rows = {c[-2]: c[-1] for c in ([x.strip() for x in ln.strip("|").split("|")]
+                                   for ln in lines[2:])}
+    # the export's GEMM shares, as analyze kernels prints them for this run (tests/data)
+    assert rows == {"forward": "81.0", "backward": "83.2", "optimizer": "0.0", "step": "74.1",
+                    "all": "74.1"}
+    assert "nan" not in md.lower().replace("naive", "")
