@@ -491,7 +491,9 @@ def run_label(record: dict[str, Any], sep: str = " ") -> str:
     """A short label from a run's config: size, context, mode, dtype, compile, attention."""
     c = record.get("config", {})
     size = c.get("size") or (f"d{c['d_model']}" if c.get("d_model") else "custom")
-    parts = [str(size), f"ctx{c.get('context_length')}", str(c.get("mode")), str(c.get("dtype"))]
+    # (a value run.json leaves null is '?', not "None")
+    parts = [str(size), f"ctx{c.get('context_length') or '?'}", str(c.get("mode") or "?"),
+             str(c.get("dtype") or "?")]
     if c.get("compile"):
         parts.append("compiled")
     if c.get("attention") and c.get("attention") != "naive":

@@ -204,6 +204,7 @@ def _runs_overview(runs: list[dict[str, Any]]) -> str:
         envs[key] += 1
     lines = [f"{len(runs)} run(s)."]
     for (dev, torch_v, cuda_v, triton_v), n in sorted(envs.items(), key=str):
-        lines.append(md_text(f"- {n} on {dev}: torch {torch_v}, CUDA {cuda_v or '-'}, "
-                             f"triton {triton_v or '-'}"))
+        # (a value run.json leaves null is '-', not "None")
+        lines.append(md_text(f"- {n} on {dev or '-'}: torch {torch_v or '-'}, "
+                             f"CUDA {cuda_v or '-'}, triton {triton_v or '-'}"))
     return "\n".join(lines)

@@ -143,3 +143,16 @@ def test_gemm_fraction_of_a_run_without_a_context_length(tmp_path):
     assert rows == {"forward": "81.0", "backward": "83.2", "optimizer": "0.0", "step": "74.1",
                     "all": "74.1"}
     assert "nan" not in md.lower().replace("naive", "")
+
+
+def test_values_a_run_json_leaves_null_do_not_print_none(tmp_path):
+    # the overview said "on None: torch None", the kernel heading "custom ctxNone None None"
+    def edit(record):
+        for part in ("config", "environment"):
+            record[part] = dict.fromkeys(record[part])
+
+    runs = [_edited(NSYS, tmp_path / "runs" / "a", edit)]
+    md = _report([str(r) for r in runs], tmp_path / "rep")
+    assert "None" not in md
+    assert "- 1 on -: torch -, CUDA -, triton -" in md
+    assert "### custom ctx? ? ? (" in md
