@@ -849,3 +849,23 @@ def test_nested_values_are_json_arrays_and_objects_in_every_format(tmp_path):
     assert code == 0, err
     cells = [c.strip() for c in out.strip().splitlines()[-1].strip("|").split("|")]
     assert [parse_json(c) for c in cells[:6]] == [expected[k] for k in list(expected)[:6]]
+
+
+def test_range_names_ending_in_digits_match_themselves(tmp_path):
+    """A name given to --phase-range or --softmax-range that itself ends in _<digits> matches
+    the ranges of that very name (it was cut to its base before the lookup, so 'fwd_1' looked
+    for 'fwd' and the phase or softmax came out empty)."""
+    path = edit(writable_copy(tmp_path),
+                "UPDATE NVTX_EVENTS SET text = 'fwd_1' WHERE text = 'forward'",
+                "UPDATE NVTX_EVENTS SET text = 'soft_max_2' WHERE text = 'computing softmax'")
+    out = tmp_path / "out"
+    code, _, err = run("kernels", str(path), "--phase-range", "forward=fwd_1",
+                       "--softmax-range", "soft_max_2", "--table", "phase_timing",
+                       "--table", "softmax_vs_matmul", "--format", "csv", "--out", str(out))
+    assert code == 0, err
+    timing = table(out, "phase_timing").set_index("phase")
+    assert timing.loc["forward", "instances"] == 3  # the fixture's three forward ranges
+    attn = table(out, "softmax_vs_matmul").set_index("phase")
+    # 'computing softmax': 12 layers x (3 training forwards + 2 inference passes)
+    assert attn.loc["forward", "softmax_ranges"] == 36
+    assert attn.loc["inference", "softmax_ranges"] == 24

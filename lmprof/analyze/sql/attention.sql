@@ -1,8 +1,8 @@
 -- Softmax against the two attention matmuls: GPU time of the kernels launched inside the
 -- softmax range(s) and inside the matmul ranges, per phase. The range names come from
--- _attention_ranges (name, part), filled as data (sqlfile.insert_rows); a name matches with an
--- optional _<digits> suffix, and with emit_nvtx's call suffix (', seq = N, op_id = N', ...: the
--- $call_suffix pattern, NULL with --full-range-names) as the per-range tables cut it. Kernels
+-- _attention_ranges (name, part), filled as data (sqlfile.insert_rows); a name matches itself
+-- and itself with a _<digits> suffix, and with emit_nvtx's call suffix (', seq = N, op_id = N',
+-- ...: the $call_suffix pattern, NULL with --full-range-names) as the per-range tables cut it. Kernels
 -- attributed to several such ranges count once per part.
 --
 --   phase            VARCHAR  forward | inference | ... (phase of the ranges' kernels)
@@ -33,13 +33,16 @@
 -- millions of rows, and the join hashed the 435k ops instead: x100, 0.06 -> 0.09 s).
 CREATE OR REPLACE TEMP TABLE _part_chain AS
 WITH RECURSIVE part_ranges AS (
-    -- the base name (less a _<digits> suffix) only of ranges whose first characters are those of
-    -- a part's name: a regular expression on every range costs 0.3 s at emit_nvtx x100's 1.5M
+    -- the base name (the name less the call suffix, and less a _<digits> suffix unless it is a
+    -- part's name as it is) only of ranges whose first characters are those of a part's name: a
+    -- regular expression on every range costs 0.3 s at emit_nvtx x100's 1.5M
     SELECT r.range_id, a.part
     FROM (SELECT range_id,
-                 regexp_replace(coalesce(regexp_replace(name, $call_suffix, ''), name),
-                                '_[0-9]+$', '') AS base
-          FROM nvtx_ranges
+                 CASE WHEN called IN (SELECT name FROM _attention_ranges) THEN called
+                      ELSE regexp_replace(called, '_[0-9]+$', '') END AS base
+          FROM (SELECT range_id, name,
+                       coalesce(regexp_replace(name, $call_suffix, ''), name) AS called
+                FROM nvtx_ranges)
           WHERE left(name, (SELECT min(length(name)) FROM _attention_ranges))
                 IN (SELECT left(name, (SELECT min(length(name)) FROM _attention_ranges))
                     FROM _attention_ranges)) r

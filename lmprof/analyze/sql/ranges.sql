@@ -11,10 +11,11 @@
 --   pid, tid      INTEGER  OS process and thread id
 --   level         INTEGER  push/pop nesting depth on its thread, 0 = outermost; NULL for start/end
 --   parent_id     BIGINT   range_id of the enclosing push/pop range on the same thread, or NULL
---   phase         VARCHAR  the phase this range marks (its name, less a _<digits> suffix, is
---                          in _phase_names), or NULL (also where --skip-steps unmarked it:
---                          skip_steps.sql, and for a push/pop range inside one of its thread
---                          that marks the same phase: the outer range is the phase instance)
+--   phase         VARCHAR  the phase this range marks (its name, or else its name less a
+--                          _<digits> suffix, is in _phase_names), or NULL (also where
+--                          --skip-steps unmarked it: skip_steps.sql, and for a push/pop range
+--                          inside one of its thread that marks the same phase: the outer range
+--                          is the phase instance)
 --
 -- Nesting comes from counting opens and closes per thread (push/pop ranges on one thread form a
 -- stack: a push's level is the pushes before it less the pops before it), and the parent from an
@@ -92,12 +93,16 @@ WITH types AS (
     FROM _nvtx_events e LEFT JOIN _strings s ON s.id = e.text_id, types
     WHERE e.event_type = types.dc
 ), phased AS (
-    -- the phase of each range whose name, less a _<digits> suffix, is a phase range's name: the
-    -- suffix cut (a regular expression) only from names whose first characters are a phase
-    -- name's (a regular expression on every name cost 0.2 s of CPU at emit_nvtx x100's 1.5M)
+    -- the phase of each range whose name, or else its name less a _<digits> suffix, is a phase
+    -- range's name (a name given with its own _<digits> matches itself): the suffix cut (a
+    -- regular expression) only from names whose first characters are a phase name's (a regular
+    -- expression on every name cost 0.2 s of CPU at emit_nvtx x100's 1.5M)
     SELECT c.event_row, ph.phase
     FROM (SELECT e.rowid AS event_row,
-                 regexp_replace(coalesce(e.text, s.value, ''), '_[0-9]+$', '') AS base
+                 CASE WHEN coalesce(e.text, s.value, '') IN (SELECT range_name FROM _phase_names)
+                      THEN coalesce(e.text, s.value, '')
+                      ELSE regexp_replace(coalesce(e.text, s.value, ''), '_[0-9]+$', '')
+                 END AS base
           FROM _nvtx_events e LEFT JOIN _strings s ON s.id = e.text_id
           WHERE left(coalesce(e.text, s.value, ''),
                      (SELECT min(length(range_name)) FROM _phase_names))
