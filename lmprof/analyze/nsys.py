@@ -442,7 +442,9 @@ def _gpu_op_rows(sq: sqlite3.Connection, present: set[str]) -> int | None:
 
 def _load_session(sq: sqlite3.Connection, duck: duckdb.DuckDBPyConnection, present: set[str],
                   types: dict[str, int], path: Path) -> None:
-    """One row: where the export came from, its session start (UTC epoch ns), trace span."""
+    """One row: where the export came from, its session start (UTC epoch ns), trace span on the
+    events' clock: the export's events count from ANALYSIS_DETAILS.startTime, whose own value
+    (and stopTime's) is on another clock, so the span is 0 to stopTime - startTime."""
     utc = start = stop = version = None
     if _readable(sq, present, "TARGET_INFO_SESSION_START_TIME", "utcEpochNs"):
         row = sq.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
@@ -465,11 +467,18 @@ def _load_session(sq: sqlite3.Connection, duck: duckdb.DuckDBPyConnection, prese
         ("trace_start_ns", "BIGINT"), ("trace_end_ns", "BIGINT"), ("nvtx_push_pop_type", "INTEGER"),
         ("nvtx_start_end_type", "INTEGER"), ("nvtx_domain_create_type", "INTEGER")],
         [(str(path.resolve()), _text(version), _int(utc, path, "the session start time"),
-          _int(start, path, "ANALYSIS_DETAILS.startTime"),
-          _int(stop, path, "ANALYSIS_DETAILS.stopTime"),
+          *_span(_int(start, path, "ANALYSIS_DETAILS.startTime"),
+                 _int(stop, path, "ANALYSIS_DETAILS.stopTime"), path),
           _int(types["NvtxPushPopRange"], path, "the NvtxPushPopRange event type"),
           _int(types["NvtxStartEndRange"], path, "the NvtxStartEndRange event type"),
           _int(types["NvtxDomainCreate"], path, "the NvtxDomainCreate event type"))])
+
+
+def _span(start: int | None, stop: int | None, path: Path) -> tuple[int | None, int | None]:
+    """The trace's start and end on the events' clock, which starts at ``start``."""
+    if start is None or stop is None:
+        return None, None
+    return 0, _int(stop - start, path, "ANALYSIS_DETAILS.stopTime - startTime")
 
 
 def _int(value, path: Path, what: str):

@@ -869,3 +869,34 @@ def test_range_names_ending_in_digits_match_themselves(tmp_path):
     # 'computing softmax': 12 layers x (3 training forwards + 2 inference passes)
     assert attn.loc["forward", "softmax_ranges"] == 36
     assert attn.loc["inference", "softmax_ranges"] == 24
+
+
+def test_a_range_never_closed_ends_at_the_trace_end(tmp_path):
+    """A range still open when the capture stopped (no end) ends where the trace ends on the
+    events' clock, ANALYSIS_DETAILS' duration after its startTime: the export's events count
+    from that start, while startTime and stopTime themselves are on another clock (8.5 s in
+    the fixture), and the range ran 8.55 s instead of 18.8 ms."""
+    path = edit(writable_copy(tmp_path),
+                "UPDATE NVTX_EVENTS SET end = NULL WHERE text = 'inference_1'")
+    (start,) = _export_row(path, "SELECT start FROM NVTX_EVENTS WHERE text = 'inference_1'")
+    (duration,) = _export_row(path, "SELECT duration FROM ANALYSIS_DETAILS")
+    out = tmp_path / "out"
+    code, _, err = run("kernels", str(path), "--table", "ranges", "--format", "csv",
+                       "--out", str(out))
+    assert code == 0, err
+    ranges = table(out, "ranges").set_index("range")
+    assert ranges.loc[":inference_1", "cpu_total_ns"] == duration - start  # 18,822,086 ns
+    code, out_text, err = run("sql", str(path), "SELECT trace_start_ns, trace_end_ns FROM session",
+                              "--format", "csv")
+    assert code == 0, err
+    assert out_text.splitlines()[1] == f"0,{duration}"
+
+
+def _export_row(path: Path, query: str) -> tuple:
+    import sqlite3
+
+    con = sqlite3.connect(f"{path.as_uri()}?mode=ro&immutable=1", uri=True)
+    try:
+        return con.execute(query).fetchone()
+    finally:
+        con.close()
