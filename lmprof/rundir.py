@@ -18,7 +18,8 @@ run.json (schema_version 1)::
                              warmup, steps, mode, dtype, compile, attention, device, seed, ...)
     model           dict     resolved dims (int): d_model, d_ff, num_layers, num_heads, d_head,
                              vocab_size, context_length, n_params; rope_theta, norm_eps (numbers)
-    flops           dict     forward_flops, backward_flops, optimizer_flops (per step, whole batch)
+    flops           dict     forward_flops, backward_flops, optimizer_flops (per step, whole batch;
+                             integers, a float where the count is beyond 64 bits)
     environment     dict     strings hostname, platform, python, torch, triton, cuda, driver,
                              device, gpu_name, git_commit, float32_matmul_precision (torch's:
                              highest, high, medium); integers gpu_count, gpu_memory_bytes,

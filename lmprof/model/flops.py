@@ -66,13 +66,15 @@ def attention_flops(cfg: ModelConfig, batch_size: int, context_length: int | Non
 
 
 def step_flops(cfg: ModelConfig, batch_size: int, mode: str) -> dict:
+    """run.json's ``flops``. A count beyond 64 bits (a batch × context far past any memory, still
+    run and recorded as OOM) is a float: run.json holds no larger integer."""
     fwd = forward_flops(cfg, batch_size)
     out = {"forward_flops": fwd, "backward_flops": 0, "optimizer_flops": 0}
     if mode in ("forward-backward", "train"):
         out["backward_flops"] = 2 * fwd
     if mode == "train":
         out["optimizer_flops"] = optimizer_flops(cfg)
-    return out
+    return {k: v if v < 2**63 else float(v) for k, v in out.items()}
 
 
 # Dense peak FLOP/s per GPU model (no sparsity), from NVIDIA's data sheets (their tensor-core

@@ -115,6 +115,20 @@ def test_a_cpu_allocation_that_fails_is_oom(tmp_path):
     assert record["status"] == "OOM" and "can't allocate memory" in record["error"]
 
 
+def test_a_step_beyond_64_bit_flops_still_writes_a_readable_run_json(tmp_path):
+    """The OOM run above counts more FLOPs per step than 64 bits hold: run.json kept them as
+    integers that its reader refuses ('flops.forward_flops' is an integer beyond 64 bits), so
+    `analyze runs runs/` failed on the whole folder. Expected count by hand (tiny: d 64, d_ff
+    256, 2 layers, vocab 10000): per token 2 layers × (8·d² + 6·d·d_ff + 4·T·d) + 2·d·V."""
+    b, t = 2**31 - 1, 2**20
+    run_dir, record = run(tmp_path, batch_size=b, context_length=t, warmup=0, steps=1)
+    assert record["status"] == "OOM"
+    loaded = rundir.load_run(run_dir)
+    per_token = 2 * (8 * 64**2 + 6 * 64 * 256 + 4 * t * 64) + 2 * 64 * 10_000
+    assert loaded["flops"]["forward_flops"] == pytest.approx(b * t * per_token, rel=1e-12)
+    assert loaded["flops"]["backward_flops"] == pytest.approx(2 * b * t * per_token, rel=1e-12)
+
+
 def test_other_failures_are_status_error(tmp_path, monkeypatch):
     monkeypatch.setenv(runner.FAULT_ENV, "error")
     _, record = run(tmp_path)
