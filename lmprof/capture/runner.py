@@ -29,7 +29,7 @@ from lmprof import rundir
 from lmprof.annotate import BACKWARD, FORWARD, INFERENCE, OPTIMIZER, STEP, WARMUP, phase
 from lmprof.capture import devices, environment
 from lmprof.errors import UserError
-from lmprof.model import ModelConfig, config_for, model_summary, step_flops
+from lmprof.model import ModelConfig, config_for, model_summary, n_params, step_flops
 from lmprof.model.transformer import TransformerLM, cross_entropy
 
 MODES = ("forward", "forward-backward", "train")
@@ -125,6 +125,10 @@ def check_spec(spec: RunSpec, device_type: str) -> ModelConfig:
         num_layers=spec.num_layers, num_heads=spec.num_heads, vocab_size=spec.vocab_size,
         attention=spec.attention,
     )
+    params = n_params(cfg)
+    if params >= 2**63:  # (as its options above: run.json keeps 64-bit integers, torch no more)
+        raise UserError(f"a model of {params} parameters, beyond 64 bits: lower --vocab-size or "
+                        "the dims")
     if spec.attention == "flash":  # (here, not in prepare: a sweep checks every cell first)
         from lmprof.kernels import check_flash_available
 

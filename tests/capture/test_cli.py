@@ -165,6 +165,9 @@ def test_profiler_flags_without_their_profiler_are_refused(tmp_path, flag, value
     (["--lr", "-1"], "--lr must be a finite number"),
     (["--lr", "nan"], "--lr must be a finite number"),
     (["--context-length", str(2**40)], "must be below 2^31"),
+    # 2 × 2^62 × 64 embedding and head weights: an ERROR run (torch's sizes overflow) whose
+    # run.json no reader took ('model.n_params' is an integer beyond 64 bits)
+    (["--vocab-size", str(2**62)], "parameters, beyond 64 bits"),
 ])
 def test_options_that_would_fail_later_are_refused_up_front(tmp_path, args, message):
     # (a label with '/' used to be a traceback from mkdir; a negative learning rate an ERROR run
