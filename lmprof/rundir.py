@@ -92,9 +92,13 @@ def create_run_dir(out_root: Path, label: str) -> Path:
     label names another folder (``../x``, ``a/b``)."""
     check_name(label, "--label")
     check_writable_dir(out_root)
-    run_dir = out_root / new_run_id(label)
-    run_dir.mkdir()
-    return run_dir
+    while True:  # runs of one label started in one second may draw the same random part
+        run_dir = out_root / new_run_id(label)
+        try:
+            run_dir.mkdir()
+            return run_dir
+        except FileExistsError:
+            continue
 
 
 def check_name(name: str, option: str) -> str:

@@ -129,6 +129,28 @@ def test_a_step_beyond_64_bit_flops_still_writes_a_readable_run_json(tmp_path):
     assert loaded["flops"]["backward_flops"] == pytest.approx(2 * b * t * per_token, rel=1e-12)
 
 
+def test_two_runs_of_one_label_in_one_second_get_their_own_directories(tmp_path, monkeypatch):
+    """Run ids are the second, the label and 4 random hex digits: runs started together (an
+    array job of one label) may draw the same digits, and the second's mkdir was a
+    FileExistsError traceback. Here the clock stands still and the draw repeats once."""
+    import datetime as dt
+    import types
+
+    class Frozen(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=tz)
+
+    monkeypatch.setattr(rundir, "_dt", types.SimpleNamespace(datetime=Frozen,
+                                                             timezone=dt.timezone))
+    draws = iter(["beef", "beef", "cafe"])
+    monkeypatch.setattr(rundir.secrets, "token_hex", lambda n: next(draws))
+    first = rundir.create_run_dir(tmp_path, "same")
+    second = rundir.create_run_dir(tmp_path, "same")
+    assert first.name == "20260102T030405Z-same-beef"
+    assert second.name == "20260102T030405Z-same-cafe" and second.is_dir()
+
+
 def test_other_failures_are_status_error(tmp_path, monkeypatch):
     monkeypatch.setenv(runner.FAULT_ENV, "error")
     _, record = run(tmp_path)
