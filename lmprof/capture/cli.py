@@ -47,6 +47,7 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
     if (nsys_path or nsys_args) and not spec.nsys:
         flag = "--nsys-path" if nsys_path else "--nsys-args"
         raise UserError(f"{flag} applies to a run under Nsight Systems: add --nsys")
+    nsys_mod.split_args(nsys_args)  # (refused here, before any work)
     if not spec.memory and run_dir is None:
         # (not for a sweep's cell, given its --run-dir: a grid may give them beside --memory
         # yes,no, and each cell gets the grid's options)

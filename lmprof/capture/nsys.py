@@ -11,6 +11,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from lmprof.errors import UserError
+
 REPORT_BASENAME = "report"
 
 
@@ -31,9 +33,16 @@ def profile_command(nsys: str, run_dir: Path, child_argv: list[str], extra: str 
         "--cuda-graph-trace=node",
         "--export=none",
     ]
-    if extra:
-        cmd += shlex.split(extra)
-    return cmd + child_argv
+    return cmd + split_args(extra) + child_argv
+
+
+def split_args(extra: str | None) -> list[str]:
+    """``--nsys-args`` as a shell would split it (it is never run through one); one-line
+    UserError where it does not split (an unclosed quote)."""
+    try:
+        return shlex.split(extra or "")
+    except ValueError as exc:
+        raise UserError(f"--nsys-args {extra!r}: {exc}") from None
 
 
 def profiler_start() -> None:

@@ -247,6 +247,30 @@ def test_nsys_traces_kernels_inside_cuda_graphs(tmp_path):
     assert cmd.index("--cuda-graph-trace=node") < cmd.index("--trace=cuda")  # user flags win
 
 
+def test_nsys_args_that_do_not_split_are_one_line_before_any_work(monkeypatch, tmp_path,
+                                                                    capsys):
+    """--nsys-args is split as a shell would (never run through one); an unclosed quote was a
+    ValueError traceback from shlex after the run directory was made. nsys is replaced as
+    above: this machine has no GPU."""
+    import dataclasses
+
+    from lmprof import nsystool
+    from lmprof.capture import runner
+    from lmprof.capture.cli import main
+
+    real_prepare = runner.prepare
+    monkeypatch.setattr(runner, "prepare",
+                        lambda spec: real_prepare(dataclasses.replace(spec, nsys=False)))
+    monkeypatch.setattr(nsystool, "find_nsys", lambda path: "nsys")
+    out = tmp_path / "runs"
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", *TINY, "--nsys", "--nsys-args", "--delay '5", "--out", str(out), "-q"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert err == "error: --nsys-args \"--delay '5\": No closing quotation\n"
+    assert not out.exists()
+
+
 def test_a_latest_that_is_not_ours_is_left_with_a_warning(tmp_path):
     """`latest` is lmprof's link to the newest run; a folder of that name is the user's: left
     as it is with a warning, and the OK run still exits 0 (a traceback and exit 1 before)."""
