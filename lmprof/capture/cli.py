@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,27 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
     # --run-dir (the sweep gives each cell its own) holds for every run, under nsys or not
     target = Path(run_dir) if run_dir else runner.new_run_dir(out_root, prep)
     target.mkdir(parents=True, exist_ok=True)
+    try:
+        record = _run(target, spec, prep, nsys, nsys_args, quiet, under_nsys)
+    except KeyboardInterrupt:
+        # Ctrl-C: a run directory this command made holds no finished run (run.json is written
+        # last), so it goes rather than stay behind empty or with half an artifact; one given
+        # with --run-dir (a sweep's cell) is its owner's to clean
+        if run_dir is None:
+            shutil.rmtree(target, ignore_errors=True)
+        raise
+    if not under_nsys:
+        rundir.mark_latest_or_warn(target.parent, target)
+        if not quiet:
+            _print_summary(target, record)
+    sys.exit(0 if record["status"] == "OK" else 1)
+
+
+def _run(target: Path, spec, prep, nsys: str | None, nsys_args: str | None, quiet: bool,
+         under_nsys: bool) -> dict:
+    """The run into ``target`` (under nsys, or here with its hooks); its record, written."""
+    from lmprof.capture import runner
+
     if nsys is not None:
         record = _run_under_nsys(nsys, target, spec, nsys_args, quiet)
     else:
@@ -81,11 +103,7 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
         progress = not quiet and sys.stderr.isatty()
         record = runner.execute(prep, target, hooks, progress)
         rundir.write_run(target, record)
-    if not under_nsys:
-        rundir.mark_latest_or_warn(target.parent, target)
-        if not quiet:
-            _print_summary(target, record)
-    sys.exit(0 if record["status"] == "OK" else 1)
+    return record
 
 
 @capture.command("sweep")

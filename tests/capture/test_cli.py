@@ -296,3 +296,30 @@ def test_a_json_file_that_cannot_be_written_is_one_line_and_leaves_no_temp_file(
     with pytest.raises(UserError, match="cannot write"):
         rundir.write_json(full, {"a": 1})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+
+
+def test_an_interrupted_run_leaves_no_run_directory(monkeypatch, tmp_path, capsys):
+    """Ctrl-C during the steps: exit 130, and the run directory the command made goes (it stayed
+    behind empty, a run without a run.json that `analyze runs` passed over in silence); a
+    --run-dir given by its owner (a sweep's cell) stays."""
+    from lmprof.capture import runner
+    from lmprof.capture.cli import main
+
+    def interrupted(prep, target, hooks, progress):
+        (target / "half-written.bin").write_bytes(b"x")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "execute", interrupted)
+    out = tmp_path / "runs"
+    out.mkdir()
+    (out / "earlier-run").mkdir()  # (the user's own: untouched)
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", *TINY, "--out", str(out), "-q"])
+    assert exit_.value.code == 130
+    assert capsys.readouterr().err.strip().endswith("aborted")
+    assert sorted(p.name for p in out.iterdir()) == ["earlier-run"]
+    given = tmp_path / "cell"
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", *TINY, "--run-dir", str(given), "-q"])
+    assert exit_.value.code == 130
+    assert (given / "half-written.bin").is_file()
