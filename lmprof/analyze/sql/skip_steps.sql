@@ -2,7 +2,8 @@
 -- starts before the last of them ends, mark no phase (warm-up in a trace of a whole program,
 -- captured without a capture range). Their GPU work is then attributed to no phase: '(none)'
 -- in the per-phase tables, while 'all' still covers every kernel. A process with no more steps
--- than that keeps no phase at all. Run on nvtx_ranges right after ranges.sql, before the
+-- than that keeps only the phase ranges that start after its last step ends (an inference pass
+-- after the training loop, say). Run on nvtx_ranges right after ranges.sql, before the
 -- attribution timeline reads the phases.
 
 UPDATE nvtx_ranges SET phase = NULL
