@@ -272,6 +272,35 @@ def test_fixture_matches_the_reference():
 
 
 MIB = 1 << 20
+BASE = 0x7F0000000000
+
+
+def _loaded(tmp_path: Path, second: str, allocated_size: int, trace: list | None):
+    """A fresh database holding one snapshot: a 20 MiB segment at BASE with a 2 MiB allocated
+    block, a 1 MiB block in state ``second`` and 17 MiB free, and ``trace`` ((action, MiB
+    offset from BASE, bytes) per entry, one µs apart; None: no trace recorded)."""
+    import pickle
+
+    import duckdb
+
+    blocks = [{"address": BASE, "size": 2 * MIB, "requested_size": 2 * MIB,
+               "state": "active_allocated", "frames": []},
+              {"address": BASE + 2 * MIB, "size": MIB, "requested_size": MIB,
+               "state": second, "frames": []},
+              {"address": BASE + 3 * MIB, "size": 17 * MIB, "state": "inactive"}]
+    snap = {"segments": [{"device": 0, "address": BASE, "total_size": 20 * MIB, "stream": 0,
+                          "segment_type": "large", "allocated_size": allocated_size,
+                          "active_size": 3 * MIB, "requested_size": 3 * MIB,
+                          "is_expandable": False, "blocks": blocks}]}
+    if trace is not None:
+        snap["device_traces"] = [[{"action": a, "addr": BASE + at * MIB, "size": n, "stream": 0,
+                                   "time_us": i, "frames": []}
+                                  for i, (a, at, n) in enumerate(trace)]]
+    path = tmp_path / "snap.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    con = duckdb.connect()
+    memory.load_memory(con, path)
+    return con
 
 
 def test_a_block_held_for_a_stream_is_released_where_the_tensor_is_freed(tmp_path):
@@ -280,30 +309,10 @@ def test_a_block_held_for_a_stream_is_released_where_the_tensor_is_freed(tmp_pat
     dump (active_pending_free) is not allocated; memory_allocations' lifetimes end at the same
     entries, so the blocks they hold live at each entry add up to the level there, and the
     peak table agrees."""
-    import pickle
-
-    base = 0x7F0000000000
-    blocks = [{"address": base, "size": 2 * MIB, "requested_size": 2 * MIB,
-               "state": "active_allocated", "frames": []},
-              {"address": base + 2 * MIB, "size": MIB, "requested_size": MIB,
-               "state": "active_pending_free", "frames": []},
-              {"address": base + 3 * MIB, "size": 17 * MIB, "state": "inactive"}]
     trace = [("alloc", 2, MIB), ("alloc", 3, 3 * MIB), ("free_requested", 3, 3 * MIB),
              ("alloc", 6, MIB), ("free_completed", 3, 3 * MIB), ("free_requested", 2, MIB),
              ("free_requested", 6, MIB), ("free_completed", 6, MIB)]
-    entries = [{"action": a, "addr": base + at * MIB, "size": n, "stream": 0, "time_us": i,
-                "frames": []} for i, (a, at, n) in enumerate(trace)]
-    snap = {"segments": [{"device": 0, "address": base, "total_size": 20 * MIB, "stream": 0,
-                          "segment_type": "large", "allocated_size": 3 * MIB,
-                          "active_size": 3 * MIB, "requested_size": 3 * MIB,
-                          "is_expandable": False, "blocks": blocks}],
-            "device_traces": [entries]}
-    path = tmp_path / "snap.pickle"
-    path.write_bytes(pickle.dumps(snap))
-    import duckdb
-
-    con = duckdb.connect()
-    memory.load_memory(con, path)
+    con = _loaded(tmp_path, "active_pending_free", 3 * MIB, trace)
     levels = [r[0] for r in con.execute(
         "SELECT allocated_bytes FROM memory_events ORDER BY seq").fetchall()]
     assert levels == [x * MIB for x in (3, 6, 3, 4, 4, 3, 2, 2)]
@@ -324,33 +333,12 @@ def test_a_block_held_for_a_stream_at_dump_is_not_allocated_without_releases(tmp
     """A snapshot whose trace releases nothing (none recorded, or a cut trace of allocations
     alone) still follows torch: a block freed but held for a stream (active_pending_free) is
     not in memory_allocated, as the segment's own allocated_size (2 MiB here) says."""
-    import pickle
-
-    import duckdb
-
-    base = 0x7F0000000000
-    blocks = [{"address": base, "size": 2 * MIB, "requested_size": 2 * MIB,
-               "state": "active_allocated", "frames": []},
-              {"address": base + 2 * MIB, "size": MIB, "requested_size": MIB,
-               "state": "active_pending_free", "frames": []},
-              {"address": base + 3 * MIB, "size": 17 * MIB, "state": "inactive"}]
-    snap = {"segments": [{"device": 0, "address": base, "total_size": 20 * MIB, "stream": 0,
-                          "segment_type": "large", "allocated_size": 2 * MIB,
-                          "active_size": 3 * MIB, "requested_size": 3 * MIB,
-                          "is_expandable": False, "blocks": blocks}]}
-    if trace is not None:
-        snap["device_traces"] = [[{"action": a, "addr": base + at, "size": n, "stream": 0,
-                                   "time_us": i, "frames": []}
-                                  for i, (a, at, n) in enumerate(trace)]]
-    path = tmp_path / "snap.pickle"
-    path.write_bytes(pickle.dumps(snap))
-    con = duckdb.connect()
-    memory.load_memory(con, path)
+    con = _loaded(tmp_path, "active_pending_free", 2 * MIB, trace)
     peak = con.execute("SELECT peak_allocated_bytes, peak_requested_bytes, "
                        "dump_allocated_bytes FROM memory_peaks").fetchall()
     assert peak == [(2 * MIB, 2 * MIB, 2 * MIB)]
     held = con.execute("SELECT addr - ?, block_bytes FROM memory_allocations WHERE "
-                       "free_seq IS NULL", [base]).fetchall()
+                       "free_seq IS NULL", [BASE]).fetchall()
     assert held == [(0, 2 * MIB)]
 
 
@@ -361,32 +349,12 @@ def test_a_trace_without_free_requested_releases_where_torch_would(tmp_path, cut
     counted that block out before the trace, and the level there is the 2 MiB still allocated.
     A trace written by hand that frees its own allocations with free_completed alone still
     releases there."""
-    import pickle
-
-    import duckdb
-
-    base = 0x7F0000000000
-    blocks = [{"address": base, "size": 2 * MIB, "requested_size": 2 * MIB,
-               "state": "active_allocated", "frames": []},
-              {"address": base + 2 * MIB, "size": MIB, "requested_size": MIB,
-               "state": "active_allocated", "frames": []},
-              {"address": base + 3 * MIB, "size": 17 * MIB, "state": "inactive"}]
     # cut: a 3 MiB block allocated and freed (free_requested) before the trace returns to the
     # pool, and its address takes a 1 MiB allocation; by hand: the 3 MiB is allocated first
     trace = [("free_completed", 2, 3 * MIB), ("alloc", 2, MIB)]
     if not cut:
         trace.insert(0, ("alloc", 2, 3 * MIB))
-    entries = [{"action": a, "addr": base + at * MIB, "size": n, "stream": 0, "time_us": i,
-                "frames": []} for i, (a, at, n) in enumerate(trace)]
-    snap = {"segments": [{"device": 0, "address": base, "total_size": 20 * MIB, "stream": 0,
-                          "segment_type": "large", "allocated_size": 3 * MIB,
-                          "active_size": 3 * MIB, "requested_size": 3 * MIB,
-                          "is_expandable": False, "blocks": blocks}],
-            "device_traces": [entries]}
-    path = tmp_path / "snap.pickle"
-    path.write_bytes(pickle.dumps(snap))
-    con = duckdb.connect()
-    memory.load_memory(con, path)
+    con = _loaded(tmp_path, "active_allocated", 3 * MIB, trace)
     levels = [r[0] for r in con.execute(
         "SELECT allocated_bytes FROM memory_events ORDER BY seq").fetchall()]
     peak = con.execute("SELECT peak_allocated_bytes, start_allocated_bytes "
