@@ -65,6 +65,9 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
             click.echo(emit(tables, fmt, out, shorten={"site": display_site}, notes=notes,
                             owner="memory"))
             plot_dir = plots or out
+            if out and plots and Path(plots).resolve() != Path(out).resolve():
+                # the plots go elsewhere now: those an earlier run wrote into --out are stale
+                rundir.retire_stale(out, "memory-plots", [])
             if plot_dir:
                 from lmprof.reports.memory_plots import write_plots
 

@@ -331,3 +331,18 @@ def test_a_reused_database_holds_only_the_last_run(tmp_path):
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM memory_trace").fetchall()[0][0] == 12819
     con.close()
+
+
+def test_out_reused_with_plots_elsewhere_keeps_no_plots_of_the_last_snapshot(tmp_path):
+    """`--out o` wrote the plots of one snapshot there; a run of another snapshot into the same
+    `--out o` with `--plots p` leaves o with its own tables, not beside the old snapshot's
+    timeline as if it were this one's."""
+    out, plots = tmp_path / "o", tmp_path / "p"
+    assert _run(FIXTURE, "--out", out).returncode == 0
+    assert (out / "memory_timeline.png").is_file()
+    snap = pickle.loads(lzma.decompress(FIXTURE.read_bytes()))
+    snap["device_traces"] = [[]]  # another snapshot: no trace, so no plots at all
+    proc = _run(_write(tmp_path, "notrace.pickle", snap), "--out", out, "--plots", plots)
+    assert proc.returncode == 0, proc.stderr
+    assert not list(out.glob("*.png")) and not list(plots.glob("*.png"))
+    assert (out / "memory_peak.md").is_file()
