@@ -555,7 +555,8 @@ def model_state(con, cats: pd.DataFrame | None = None) -> pd.DataFrame:
             rows.append({"snapshot": s.label, "quantity": "residual stream, one layer "
                          "(batch × context × d_model × bytes)", "expected_bytes": resid,
                          "measured_bytes": None, "measured_as": ""})
-    return pd.DataFrame(rows)
+    # (whole numbers with empty cells: nullable integers, not floats)
+    return pd.DataFrame(rows).astype({"expected_bytes": "Int64", "measured_bytes": "Int64"})
 
 
 def _matched_state_rows(con, s, state: str, expected: int, wanted: Counter,

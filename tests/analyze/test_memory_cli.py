@@ -346,3 +346,21 @@ def test_out_reused_with_plots_elsewhere_keeps_no_plots_of_the_last_snapshot(tmp
     assert proc.returncode == 0, proc.stderr
     assert not list(out.glob("*.png")) and not list(plots.glob("*.png"))
     assert (out / "memory_peak.md").is_file()
+
+
+def test_model_state_bytes_are_integers_in_csv_and_json():
+    """Byte counts are whole numbers in every format, as in the other tables: the model-state
+    table's empty cells (no expected value for the rounding row) made its columns floats
+    ("1543504896.0"). Expected for the run's 128,625,408 fp32 parameters with AdamW: 3 × 4 B."""
+    run = ROOT / "tests" / "data" / "h200-lmprof-memory"
+    proc = _run(run, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["memory_model_state"]
+    state = next(r for r in rows if r["quantity"].startswith("parameters"))
+    assert state["expected_bytes"] == 3 * 4 * 128625408
+    for r in rows:
+        for col in ("expected_bytes", "measured_bytes"):
+            assert r[col] is None or type(r[col]) is int, (r["quantity"], col, r[col])
+    proc = _run(run, "--format", "csv")
+    table = proc.stdout.split("# memory_model_state\n")[1].split("\n\n")[0]
+    assert f",{3 * 4 * 128625408}," in table and ".0," not in table
