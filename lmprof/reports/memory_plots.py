@@ -144,7 +144,10 @@ def categories_png(con: duckdb.DuckDBPyConnection, sid: int, device: int, path: 
 
 
 def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-." else "-" for c in text).strip("-")[:60]
+    """``text`` for a file name: ASCII letters, digits, '-' and '.' (60 at most, so 60 bytes:
+    a name has 255 bytes at most, and a letter may take 4 in UTF-8)."""
+    return "".join(c if (c.isascii() and c.isalnum()) or c in "-." else "-"
+                   for c in text).strip("-")[:60]
 
 
 def write_plots(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:

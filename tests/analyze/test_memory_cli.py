@@ -364,3 +364,18 @@ def test_model_state_bytes_are_integers_in_csv_and_json():
     proc = _run(run, "--format", "csv")
     table = proc.stdout.split("# memory_model_state\n")[1].split("\n\n")[0]
     assert f",{3 * 4 * 128625408}," in table and ".0," not in table
+
+
+def test_plot_names_fit_any_label(tmp_path):
+    """Plot file names carry each snapshot's label (here its folder's name: 60 characters of
+    4 bytes each in UTF-8, a name the file system takes); a file name has at most 255 bytes,
+    so the label's part of it is plain ASCII, and the plots are written."""
+    folder = tmp_path / ("\U00020000" * 60)
+    folder.mkdir()
+    snaps = [folder / "a.pickle.xz", folder / "b.pickle.xz"]
+    for snap in snaps:
+        snap.write_bytes(FIXTURE.read_bytes())
+    proc = _run(*snaps, "--plots", tmp_path / "p", "--format", "csv")
+    assert proc.returncode == 0, proc.stderr
+    pngs = sorted((tmp_path / "p").glob("*.png"))
+    assert len(pngs) == 4 and all(p.name.isascii() for p in pngs)
