@@ -77,6 +77,8 @@ def staged(path: str | Path | None) -> Iterator[str | None]:
         except (RuntimeError, OSError):  # (a loop: RuntimeError before Python 3.13)
             raise UserError(f"--db {str(path)!r} is a symbolic link that leads nowhere (a "
                             "loop): give a file") from None
+    if not target.parent.is_dir():  # (else DuckDB's error would name the copy, PATH.partial)
+        raise UserError(f"--db {str(path)!r}: no folder {str(target.parent)!r} to write it in")
     work = target.with_name(target.name + ".partial")
     holder = connect(target) if target.exists() else None
 

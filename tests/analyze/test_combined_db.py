@@ -82,3 +82,16 @@ def test_the_db_registry_is_data_not_sql(tmp_path):
     con.close()
     run("kernels", str(DATA / "report.sqlite"), "--db", str(db), "--table", "gemm_fraction")
     assert ("main", "keep_me") in _objects(db)
+
+
+def test_a_db_in_a_missing_folder_is_named_as_given(tmp_path):
+    """--db in a folder that does not exist: one line naming the file the user gave (DuckDB's
+    error named the working copy, PATH.partial, a file the user never heard of); nothing made."""
+    db = tmp_path / "no-such-folder" / "x.duckdb"
+    for args in (("kernels", str(DATA / "report.sqlite"), "--table", "gemm_fraction"),
+                 ("memory", str(DATA / "memory.pickle.xz"))):
+        res = CliRunner().invoke(analyze, [*args, "--db", str(db)])
+        assert res.exit_code == 2, res.output
+        lines = res.output.strip().splitlines()
+        assert len(lines) == 1 and str(db) in lines[0] and ".partial" not in lines[0], lines
+    assert not db.parent.exists()
