@@ -1073,10 +1073,12 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward on 4-D inputs from the saved (o, lse): returns (dq, dk, dv), contiguous. Checks
     what it is given (ValueError); ``FlashAttentionFn`` calls ``_backward``, its inputs checked
-    by ``flash_attention`` before the forward."""
+    by ``flash_attention`` before the forward. The kernels read lse as contiguous (B·h, Tq) rows:
+    a view that is not (one head of a saved lse) is copied."""
     check_inputs(q, k, v)
     _check_4d(q)
     _check_saved(q, o, lse, do)
+    lse = lse.contiguous()
     mode = resolve_backward(mode, q, k)
     if mode != "gluon" and (problem := _kv_grid_problem(q, k)):
         raise ValueError(f"inputs too large for the Triton backward: {problem}")
