@@ -33,8 +33,9 @@ Computed in SQL (``sql/memory_*.sql``, each documents its columns):
     memory_by_phase, memory_live_at_peak, memory_categories   views
 
 Phase attribution: the run.json ``phase_windows`` (wall clock; right for every thread, including
-the autograd thread that allocates during backward) when a run record is known; otherwise the
-entries' ``user_metadata`` (torch >= 2.11, set by ``capture run --memory``); otherwise phases
+the autograd thread that allocates during backward) when a run record is known and its
+windows meet the trace in time (those of another run, given with ``--run``, do not);
+otherwise the entries' ``user_metadata`` (torch >= 2.11, set by ``capture run --memory``); otherwise phases
 inferred from the call stacks (autograd engine frames → backward, ``torch/optim`` frames or an
 ``Optimizer.*`` annotation → optimizer, other forward-looking runs → forward when a backward
 follows, else inference); otherwise ``unknown``. ``memory_snapshots.phase_source`` says which.
@@ -279,17 +280,25 @@ def _phase_windows(flat: Flat, run: dict | None) -> tuple[dict[str, list], str]:
         except (KeyError, TypeError):
             raise UserError(f"run {run.get('run_dir')!r}: malformed phase_windows entry {w!r}") \
                 from None
+    unmatched = ""
     if cols["phase"]:
-        return cols, "run.json phase windows"
+        times = [t for t in flat.trace["time_us"] if t is not None]
+        if not times or (min(times) <= max(cols["end_us"])
+                         and min(cols["start_us"]) <= max(times)):
+            return cols, "run.json phase windows"
+        # the run's windows and the trace do not meet in time: the run.json of another run
+        # (--run) would put every entry in no phase; the trace's own evidence is read instead
+        cols = {k: [] for k in cols}
+        unmatched = " (run.json's phase windows do not meet the trace in time)"
     if not flat.trace["seq"] or None in flat.trace["time_us"]:
-        return cols, "user_metadata" if flat.has_user_metadata else "none"
+        return cols, ("user_metadata" if flat.has_user_metadata else "none") + unmatched
     if flat.has_user_metadata:
         for w in _metadata_windows(flat):
             add(*w, "user_metadata")
-        return cols, "user_metadata"
+        return cols, "user_metadata" + unmatched
     for w in _infer_windows(flat):
         add(*w, "stacks")
-    return cols, ("inferred from call stacks" if cols["phase"] else "none")
+    return cols, ("inferred from call stacks" if cols["phase"] else "none") + unmatched
 
 
 def _metadata_windows(flat: Flat) -> list[tuple]:

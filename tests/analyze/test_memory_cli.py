@@ -379,3 +379,35 @@ def test_plot_names_fit_any_label(tmp_path):
     assert proc.returncode == 0, proc.stderr
     pngs = sorted((tmp_path / "p").glob("*.png"))
     assert len(pngs) == 4 and all(p.name.isascii() for p in pngs)
+
+
+def test_a_run_json_of_another_run_does_not_empty_the_phases(tmp_path):
+    """--run naming another run: its phase windows (wall clock) do not meet the snapshot's trace,
+    so every entry fell in no phase while the phase source still read "run.json phase windows";
+    the trace's own evidence (its call stacks) is read instead, and the source says why."""
+    import csv
+    import io
+
+    snap = tmp_path / "snap.pickle"
+    snap.write_bytes(lzma.decompress((ROOT / "tests/data/h200-small-fp32/memory.pickle.xz")
+                                     .read_bytes()))
+    other = ROOT / "tests/data/h200-lmprof-memory"
+    windows = json.loads((other / "run.json").read_text())["phase_windows"]
+    trace_us = [e["time_us"] for tr in pickle.loads(snap.read_bytes())["device_traces"]
+                for e in tr]
+    assert max(trace_us) < min(w["start_ns"] // 1000 for w in windows) or \
+        min(trace_us) > max(w["end_ns"] // 1000 for w in windows)  # (they do not meet)
+
+    def peak(*args):
+        out = tmp_path / "out"
+        res = CliRunner().invoke(analyze, ["memory", *args, "--format", "csv", "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        return next(csv.DictReader(io.StringIO((out / "memory_peak.csv").read_text())))
+
+    alone, with_other = peak(str(snap)), peak(str(snap), "--run", str(other))
+    assert alone["phase_source"] == "inferred from call stacks"
+    assert with_other["phase_source"].startswith("inferred from call stacks (run.json's phase "
+                                                 "windows do not meet the trace")
+    assert with_other["peak_phase"] == alone["peak_phase"] == "backward"
+    own = peak(str(other))
+    assert own["phase_source"] == "run.json phase windows"
