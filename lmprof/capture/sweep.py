@@ -586,6 +586,11 @@ def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]
         return 0
 
     index_path = root / sweepdir.index_name(opts.shard)
+    for path, folder in ((root / sweepdir.CELLS, True), (root / sweepdir.STAGING, True),
+                         (index_path, False)):
+        if path.exists() and path.is_dir() != folder:  # (a hand's damage: refused before work)
+            raise UserError(f"{str(path)!r} is a {'file' if folder else 'folder'} where the sweep "
+                            f"keeps its {path.name}{'/' if folder else ''}; move it away")
     # cells of the other grids of a mixed sweep (--force-mix) keep their entries
     index = {name: entry for name, entry in _read_index(index_path).items()
              if name not in done and (root / sweepdir.CELLS / name).is_dir()}

@@ -434,3 +434,24 @@ def test_damaged_sweep_json_is_one_line_for_sweep_and_report(grids, tmp_path, ca
                            str(tmp_path / "rep")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "well-formed sweep.json" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("entry", [sweepdir.CELLS, sweepdir.STAGING, "index.json"])
+def test_a_file_where_the_sweep_keeps_a_directory_is_one_line_before_any_cell(entry, tmp_path,
+                                                                            capsys):
+    """cells/ or .staging/ a file (or index.json a folder): refused before a cell starts, not a
+    traceback (or a lost index) after the first cell ran."""
+    args = ["sweep", *TINY, "--context-length", "16", "--out", str(tmp_path), "--name", "s"]
+    root = tmp_path / "s"
+    root.mkdir()
+    grid = sweep.build_grid({}, {"size": "tiny", "warmup": "0", "steps": "1", "device": "cpu",
+                                 "context_length": "16"})
+    sweep.open_sweep_dir(root, grid, False)
+    if entry == "index.json":
+        (root / entry).mkdir()
+    else:
+        (root / entry).write_text("x")
+    rc, _, err = cli([*args, "--quiet"], capsys)
+    assert rc == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert repr(str(root / entry)) in err and "different grid" not in err
+    assert not _processes_mentioning(str(root)) and sweepdir.cell_dirs(root) == []
