@@ -338,11 +338,16 @@ def open_sweep_dir(root: Path, grid: Grid, force_mix: bool, write: bool = True) 
 
 
 def finished_status(root: Path, cell: Cell) -> str | None:
-    """The status of a finished cell, or None when it has not finished (or its record is bad)."""
+    """The status of a finished cell, or None when it has not finished (or its record is bad,
+    or is another cell's: a run.json copied in by hand)."""
     try:
-        return rundir.load_run(root / sweepdir.CELLS / cell.name).get("status")
+        record = rundir.load_run(root / sweepdir.CELLS / cell.name)
     except UserError:
         return None
+    sweep = record.get("sweep")
+    if not isinstance(sweep, dict) or sweep.get("config_hash") != cell.config_hash:
+        return None
+    return record.get("status")
 
 
 # ---------------------------------------------------------------- running cells

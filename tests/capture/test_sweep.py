@@ -455,3 +455,28 @@ def test_a_file_where_the_sweep_keeps_a_directory_is_one_line_before_any_cell(en
     assert rc == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
     assert repr(str(root / entry)) in err and "different grid" not in err
     assert not _processes_mentioning(str(root)) and sweepdir.cell_dirs(root) == []
+
+
+def test_a_run_json_of_another_cell_copied_in_is_not_that_cell_finished(tmp_path, capsys):
+    """cells/B/run.json copied from cell A (by hand, a bad rsync): B is still to run, not
+    finished with A's config and numbers."""
+    args = ["sweep", *TINY, "--context-length", "16,32", "--out", str(tmp_path), "--name", "s"]
+    grid = sweep.build_grid({}, {"size": "tiny", "warmup": "0", "steps": "1", "device": "cpu",
+                                 "context_length": "16,32"})
+    root = tmp_path / "s"
+    sweep.open_sweep_dir(root, grid, False)
+    a, b = grid.cells()
+    for cell in (a, b):
+        (root / sweepdir.CELLS / cell.name).mkdir(parents=True)
+        rundir.write_run(root / sweepdir.CELLS / cell.name, {
+            "run_id": cell.name, "status": "OK", "config": cell.spec.to_dict(),
+            "sweep": {"cell": cell.name, "config_hash": cell.config_hash,
+                      "grid_hash": grid.grid_hash}})
+    rc, out, _ = cli([*args, "--dry-run"], capsys)
+    assert rc == 0 and "2 finished, 0 to run" in out
+    b_json = root / sweepdir.CELLS / b.name / rundir.RUN_FILE
+    b_json.write_bytes((root / sweepdir.CELLS / a.name / rundir.RUN_FILE).read_bytes())
+    rc, out, _ = cli([*args, "--dry-run"], capsys)
+    assert rc == 0 and "1 finished, 1 to run" in out
+    assert [ln.split()[1:] for ln in out.splitlines()[2:]] == [[a.name, "OK"],
+                                                               [b.name, "to", "run"]]
