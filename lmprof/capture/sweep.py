@@ -603,6 +603,12 @@ def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]
         if done[c.name] is not None:
             rec = rundir.load_run(root / sweepdir.CELLS / c.name)
             index[c.name] = _index_entry(c, rec)
+
+    def write_index() -> None:
+        rundir.write_json(index_path, {"grid_hash": grid.grid_hash,
+                                       "cells": dict(sorted(index.items()))})
+
+    write_index()  # (from the cells: an index lost, damaged or left by shards is whole again)
     staging = root / sweepdir.STAGING
     for c in todo:
         for stale in staging.glob(f"{c.name}.*") if staging.is_dir() else ():
@@ -628,8 +634,7 @@ def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]
             running.pop(cell.name, None)
             counts[record["status"]] = counts.get(record["status"], 0) + 1
             index[cell.name] = _index_entry(cell, record)
-            rundir.write_json(index_path, {"grid_hash": grid.grid_hash,
-                                           "cells": dict(sorted(index.items()))})
+            write_index()
             bar.update()
             postfix()
 

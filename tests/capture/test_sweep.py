@@ -480,3 +480,29 @@ def test_a_run_json_of_another_cell_copied_in_is_not_that_cell_finished(tmp_path
     assert rc == 0 and "1 finished, 1 to run" in out
     assert [ln.split()[1:] for ln in out.splitlines()[2:]] == [[a.name, "OK"],
                                                                [b.name, "to", "run"]]
+
+
+@pytest.mark.parametrize("damage", ["missing", "corrupt"])
+def test_a_rerun_with_every_cell_finished_rewrites_a_lost_index(damage, tmp_path, capsys):
+    """index.json deleted or damaged (or never written: the cells were run by shards): a rerun
+    that finds every cell finished writes it again from the cells' run.json files."""
+    args = ["sweep", *TINY, "--context-length", "16,32", "--out", str(tmp_path), "--name", "s"]
+    grid = sweep.build_grid({}, {"size": "tiny", "warmup": "0", "steps": "1", "device": "cpu",
+                                 "context_length": "16,32"})
+    root = tmp_path / "s"
+    sweep.open_sweep_dir(root, grid, False)
+    statuses = {}
+    for cell, status in zip(grid.cells(), ("OK", "OOM")):
+        (root / sweepdir.CELLS / cell.name).mkdir(parents=True)
+        rundir.write_run(root / sweepdir.CELLS / cell.name, {
+            "run_id": cell.name, "status": status, "config": cell.spec.to_dict(),
+            "sweep": {"cell": cell.name, "config_hash": cell.config_hash,
+                      "grid_hash": grid.grid_hash}})
+        statuses[cell.name] = status
+    if damage == "corrupt":
+        (root / "index.json").write_text("{")
+    rc, _, _ = cli([*args, "--quiet"], capsys)
+    assert rc == 0
+    index = json.loads((root / "index.json").read_text())
+    assert index["grid_hash"] == grid.grid_hash
+    assert {k: v["status"] for k, v in index["cells"].items()} == statuses
