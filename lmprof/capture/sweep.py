@@ -11,6 +11,7 @@ Kill-safety: a cell runs in ``.staging/<cell>.<pid>/`` and is moved into ``cells
 rename after its run.json is complete, so ``cells/`` only ever holds finished cells; a rerun skips
 them (``--retry-failed`` reruns those not OK) and deletes the staging left by a killed sweep.
 Children get SIGKILL when the sweep dies (Linux ``PR_SET_PDEATHSIG``), so no orphan writes on.
+An interrupted sweep (Ctrl-C) kills its cells and records none of them: they are left to run.
 Cell names are deterministic (label + config hash, :mod:`lmprof.sweepdir`), hence no duplicates.
 
 Fan-out is deliberately small: ``--gpus`` runs one cell per listed GPU at a time
@@ -383,6 +384,7 @@ class Launcher:
         self.grid_hash = grid_hash
         self.timeout_s = timeout_s
         self.live: dict[int, subprocess.Popen] = {}
+        self.stopped = False  # set by kill_all: the sweep is going down, its cells unfinished
         self.lock = threading.Lock()
         self.code_root = str(Path(lmprof.__file__).resolve().parent.parent)
 
@@ -413,6 +415,8 @@ class Launcher:
                                     preexec_fn=functools.partial(_die_with_parent, os.getpid()))
             with self.lock:
                 self.live[proc.pid] = proc
+                if self.stopped:
+                    _kill_group(proc)
             try:
                 proc.wait(timeout=self.timeout_s)
             except subprocess.TimeoutExpired:
@@ -421,6 +425,9 @@ class Launcher:
             finally:
                 with self.lock:
                     self.live.pop(proc.pid, None)
+        if self.stopped:  # killed by kill_all, not failed: left to run again, not recorded
+            shutil.rmtree(attempt, ignore_errors=True)
+            raise InterruptedError(f"cell {cell.name} stopped with the sweep")
         wall_s = time.perf_counter() - t0
         record = self._record(cell, target, proc.returncode, timed_out)
         record["run_id"] = cell.name
@@ -461,6 +468,7 @@ class Launcher:
 
     def kill_all(self) -> None:
         with self.lock:
+            self.stopped = True
             procs = list(self.live.values())
         for proc in procs:
             _kill_group(proc)

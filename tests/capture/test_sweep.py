@@ -506,3 +506,28 @@ def test_a_rerun_with_every_cell_finished_rewrites_a_lost_index(damage, tmp_path
     index = json.loads((root / "index.json").read_text())
     assert index["grid_hash"] == grid.grid_hash
     assert {k: v["status"] for k, v in index["cells"].items()} == statuses
+
+
+def test_an_interrupted_cell_is_not_recorded_finished(tmp_path, capsys, monkeypatch):
+    """1 cell process, hanging, and Ctrl-C: the sweep kills it and exits 130; the killed cell
+    is still to run, not a finished ERROR ('died of SIGKILL') that a rerun would skip."""
+    import _thread
+
+    monkeypatch.setenv(FAULT_ENV, "hang")
+    root = tmp_path / "s"
+
+    def interrupt_when_running():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            logs = list(root.glob(".staging/*/*/cell.log"))
+            if logs and _processes_mentioning(str(logs[0].parent)):
+                break
+            time.sleep(0.05)
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt_when_running, daemon=True).start()
+    rc, _, _ = cli(["sweep", *TINY, "--context-length", "16", "--out", str(tmp_path), "--name",
+                    "s", "--quiet"], capsys)
+    assert rc == 130
+    time.sleep(1)  # (the sweep's worker thread outlives the interrupt in this process)
+    assert sweepdir.cell_dirs(root) == []
