@@ -514,20 +514,64 @@ def test_an_interrupted_cell_is_not_recorded_finished(tmp_path, capsys, monkeypa
     import _thread
 
     monkeypatch.setenv(FAULT_ENV, "hang")
+    # interrupt_main does nothing where SIGINT is ignored (tests run by a shell in the
+    # background); and a cell that still hangs ends at --timeout: a failure, never a hung run
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     root = tmp_path / "s"
 
+    over = threading.Event()  # (set when the sweep has returned: no interrupt after that)
+
     def interrupt_when_running():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+        while not over.is_set():
             logs = list(root.glob(".staging/*/*/cell.log"))
             if logs and _processes_mentioning(str(logs[0].parent)):
-                break
+                _thread.interrupt_main()
+                return
             time.sleep(0.05)
-        _thread.interrupt_main()
 
     threading.Thread(target=interrupt_when_running, daemon=True).start()
-    rc, _, _ = cli(["sweep", *TINY, "--context-length", "16", "--out", str(tmp_path), "--name",
-                    "s", "--quiet"], capsys)
+    try:
+        rc, _, _ = cli(["sweep", *TINY, "--context-length", "16", "--out", str(tmp_path),
+                        "--name", "s", "--timeout", "60", "--quiet"], capsys)
+    finally:
+        over.set()
+        signal.signal(signal.SIGINT, previous)
     assert rc == 130
     time.sleep(1)  # (the sweep's worker thread outlives the interrupt in this process)
     assert sweepdir.cell_dirs(root) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
+def test_sigint_mid_cell_kills_it_and_records_nothing(tmp_path):
+    """A sweep process, its one cell hanging, and Ctrl-C (a real SIGINT): the sweep kills the
+    cell and exits 130; the killed cell is still to run, not a finished ERROR ('died of
+    SIGKILL') that a rerun would skip. (SIGINT is set back to its default in the sweep: a shell
+    running the tests in the background starts them with it ignored.)"""
+    root = tmp_path / "s"
+    args = [sys.executable, "-m", "lmprof.capture", "sweep", *TINY, "--context-length", "16",
+            "--out", str(tmp_path), "--name", "s", "--quiet"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), FAULT_ENV: "hang"}
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # until the hanging cell runs in its staging directory
+            staging = list(root.glob(".staging/*/*")) if root.is_dir() else []
+            if staging and _processes_mentioning(str(staging[0])):
+                break
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "the cell never started"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+    assert rc == 130
+    assert sweepdir.cell_dirs(root) == []
+    deadline = time.monotonic() + 10
+    while _processes_mentioning(str(staging[0])) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _processes_mentioning(str(staging[0]))  # the cell was killed with the sweep
