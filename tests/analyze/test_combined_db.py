@@ -87,11 +87,15 @@ def test_the_db_registry_is_data_not_sql(tmp_path):
 def test_a_db_in_a_missing_folder_is_named_as_given(tmp_path):
     """--db in a folder that does not exist: one line naming the file the user gave (DuckDB's
     error named the working copy, PATH.partial, a file the user never heard of); nothing made."""
+    import subprocess
+    import sys
+
     db = tmp_path / "no-such-folder" / "x.duckdb"
     for args in (("kernels", str(DATA / "report.sqlite"), "--table", "gemm_fraction"),
                  ("memory", str(DATA / "memory.pickle.xz"))):
-        res = CliRunner().invoke(analyze, [*args, "--db", str(db)])
-        assert res.exit_code == 2, res.output
-        lines = res.output.strip().splitlines()
+        proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", *args, "--db", str(db)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and str(db) in lines[0] and ".partial" not in lines[0], lines
     assert not db.parent.exists()
