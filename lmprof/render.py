@@ -125,17 +125,13 @@ def _plain_nested(df: pd.DataFrame) -> pd.DataFrame:
     values (``.df()`` gives numpy arrays, masked where an element is NULL, and Decimal inside a
     STRUCT), so that json writes them as JSON arrays and objects, and csv and markdown as JSON
     text (``_nested_text``), not as numpy's ``[1 --]``."""
+    import numpy as np  # (pandas has loaded it)
+
     for i in range(df.shape[1]):
         col = df.iloc[:, i]
-        if col.dtype == object and any(isinstance(v, (dict, list, _ndarray())) for v in col):
+        if col.dtype == object and any(isinstance(v, (dict, list, np.ndarray)) for v in col):
             df.isetitem(i, [_plain(v) for v in col])
     return df
-
-
-def _ndarray() -> type:
-    import numpy as np
-
-    return np.ndarray
 
 
 def _plain(v: Any) -> Any:
@@ -292,13 +288,17 @@ def md_text(text: str) -> str:
     markdown: its line breaks become spaces (a break ended the table row or list item) and a
     '<' is escaped, so that "MulFunctor<float>" or "<script>" shows as written rather than
     being read as HTML."""
-    return re.sub(r"\r\n?|\n", " ", text).replace("<", "\\<")
+    return _one_line(text).replace("<", "\\<")
+
+
+def _one_line(text: str) -> str:
+    return re.sub(r"\r\n?|\n", " ", text)
 
 
 def md_code(text: str) -> str:
     """``text`` (a run id, a path) as one markdown code span: fenced by more backticks than its
     longest run of them, its line breaks as spaces."""
-    text = re.sub(r"\r\n?|\n", " ", text)
+    text = _one_line(text)
     fence = "`" * (max((len(r) for r in re.findall("`+", text)), default=0) + 1)
     pad = " " if fence != "`" or text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{pad}{text}{pad}{fence}"

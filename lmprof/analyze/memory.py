@@ -146,9 +146,9 @@ def load_memory(con: duckdb.DuckDBPyConnection, snapshot_path: str | Path,
         arrow = {name: _arrow(name, cols) for name, cols in tables.items()}
         # the trace is stored once, as memory_events; memory_trace is a view of its columns
         trace = _arrow("memory_trace", flat.trace)
-        arrow["memory_events"] = memory_replay.events(trace, flat.blocks, flat.segments, windows,
-                                                      exact_block_bytes(flat, trace))
         release = memory_replay.release_action(trace)
+        arrow["memory_events"] = memory_replay.events(trace, flat.blocks, flat.segments, windows,
+                                                      exact_block_bytes(flat, trace), release)
         del trace
     except (pa.ArrowException, OverflowError, ValueError, TypeError) as exc:
         # a snapshot of the right shape holding a value of the wrong type (a string where an

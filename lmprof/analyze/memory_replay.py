@@ -131,13 +131,23 @@ def release_action(trace: pa.Table) -> str:
     if pc.any(pc.equal(action, "free_requested")).as_py():
         return "free_requested"
     is_alloc, is_free = _is(action, ("alloc",)), _is(action, ("free_completed",))
-    sel = np.flatnonzero(is_alloc | is_free)
-    device, addr = int_column(trace["device"])[sel], int_column(trace["addr"])[sel]
-    k = np.lexsort((sel, addr, device))           # by (device, address), each in trace order
-    device, addr, order = device[k], addr[k], sel[k]
-    freed_after_alloc = ((device[1:] == device[:-1]) & (addr[1:] == addr[:-1])
-                         & is_alloc[order[:-1]] & is_free[order[1:]])
+    order, same = _by_address(int_column(trace["device"]), int_column(trace["addr"]),
+                              np.flatnonzero(is_alloc | is_free))
+    freed_after_alloc = same & is_alloc[order[:-1]] & is_free[order[1:]]
     return "free_completed" if freed_after_alloc.any() else "free_requested"
+
+
+def _by_address(device: np.ndarray, addr: np.ndarray, sel: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The entries ``sel`` (of a trace in (device, seq) order) ordered by (device, address),
+    each address' entries in trace order; and, per neighbouring pair in that order, whether the
+    later one has the earlier one's (device, address)."""
+    if device.size and device[0] != device[-1]:
+        order = sel[np.lexsort((sel, addr[sel], device[sel]))]
+    else:  # one device: a stable sort by address keeps each address' entries in trace order
+        order = sel[np.argsort(addr[sel], kind="stable")]
+    k_dev, k_addr = device[order], addr[order]
+    return order, (k_dev[1:] == k_dev[:-1]) & (k_addr[1:] == k_addr[:-1])
 
 
 def _request_sizes(block: np.ndarray, device: np.ndarray, addr: np.ndarray,
@@ -146,13 +156,7 @@ def _request_sizes(block: np.ndarray, device: np.ndarray, addr: np.ndarray,
     """Each free_requested entry's block (in place): that of the allocation it frees, the alloc
     just before it at its address; for a block allocated before recording, the free_completed
     just after it; else the block alive (pending) at dump there; else its request rounded."""
-    sel = np.flatnonzero(is_alloc | is_req | is_free)
-    if device.size and device[0] != device[-1]:
-        order = sel[np.lexsort((sel, addr[sel], device[sel]))]
-    else:  # one device: a stable sort by address keeps each address' entries in trace order
-        order = sel[np.argsort(addr[sel], kind="stable")]
-    k_dev, k_addr = device[order], addr[order]
-    same = (k_dev[1:] == k_dev[:-1]) & (k_addr[1:] == k_addr[:-1])  # entry p+1 shares p's key
+    order, same = _by_address(device, addr, np.flatnonzero(is_alloc | is_req | is_free))
     pos = np.flatnonzero(is_req[order])
     prev = np.maximum(pos - 1, 0)
     nxt = np.minimum(pos + 1, order.size - 1)
@@ -168,11 +172,13 @@ def _request_sizes(block: np.ndarray, device: np.ndarray, addr: np.ndarray,
 
 
 def events(trace: pa.Table, blocks: dict[str, list], segments: dict[str, list],
-           windows: dict[str, list], exact: np.ndarray | None = None) -> pa.Table:
+           windows: dict[str, list], exact: np.ndarray | None = None,
+           release: str | None = None) -> pa.Table:
     """The memory_events columns of one snapshot, from its trace (an Arrow table of the
     memory_trace schema in (device, seq) order), its dump's blocks and segments, its phase
     windows (columns of memory_phase_windows) and, per entry, the block bytes the replay of
-    :mod:`lmprof.analyze.blocks` found (-1 where it does not know)."""
+    :mod:`lmprof.analyze.blocks` found (-1 where it does not know); ``release``: its
+    ``release_action``, where the caller has it already."""
     n = trace.num_rows
     device = int_column(trace["device"])
     seq = int_column(trace["seq"])
@@ -185,7 +191,7 @@ def events(trace: pa.Table, blocks: dict[str, list], segments: dict[str, list],
     is_free = _is(action, ("free_completed",)) & sized
     is_req = _is(action, ("free_requested",)) & sized
     is_block = is_alloc | is_free
-    by_request = release_action(trace) == "free_requested"
+    by_request = (release or release_action(trace)) == "free_requested"
 
     # block sizes: the request rounded up to 512 B; the dump's size for an allocation whose block
     # is still alive at dump (its last alloc/free_completed entry is an alloc at a live address)
