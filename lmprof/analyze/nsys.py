@@ -420,7 +420,7 @@ def load(duck: duckdb.DuckDBPyConnection, path: str | Path,
 
 
 # The tables whose rows become GPU ops (attribution_launches.sql numbers them by row id).
-_OP_TABLES = ("_kernels", "_memcpy", "_memset", "_graph_execs")
+OP_TABLES = ("_kernels", "_memcpy", "_memset", "_graph_execs")
 
 
 def _gpu_op_rows(sq: sqlite3.Connection, present: set[str]) -> int | None:
@@ -430,7 +430,7 @@ def _gpu_op_rows(sq: sqlite3.Connection, present: set[str]) -> int | None:
     where a table cannot be read (its load reports why)."""
     total = 0
     try:
-        for target in _OP_TABLES:
+        for target in OP_TABLES:
             source = TABLES[target][0]
             if source in present:
                 (largest,) = sq.execute(f'SELECT max(rowid) FROM "{source}"').fetchone()

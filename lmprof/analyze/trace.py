@@ -253,16 +253,31 @@ def timeline(con: duckdb.DuckDBPyConnection, thread_rule: bool,
     return one_member
 
 
-def attribute(con: duckdb.DuckDBPyConnection, thread_rule: bool, one_member: bool) -> None:
+# Every export seen has one launching call per (correlation id, process); where one repeats a
+# pair (a damaged or merged file), the earliest call of each stays, so that no op is joined twice.
+_ONE_CALL_PER_PAIR = (
+    "CREATE OR REPLACE TABLE _runtime AS SELECT * FROM _runtime QUALIFY row_number() OVER "
+    "(PARTITION BY correlation_id, global_tid >> 24 ORDER BY start_ns, global_tid, name_id) = 1")
+
+
+def attribute(con: duckdb.DuckDBPyConnection, thread_rule: bool, one_member: bool,
+              ops: int | None = None) -> None:
     """``gpu_ops`` and ``op_ranges`` (``sql/attribution.sql``), once ``timeline`` has run and
     returned ``one_member``: ops with their launching calls (``attribution_launches.sql``), then
     their members (``attribution_keys.sql`` or ``attribution_members.sql``), then the views;
     after ``attribution_keys.sql``, ops of crowded keys get their state by ASOF join
     (``attribution_crowded.sql``), only where there are such keys. Then the timeline's working
-    tables are dropped."""
+    tables are dropped. ``ops``: how many GPU ops were loaded; where ``_gpu_ops`` got more rows,
+    the export repeats a launching call: ``_runtime`` keeps the earliest of each pair
+    (``_ONE_CALL_PER_PAIR``, for the ``kernels``, ``memops`` and ``runtime`` views too) and the
+    ops are joined again."""
     shift = _key_shift(thread_rule)
+    members = "attribution_keys" if one_member else "attribution_members"
     sqlfile.run(con, "attribution_launches", key_shift=shift)
-    sqlfile.run(con, "attribution_keys" if one_member else "attribution_members")
+    sqlfile.run(con, members)
+    if ops is not None and con.execute("SELECT count(*) FROM _gpu_ops").fetchall()[0][0] > ops:
+        con.execute(_ONE_CALL_PER_PAIR)
+        sqlfile.run(con, members)  # (_launched is a view over _runtime)
     sqlfile.run(con, "attribution")
     if one_member and con.execute("SELECT count(*) FROM _attr_grid WHERE crowded"
                                   ).fetchall()[0][0]:
@@ -318,7 +333,8 @@ def _prepare(con: duckdb.DuckDBPyConnection, path: Path, options: Options, schem
 
     def attribution() -> None:
         with db.cursor(con, schema) as cur:
-            attribute(cur, thread_rule, one_member[0])
+            attribute(cur, thread_rule, one_member[0],
+                      sum(export.rows.get(t, 0) for t in nsys.OP_TABLES))
 
     db.at_once([classify_names, attribution], "prepare")
     deferred = None

@@ -296,3 +296,34 @@ def test_an_lmprof_runs_options_keep_its_runner_names():
     assert both.softmax_ranges == ("sm", "computing softmax")
     assert both.matmul_ranges == trace.Options().matmul_ranges
     assert trace.Options().with_runner_names() == trace.Options()
+
+
+@pytest.mark.parametrize("attribution", ["process", "thread"])
+def test_a_repeated_launching_call_counts_its_op_once(tmp_path, attribution):
+    """An export that repeats a launching call (same correlation id and process: a damaged or
+    merged file) still gives each op one row, attributed through the earliest of the calls."""
+    from nsys_data import edit, source_count, writable_copy
+
+    calls = source_count("CUPTI_ACTIVITY_KIND_RUNTIME")
+    copy = edit(writable_copy(tmp_path),
+                "INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME SELECT * FROM CUPTI_ACTIVITY_KIND_RUNTIME "
+                "WHERE correlationId IN "
+                "(SELECT correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid % 7 = 0)",
+                # the repeats a microsecond later (the calls themselves are kept)
+                f"UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET start = start + 1000 WHERE rowid > {calls}")
+    opts = trace.Options(attribution=attribution)
+    ops_sql = "SELECT op_id, launch_start_ns, range_id, phase FROM gpu_ops ORDER BY op_id"
+    clean = trace.prepare(duckdb.connect(), REPORT, opts)
+    damaged = trace.prepare(duckdb.connect(), copy, opts)
+    assert damaged.count("gpu_ops") == clean.count("gpu_ops") == (
+        source_count("CUPTI_ACTIVITY_KIND_KERNEL") + source_count("CUPTI_ACTIVITY_KIND_MEMCPY")
+        + source_count("CUPTI_ACTIVITY_KIND_MEMSET"))
+    assert damaged.use().execute(ops_sql).fetchall() == clean.use().execute(ops_sql).fetchall()
+    # the views that join the launching call again: one row per op as well
+    assert damaged.count("kernels") == source_count("CUPTI_ACTIVITY_KIND_KERNEL")
+    assert damaged.count("memops") == clean.count("memops")
+    ours = kernels.top_kernels(damaged, top=None)
+    ours = ours[ours["phase"] == "all"]
+    theirs = stats("cuda_gpu_kern_sum")
+    assert ours["instances"].sum() == theirs["Instances"].sum()
+    assert ours["total_ns"].sum() == theirs["Total Time (ns)"].sum()
