@@ -317,7 +317,8 @@ SCHEMA_SQL = ("SELECT table_schema AS schema, table_name AS name, table_type AS 
               "WHERE table_name NOT LIKE '\\_%' ESCAPE '\\' GROUP BY ALL ORDER BY 1, 2")
 
 
-@click.command("sql", epilog=_REPORTS_HELP + " FILE may also be a DuckDB file written with --db. "
+@click.command("sql", epilog="FILE" + _REPORTS_HELP[len("REPORT"):] + " FILE may also be a DuckDB "
+               "file written with --db; several exports load into schemas r1..rN (main.reports). "
                "Views: kernels, memops, runtime, gpu_ops, op_ranges; tables: nvtx_ranges, "
                "phase_instances, kernel_names, gpus, session (see --schema). Times are ns on the "
                "nsys session clock. Queries only read (SELECT, EXPLAIN; PRAGMA, SHOW, DESCRIBE, "
