@@ -223,6 +223,26 @@ def test_a_directory_of_runs_stands_for_its_runs_with_an_export(tmp_path):
     assert code == 2 and "has an nsys export" in err and "Traceback" not in err
 
 
+def test_a_latest_marker_written_as_a_text_file_is_its_run(tmp_path):
+    """Where links fail, `capture run` writes `runs/latest` as a text file naming the run
+    (rundir.mark_latest); `analyze kernels runs/latest` and `analyze sql runs/latest` read that
+    run's export, as `analyze runs` and `analyze memory` do, not the marker as an export."""
+    root = tmp_path / "runs"
+    run_dir = root / "small-128"
+    run_dir.mkdir(parents=True)
+    writable_copy(run_dir)
+    write_run_json(run_dir)
+    (root / "latest").write_text("small-128\n")
+    code, out, err = run("kernels", str(root / "latest"), "--table", "gemm_fraction",
+                         "--format", "json")
+    assert code == 0, err
+    assert {r["phase"] for r in json.loads(out)} >= {"forward", "backward", "all"}
+    code, out, err = run("sql", str(root / "latest"), "SELECT count(*) AS n FROM kernels",
+                         "--format", "csv")
+    assert code == 0, err
+    assert pd.read_csv(io.StringIO(out))["n"][0] == source_count("CUPTI_ACTIVITY_KIND_KERNEL")
+
+
 def test_db_persists_and_sql_queries_it(tmp_path):
     db = tmp_path / "k.duckdb"
     code, _, err = run("kernels", str(REPORT), "--db", str(db), "--table", "gemm_fraction")
