@@ -147,7 +147,7 @@ def mark_latest(out_root: Path, run_dir: Path) -> str | None:
     else None: the run stands either way, so the caller warns and goes on."""
     link = out_root / LATEST
     try:
-        if link.is_symlink() or link.is_file():
+        if link.is_symlink() or _is_marker(link):
             link.unlink()
         elif link.exists():
             return f"left {str(link)!r} as it is: not the link to the latest run this tool makes"
@@ -158,6 +158,19 @@ def mark_latest(out_root: Path, run_dir: Path) -> str | None:
     except OSError as exc:
         return f"cannot point {str(link)!r} at the run: {exc.strerror or exc}"
     return None
+
+
+def _is_marker(path: Path) -> bool:
+    """Whether ``path`` is the text form of ``latest`` that ``mark_latest`` writes (one line: a
+    run's name), not a user's file of that name, which is left alone."""
+    try:
+        if not path.is_file() or path.stat().st_size > 256:
+            return False
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return False
+    name = text.removesuffix("\n")
+    return name != LATEST and _LABEL_OR_ID.fullmatch(name) is not None
 
 
 def mark_latest_or_warn(out_root: Path, run_dir: Path) -> None:

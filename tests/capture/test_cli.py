@@ -323,3 +323,25 @@ def test_an_interrupted_run_leaves_no_run_directory(monkeypatch, tmp_path, capsy
         main(["run", *TINY, "--run-dir", str(given), "-q"])
     assert exit_.value.code == 130
     assert (given / "half-written.bin").is_file()
+
+
+@pytest.mark.parametrize("content", ["my notes about these runs\nsecond line\n", "", "latest\n",
+                                     "x" * 300 + "\n"], ids=["notes", "empty", "latest", "long"])
+def test_a_users_file_named_latest_is_left_and_the_markers_text_form_is_replaced(tmp_path,
+                                                                                  content):
+    """Where links fail, `latest` is a text file holding the run's name; only that form is
+    replaced by the next run's marker. A user's own file named `latest` (any other content)
+    is left as it is, with the warning a folder of that name gets (it was deleted before)."""
+    from lmprof import rundir
+
+    out = tmp_path / "runs"
+    first, second = out / "20261206T000000Z-a-0001", out / "20261206T000001Z-b-0002"
+    for d in (first, second):
+        d.mkdir(parents=True)
+    (out / "latest").write_text(content)
+    problem = rundir.mark_latest(out, second)
+    assert problem is not None and problem.startswith("left ")
+    assert (out / "latest").read_text() == content
+    (out / "latest").write_text(first.name + "\n")  # the marker's own text form
+    assert rundir.mark_latest(out, second) is None
+    assert (out / "latest").resolve() == second.resolve()
