@@ -76,17 +76,28 @@ def cell_dirs(path: str | Path) -> list[Path]:
 
 def run_children(path: str | Path) -> list[Path]:
     """The run directories directly inside ``path`` — a ``capture run --out`` root such as
-    ``runs/`` — sorted; the ``latest`` marker is left out (it names one of them again)."""
+    ``runs/`` — and the finished cells of the sweeps in it (``capture sweep`` writes its sweep
+    directories into the same ``--out``), sorted; the ``latest`` marker is left out (it names
+    one of them again)."""
     p = Path(path)
     if not p.is_dir() or (p / rundir.RUN_FILE).exists():
         return []
-    return sorted(d for d in p.iterdir() if d.name != rundir.LATEST and not d.is_symlink()
-                  and d.is_dir() and (d / rundir.RUN_FILE).is_file())
+    out: list[Path] = []
+    for d in sorted(p.iterdir()):
+        if d.name == rundir.LATEST or d.is_symlink() or not d.is_dir():
+            continue
+        if (d / rundir.RUN_FILE).is_file():
+            out.append(d)
+        elif is_sweep_dir(d):
+            read_sweep(d)
+            out += cell_dirs(d)
+    return out
 
 
 def expand(paths: list[str | Path]) -> list[Path]:
     """Run directories for ``paths``: a sweep directory stands for its finished cells, a
-    directory of run directories (``capture run --out``) for those runs."""
+    directory of runs (``capture run``'s and ``capture sweep``'s ``--out``) for the runs and
+    finished cells in it (``run_children``)."""
     out: list[Path] = []
     for p in paths:
         if is_sweep_dir(p):

@@ -243,6 +243,28 @@ def test_analyze_runs_and_report_expand_a_directory_of_runs(tmp_path, capsys):
         load_runs([str(root / "notes")])
 
 
+def test_a_directory_of_runs_stands_for_the_sweeps_in_it_too(tmp_path, capsys):
+    """`capture run` and `capture sweep` share --out (runs/): `analyze runs runs/` has the
+    sweeps' finished cells beside the plain runs (it left them out, and a runs/ of sweeps alone
+    was 'not a run directory'); a sweep with no finished cell yet adds nothing."""
+    root = tmp_path / "runs"
+    plain = run_record(ctx=1024)
+    (root / plain["run_id"]).mkdir(parents=True)
+    rundir.write_run(root / plain["run_id"], plain)
+    write_sweep(root / "sweep-a", [run_record(ctx=128), run_record(ctx=256, status="OOM")])
+    write_sweep(root / "sweep-b", [])  # in flight: no cell finished
+    analyze_main(["runs", str(root), "--format", "json"])
+    rows = json.loads(capsys.readouterr().out)
+    assert sorted((r["context"], r["status"]) for r in rows) == [(128, "OK"), (256, "OOM"),
+                                                                 (1024, "OK")]
+    report = build([str(root)], tmp_path / "rep").read_text()
+    assert "3 run(s)." in report
+    sweeps_only = tmp_path / "sweeps"
+    write_sweep(sweeps_only / "s", [run_record(ctx=512)])
+    analyze_main(["runs", str(sweeps_only), "--format", "json"])
+    assert [r["context"] for r in json.loads(capsys.readouterr().out)] == [512]
+
+
 def test_precision_section_renders_recorded_failures(tmp_path):
     d = tmp_path / "prec"
     d.mkdir()
