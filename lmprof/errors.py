@@ -40,15 +40,22 @@ class PathParam(click.Path):
     def convert(self, value, param, ctx):
         if isinstance(value, str) and not value.strip():
             self.fail("an empty path (give '.' for the current directory)", param, ctx)
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:  # bytes the file system holds that are not UTF-8
-                shown = os.fsencode(value).decode("utf-8", "backslashreplace")
-                self.fail(f"{shown!r}: a path that "
-                          "is not UTF-8 text (DuckDB and the tables take UTF-8 names; rename it)",
-                          param, ctx)
+        if isinstance(value, str) and (problem := not_utf8(value)):
+            self.fail(problem, param, ctx)
         return super().convert(value, param, ctx)
+
+
+def not_utf8(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be analysed where its name holds bytes the file system keeps that are
+    not UTF-8 (DuckDB and the tables take UTF-8 names), else None."""
+    text = os.fspath(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(text).decode("utf-8", "backslashreplace")
+        return f"{shown!r}: a path that is not UTF-8 text (DuckDB and the tables take UTF-8 " \
+               "names; rename it)"
+    return None
 
 
 def run_cli(group: click.Group, argv: list[str] | None = None) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from lmprof import rundir
-from lmprof.errors import UserError
+from lmprof.errors import UserError, not_utf8
 
 SCHEMA_VERSION = 1
 SWEEP_FILE = "sweep.json"
@@ -108,6 +108,9 @@ def expand(paths: list[str | Path]) -> list[Path]:
             out += cells
         else:
             out += run_children(p) or [Path(p)]
+    for run in out:  # names found in a folder (or behind runs/latest) that no option checked
+        if problem := not_utf8(run):
+            raise UserError(problem)
     return out
 
 

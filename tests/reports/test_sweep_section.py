@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -263,6 +265,21 @@ def test_a_directory_of_runs_stands_for_the_sweeps_in_it_too(tmp_path, capsys):
     write_sweep(sweeps_only / "s", [run_record(ctx=512)])
     analyze_main(["runs", str(sweeps_only), "--format", "json"])
     assert [r["context"] for r in json.loads(capsys.readouterr().out)] == [512]
+
+
+def test_a_run_found_in_a_directory_under_a_name_not_utf8_is_one_error_line(tmp_path, capsys):
+    """A path typed on the command line that is not UTF-8 is refused in one line; a run found
+    in a directory of runs under such a name went on to DuckDB and pyarrow, and the report of a
+    run with a memory snapshot ended in a UnicodeEncodeError traceback."""
+    root = tmp_path / "runs"
+    root.mkdir()
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "h200-lmprof-memory",
+                    root / os.fsdecode(b"r\xff"))
+    with pytest.raises(SystemExit) as exc:
+        analyze_main(["report", str(root), "-o", str(tmp_path / "rep")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1, err
+    assert "not UTF-8" in err and "\\xff" in err and not (tmp_path / "rep").exists()
 
 
 def test_precision_section_renders_recorded_failures(tmp_path):
