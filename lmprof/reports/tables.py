@@ -67,8 +67,9 @@ def benchmark_table(records: list[dict[str, Any]]) -> pd.DataFrame:
         opt, opt_sd = _mean_std(summary, "optimizer")
         step, step_sd = _mean_std(summary, "step")
         flops = r.get("flops") or {}
-        parts = [flops.get(k, 0) for k in ("forward_flops", "backward_flops", "optimizer_flops")]
-        # (a count run.json leaves null is unknown: no rate rather than one of part of the work)
+        parts = [flops.get(k) for k in ("forward_flops", "backward_flops", "optimizer_flops")]
+        # (a count run.json leaves null or out is unknown: no rate rather than one of part of the
+        # work; capture writes all three, 0 for the phases a mode does not run)
         tflops = sum(parts) / step / 1e12 if step and None not in parts else None
         peak = peak_tflops(env.get("gpu_name"), _peak_dtype(c.get("dtype", "fp32"), env))
         rows.append({

@@ -141,6 +141,24 @@ def test_one_measured_step_has_no_deviation(tmp_path, capsys):
     assert f" {step['mean_s'] * 1e3:.2f} " in md and "± 0.00" not in md
 
 
+@pytest.mark.parametrize("edit", [lambda r: r["flops"].pop("backward_flops"),
+                                  lambda r: r.pop("flops")], ids=["one-count", "no-flops"])
+def test_a_flop_count_the_run_json_lacks_gives_no_rate(tmp_path, capsys, edit):
+    """A FLOP count left out of run.json is as unknown as one left null: no TFLOP/s or MFU (it
+    counted as 0, so a train run without its backward count showed a third of its rate, and
+    one without flops 0 TFLOP/s)."""
+    full = _copy_run(TRAIN, tmp_path / "full")
+    part = _edited_run(tmp_path, "part", lambda r: (edit(r), r.update(run_id="part")))
+    _ok(analyze_main, ["runs", str(full), str(part), "--format", "json"])
+    rows = json.loads(capsys.readouterr().out)
+    record = json.loads((TRAIN / "run.json").read_text())
+    expected = sum(record["flops"].values()) / record["timings"]["summary"]["step"]["mean_s"]
+    assert [r["achieved_tflops"] for r in rows if r["achieved_tflops"] is not None] == \
+        [pytest.approx(expected / 1e12)]
+    assert [(r["achieved_tflops"], r["mfu_pct"]) for r in rows
+            if r["achieved_tflops"] != pytest.approx(expected / 1e12)] == [(None, None)]
+
+
 def test_mfu_peaks_follow_the_board_and_what_fp32_ran_as(tmp_path):
     """NVL boards have their own (lower) peaks (they matched the SXM H200's: 'H200' is in
     'H200 NVL'); an fp32 run whose matmuls ran as TF32 is set against the TF32 peak."""
