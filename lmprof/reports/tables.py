@@ -71,7 +71,8 @@ def benchmark_table(records: list[dict[str, Any]]) -> pd.DataFrame:
         # (a count run.json leaves null or out is unknown: no rate rather than one of part of the
         # work; capture writes all three, 0 for the phases a mode does not run)
         tflops = sum(parts) / step / 1e12 if step and None not in parts else None
-        peak = peak_tflops(env.get("gpu_name"), _peak_dtype(c.get("dtype", "fp32"), env))
+        # (a dtype run.json leaves out is unknown too: no peak, where fp32's was taken)
+        peak = peak_tflops(env.get("gpu_name"), _peak_dtype(c.get("dtype"), env))
         rows.append({
             "size": c.get("size") or "custom",
             "d_model": m.get("d_model"), "d_ff": m.get("d_ff"),

@@ -159,6 +159,15 @@ def test_a_flop_count_the_run_json_lacks_gives_no_rate(tmp_path, capsys, edit):
             if r["achieved_tflops"] != pytest.approx(expected / 1e12)] == [(None, None)]
 
 
+def test_a_run_json_without_its_dtype_has_no_mfu(tmp_path, capsys):
+    """No dtype, no peak to set the rate against (the fp32 peak was taken: a bf16 run without
+    its dtype showed some 15 times its MFU); the TFLOP/s stays."""
+    run = _edited_run(tmp_path, "no-dtype", lambda r: r["config"].pop("dtype"))
+    _ok(analyze_main, ["runs", str(run), "--format", "json"])
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["dtype"] is None and row["achieved_tflops"] > 0 and row["mfu_pct"] is None
+
+
 def test_mfu_peaks_follow_the_board_and_what_fp32_ran_as(tmp_path):
     """NVL boards have their own (lower) peaks (they matched the SXM H200's: 'H200' is in
     'H200 NVL'); an fp32 run whose matmuls ran as TF32 is set against the TF32 peak."""
