@@ -142,12 +142,15 @@ def collect_inputs(paths: list[str], nsys_path: str | None = None
 
 def build(paths: list[str], out: str | Path, kernel_options: Any = None,
           nsys_path: str | None = None) -> Path:
-    """Write ``out`` (a .md or .MD file, or a directory that gets report.md) and return its
-    path; its images go into a folder beside it (``image_folder``).
+    """Write ``out`` (a .md or .MD file, or a directory that gets report.md: any other name, or
+    a directory that exists) and return its path; its images go into a folder beside it
+    (``image_folder``).
     ``kernel_options`` (``lmprof.analyze.trace.Options``) name the phase and attention ranges of
     traces from other code; ``nsys_path`` exports a ``.nsys-rep`` given."""
     out = Path(out)
-    target = out if out.suffix.lower() == ".md" else out / "report.md"
+    # (a folder that exists is one, whatever its name: as a file it failed after the plots
+    # were drawn, which stayed beside it)
+    target = out if out.suffix.lower() == ".md" and not out.is_dir() else out / "report.md"
     runs, exports, snapshots = collect_inputs(paths, nsys_path)
     created = next((d for d in reversed([target.parent, *target.parent.parents])
                     if not d.exists()), None)  # the outermost folder this call creates

@@ -156,3 +156,16 @@ def test_values_a_run_json_leaves_null_do_not_print_none(tmp_path):
     assert "None" not in md
     assert "- 1 on -: torch -, CUDA -, triton -" in md
     assert "### custom ctx? ? ? (" in md
+
+
+def test_an_out_folder_named_like_a_markdown_file_gets_the_report_inside(tmp_path):
+    """`-o x.md` where x.md is a folder that exists: the report goes into it (report.md, img/);
+    it was taken for the file to write, which failed after the plots were drawn into x_img/
+    beside it, and they stayed there."""
+    out = tmp_path / "x.md"
+    out.mkdir()
+    md = _report([str(OOM), str(NSYS)], out)
+    assert md.startswith("# lmprof report")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.md"]
+    links = re.findall(r"\]\((img/[^)]+)\)", md)
+    assert links and all((out / link).is_file() for link in links)
