@@ -1008,11 +1008,14 @@ KV_GROUP_HEADS = 16
 
 def _kv_grid(bh: int, tk: int):
     """Launch grid of the dK/dV kernels: groups of g heads, g the largest divisor of B·h in
-    [KV_GROUP_HEADS / 2, KV_GROUP_HEADS] (all B·h heads in one group when none is)."""
+    [KV_GROUP_HEADS / 2, KV_GROUP_HEADS] (all B·h heads in one group when none is, or when
+    there would be more groups than a grid's z dimension holds)."""
     g = bh
     if KV_GROUP_HEADS and bh > KV_GROUP_HEADS:
         g = next((n for n in range(KV_GROUP_HEADS, KV_GROUP_HEADS // 2 - 1, -1) if bh % n == 0),
                  bh)
+    if bh // g > _GRID_Y:  # z holds 65535 programs, as y does: more groups fail to launch
+        g = bh  # (x holds 2^31 - 1)
     return lambda meta: (g, _cdiv(tk, meta["BLOCK_N"]), bh // g)
 
 

@@ -181,6 +181,16 @@ def test_dkdv_group_is_a_divisor_of_batch_heads(bh, group):
     assert fa._kv_grid(bh, 1000)({"BLOCK_N": 128}) == (group, 8, bh // group)
 
 
+@pytest.mark.parametrize("bh", [16 * 65535, 16 * 65536, 9 * 70001, 2**24])
+def test_dkdv_grid_fits_the_launch_limits(bh):
+    """A grid's z dimension holds 65535 programs (as y; x 2^31 - 1): with more groups of heads
+    than that (B·h past ~1M: tiny sequences in huge batches) the backward's launch failed after
+    the forward had run; every head is still launched exactly once."""
+    x, y, z = fa._kv_grid(bh, 100)({"BLOCK_N": 64})
+    assert x < 2**31 and y <= 65535 and z <= 65535
+    assert x * z == bh
+
+
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("backward", fa.BACKWARD_MODES)
 def test_backward_writes_every_row_of_delta(gen, monkeypatch, is_causal, backward):
