@@ -1141,9 +1141,18 @@ def _delta(o: torch.Tensor, do: torch.Tensor, delta: torch.Tensor, block_d: int)
     the backwards whose one kernel needs all of D before it starts (atomic, gluon)."""
     b, h, tq, d = o.shape
     pre_block = 32 if INTERPRET else 128
-    _flash_bwd_preprocess[(b * h, _cdiv(tq, pre_block))](
-        o, do, delta, *o.stride(), *do.stride(), h, tq, HEAD_DIM=d, BLOCK_D=block_d,
-        BLOCK_M=pre_block)
+    # Query tiles go on the grid's y dimension, which holds at most _GRID_Y: longer sequences
+    # take several launches, each over a slice of rows into its own (B, h, rows) buffer (the
+    # kernel writes D as contiguous rows of its seq_q), copied into place.
+    step = _GRID_Y * pre_block
+    for start in range(0, tq, step):
+        rows = min(step, tq - start)
+        out = delta if rows == tq else _alloc((b, h, rows), torch.float32, o.device)
+        _flash_bwd_preprocess[(b * h, _cdiv(rows, pre_block))](
+            o[:, :, start:start + rows], do[:, :, start:start + rows], out, *o.stride(),
+            *do.stride(), h, rows, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=pre_block)
+        if out is not delta:
+            delta[:, :, start:start + rows] = out
 
 
 def resolve_backward(mode: str, q: torch.Tensor, k: torch.Tensor) -> str:

@@ -221,6 +221,36 @@ def test_backward_writes_every_row_of_delta(gen, monkeypatch, is_causal, backwar
         assert err <= 2 * bar + ATOL[torch.float32], f"{name}: {err:.2e} vs torch's {bar:.2e}; {msg}"
 
 
+def test_delta_pre_pass_keeps_its_query_tiles_within_the_grid(gen, monkeypatch):
+    """The atomic (and Gluon) backward's D pre-pass puts query tiles on the grid's y dimension
+    (at most 65535: past 65535·128 queries the launch failed after the forward had run). With
+    the limit lowered to 2 tiles, 150 queries take several launches, each within it, and D and
+    the gradients come out as the reference's."""
+    monkeypatch.setattr(fa, "_GRID_Y", 2)
+    preprocess, grids = fa._flash_bwd_preprocess, []
+
+    class Recording:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return preprocess[grid]
+
+    monkeypatch.setattr(fa, "_flash_bwd_preprocess", Recording())
+    b, h, tq, tk, d = 2, 1, 150, 40, 16
+    q, do = randn(gen, b, h, tq, d), randn(gen, b, h, tq, d)
+    k, v = randn(gen, b, h, tk, d), randn(gen, b, h, tk, d)
+    o, lse = fa.flash_forward(q, k, v, True)
+    delta = torch.full((b, h, tq), float("nan"))
+    fa._delta(o, do, delta, d)
+    assert len(grids) > 1 and all(g[1] <= 2 for g in grids)
+    msg = f"seed {gen.initial_seed()}"
+    assert max_err(delta, (o.double() * do.double()).sum(-1), "delta") < 1e-5, msg
+    grads = fa.flash_backward(q, k, v, o, lse, do, True, mode="atomic")
+    want = run_attention(naive_o, q.double(), k.double(), v.double(), do.double(),
+                         is_causal=True)[1:]
+    for name, g, w in zip(("dq", "dk", "dv"), grads, want):
+        assert max_err(g, w, name) < 1e-4, f"{name}, {msg}"
+
+
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("blocks", [(16, 16), (32, 16), (16, 48)])
 def test_tiled_reference_matches_naive(gen, is_causal, blocks):
