@@ -882,6 +882,11 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"inputs too large for the Triton kernels: {problem}")
 
 
+def _check_causal(is_causal) -> None:
+    if not isinstance(is_causal, bool):  # as SDPA: a flag, not anything truthy ("False")
+        raise ValueError(f"is_causal must be True or False, got {is_causal!r}")
+
+
 def _check_4d(q: torch.Tensor) -> None:
     if q.dim() != 4:
         raise ValueError(f"q has shape {tuple(q.shape)}; the host wrappers take (batch, heads, "
@@ -1047,6 +1052,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
     """Forward on 4-D (B, h, T, d) inputs: returns (o contiguous, lse fp32 (B, h, Tq))."""
     check_inputs(q, k, v)
     _check_4d(q)
+    _check_causal(is_causal)
     mode = resolve_forward(mode, q, k)
     b, h, tq, d = q.shape
     sm_scale = _scale(d, scale)
@@ -1080,6 +1086,7 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     a view that is not (one head of a saved lse) is copied."""
     check_inputs(q, k, v)
     _check_4d(q)
+    _check_causal(is_causal)
     _check_saved(q, o, lse, do)
     lse = lse.contiguous()
     mode = resolve_backward(mode, q, k)
@@ -1266,8 +1273,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
     """
     check_inputs(q, k, v)
     _scale(q.shape[-1], scale)
-    if not isinstance(is_causal, bool):  # as SDPA: a flag, not anything truthy
-        raise ValueError(f"is_causal must be True or False, got {is_causal!r}")
+    _check_causal(is_causal)
     squeeze = q.dim() == 3  # (B, T, d): one head, as a view
     if squeeze:
         q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)

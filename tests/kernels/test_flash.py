@@ -481,6 +481,19 @@ def test_is_causal_must_be_a_bool(flag):
         fa.flash_attention(*_bad(), is_causal=flag)
 
 
+@pytest.mark.parametrize("flag", ["False", 0, None])
+def test_host_wrappers_take_is_causal_as_a_bool_too(flag):
+    """flash_forward and flash_backward (called directly, as the benchmarks do) refuse what
+    flash_attention refuses: they took anything truthy as causal, so "False" ran a causal
+    forward (o off by ~1, no error), and None a full one."""
+    q, k, v = _bad()
+    with pytest.raises(ValueError, match="is_causal must be True or False"):
+        fa.flash_forward(q, k, v, flag)
+    o, lse = fa.flash_forward(q, k, v, False)
+    with pytest.raises(ValueError, match="is_causal must be True or False"):
+        fa.flash_backward(q, k, v, o, lse, torch.ones_like(o), flag)
+
+
 def test_meta_tensors_are_refused_by_name(monkeypatch):
     monkeypatch.setattr(fa, "INTERPRET", True)  # even where the interpreter would take CPU ones
     q, k, v = (torch.randn(1, 1, 8, 16, device="meta") for _ in range(3))
