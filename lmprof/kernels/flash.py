@@ -52,7 +52,8 @@ matmul precision follows ``torch.get_float32_matmul_precision()`` ("highest", to
 IEEE fp32; "high": 3xTF32; "medium": TF32). Strides are passed to the kernels as they are (a
 transposed (B, T, h, d) view costs nothing), except that a tensor whose last dimension is not
 contiguous (stride ≠ 1; e.g. the stride-0 gradient of ``o.sum()``) is copied once with
-``.contiguous()`` — one read and one write of that tensor — so that loads stay vectorised.
+``.contiguous()`` — one read and one write of that tensor — so that loads stay vectorised, as
+is a dO from autograd whose rows in a head lie past 32-bit offsets (inputs that do are refused).
 
 Tile sizes, warps and pipeline stages are autotuned per (power-of-two bucket of Tq, Tk and
 batch·heads, d, causal, dtype, fp32 precision) from a list per padded-d_head bucket (``_select``
@@ -908,9 +909,10 @@ def _check_saved(q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.
     if lse.shape != q.shape[:-1] or lse.dtype != torch.float32:
         raise ValueError(f"lse is {tuple(lse.shape)} {lse.dtype}; expected "
                          f"{tuple(q.shape[:-1])} torch.float32 (flash_forward's)")
-    if _largest_offset(do.shape[-2], do.stride(-2), do.shape[-1], do.stride(-1)) >= 2**31:
-        raise ValueError("do too large for the Triton kernels: its rows in one head exceed "
-                         "32-bit offsets (below 2^31)")
+    for name, t in (("o", o), ("do", do)):  # (views: q's offsets fitting says nothing of theirs)
+        if not _head_fits(t):
+            raise ValueError(f"{name} too large for the Triton kernels: its rows in one head "
+                             "exceed 32-bit offsets (below 2^31)")
 
 
 # The kernels index a head's rows in 32-bit arithmetic (the batch and head offsets are 64-bit):
@@ -926,6 +928,11 @@ _LEAST_KV_BLOCK_N = min(t[1] for lists in (_BWD_KV_TILES, _BWD_KV_ATOMIC_TILES, 
 
 def _largest_offset(rows: int, row_stride: int, cols: int, col_stride: int) -> int:
     return (rows - 1) * abs(row_stride) + (cols - 1) * abs(col_stride)
+
+
+def _head_fits(t: torch.Tensor) -> bool:
+    """Whether every element offset of t inside one head, with its strides, is below 2^31."""
+    return _largest_offset(t.shape[-2], t.stride(-2), t.shape[-1], t.stride(-1)) < 2**31
 
 
 def _too_large(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
@@ -1248,6 +1255,10 @@ class FlashAttentionFn(torch.autograd.Function):
                                "cannot run under create_graph=True (use attention_naive or "
                                "SDPA's math backend for double backward)")
         q, k, v, o, lse = ctx.saved_tensors
+        # autograd's dO may be a view whose rows in a head lie past 32-bit offsets where q's and
+        # o's do not (the gradient of a transposed o): the kernels get a contiguous copy
+        if not _head_fits(do):
+            do = do.contiguous()
         with phase(BACKWARD_RANGE):
             dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.is_causal, ctx.scale, ctx.mode)
         return dq, dk, dv, None, None, None, None

@@ -408,6 +408,38 @@ def test_inputs_past_32_bit_offsets_in_a_head_are_refused():
     assert "dQ accumulator" in fa._too_large(q, _meta(1, 1, 16, 100), _meta(1, 1, 16, 100))
 
 
+
+def test_o_and_do_views_past_32_bit_offsets_are_refused_or_copied(monkeypatch):
+    """q fitting 32-bit offsets says nothing of o's and dO's: views with rows h·d apart (the
+    model's (B, T, h, d) layout) reach 2^31 where contiguous q does not. flash_backward refuses
+    such an o as it refuses such a dO (o went through unchecked, to the kernels' int32 offsets);
+    the autograd backward, whose dO autograd makes (the gradient of a transposed o), gets a
+    contiguous copy (it went to the kernels as it was)."""
+    b, h, t, d = 1, 16, 2**21 + 1, 64
+    q = _meta(b, h, t, d, dtype=torch.float32)  # contiguous: fits
+    lse = _meta(b, h, t, dtype=torch.float32)
+    view = _meta(b, t, h, d, dtype=torch.float32).transpose(1, 2)
+    assert fa._too_large(q, q, q) is None
+    with pytest.raises(ValueError, match="o too large"):
+        fa._check_saved(q, view, lse, q)
+    with pytest.raises(ValueError, match="do too large"):
+        fa._check_saved(q, q, lse, view)
+    fa._check_saved(q, q, lse, q)
+
+    got = {}
+    monkeypatch.setattr(fa, "_backward", lambda *args: got.update(do=args[5]) or (None,) * 3)
+
+    class Ctx:
+        saved_tensors = (q, q, q, q, lse)
+        is_causal, scale, mode = True, None, "split"
+
+    with torch.no_grad():
+        fa.FlashAttentionFn.backward(Ctx(), view)
+    assert got["do"].is_contiguous() and got["do"].shape == view.shape
+    with torch.no_grad():
+        fa.FlashAttentionFn.backward(Ctx(), q)
+    assert got["do"] is q  # one that fits is passed as it is
+
 def test_backward_key_tiles_must_fit_the_grid(monkeypatch):
     """The dK/dV kernels put the key tiles on the grid's y dimension (at most 65535): keys past
     65535 tiles of the smallest BLOCK_N the launch may be tuned to are refused before the forward
