@@ -87,12 +87,16 @@ def test_memory_snapshot_of_an_out_of_memory_run(tmp_path, warmup):
     import csv
 
     peak = next(csv.DictReader((out / "memory_peak.csv").open()))
-    assert int(peak["peak_allocated_bytes"]) > 10 * 2**30  # what filled the card
     if warmup == 0:
+        assert int(peak["peak_allocated_bytes"]) > 10 * 2**30  # what filled the card
         oom = list(csv.DictReader((out / "memory_oom.csv").open()))
         assert oom and oom[0]["phase"] in ("forward", "backward")
         assert int(oom[0]["requested_bytes"]) > int(oom[0]["device_free_bytes"])
     else:
+        # no trace: the allocator state when the failure was caught. What is still referenced
+        # then depends on which allocation failed: 77.9 GB at dump on an H200, 5.4 GB on an
+        # H100 (2026-12-06); the first layers' activations are 0.75 GiB each at batch 64 x 4096
+        assert int(peak["peak_allocated_bytes"]) == int(peak["dump_allocated_bytes"]) > 2**31
         assert not (out / "memory_oom.csv").exists()
 
 
