@@ -74,6 +74,9 @@ def benchmark_table(records: list[dict[str, Any]]) -> pd.DataFrame:
         # (a dtype run.json leaves out is unknown too: no peak, where fp32's was taken)
         peak = peak_tflops(env.get("gpu_name"), _peak_dtype(c.get("dtype"), env))
         rows.append({
+            # (csv and json: which run a row is, for joining back to its folder; markdown
+            # leaves it out, as the report's table)
+            "run_id": r.get("run_id"),
             "size": c.get("size") or "custom",
             "d_model": m.get("d_model"), "d_ff": m.get("d_ff"),
             "layers": m.get("num_layers"), "heads": m.get("num_heads"),

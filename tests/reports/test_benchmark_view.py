@@ -198,3 +198,20 @@ def test_cpu_run_records_what_fp32_matmuls_ran_as(tmp_path):
     env = collect(torch.device("cpu"))
     assert env["float32_matmul_precision"] == torch.get_float32_matmul_precision()
     assert env["cuda_matmul_allow_tf32"] is bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+def test_csv_and_json_say_which_run_each_row_is(tmp_path, capsys):
+    """Two runs of one configuration give rows alike in every setting; csv and json carry the
+    run id to tell them apart and join them back to their folders (markdown leaves it out)."""
+    runs = [_copy_run(TRAIN, tmp_path / "a"), _copy_run(TRAIN, tmp_path / "b"),
+            _copy_run(FORWARD, tmp_path / "fwd")]
+    second = json.loads((runs[1] / "run.json").read_text())
+    second["run_id"] = "again"
+    (runs[1] / "run.json").write_text(json.dumps(second))
+    ids = {json.loads((r / "run.json").read_text())["run_id"] for r in runs}
+    rows = json.loads(_md([str(r) for r in runs] + ["--format", "json"], capsys))
+    assert {row["run_id"] for row in rows} == ids and len(rows) == 3
+    csv = [line for line in _md([str(r) for r in runs] + ["--format", "csv"], capsys).splitlines()
+           if line]
+    assert csv[0].split(",")[0] == "run_id" and {line.split(",")[0] for line in csv[1:]} == ids
+    assert "again" not in _md([str(r) for r in runs], capsys)
