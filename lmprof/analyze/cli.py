@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from lmprof.errors import PathParam, run_cli
+from lmprof.errors import PathParam, UserError, run_cli
 from lmprof.render import FORMATS  # light: pandas is imported on use
 
 format_option = click.option(
@@ -39,6 +39,10 @@ def runs_cmd(run_dirs: tuple[str, ...], fmt: str, out: str | None) -> None:
     from lmprof.reports.tables import benchmark_markdown, benchmark_table
 
     runs = load_runs(list(run_dirs))
+    if runs and all(r.get("kind", "run") != "run" for r in runs):
+        kinds = ", ".join(sorted({str(r.get("kind")) for r in runs}))
+        raise UserError(f"no model runs to tabulate: these are {kinds} runs, which have no "
+                        "benchmark row (analyze report shows them)")
     df = benchmark_table(runs)
     if fmt != "md" or df.empty:
         click.echo(emit({"benchmark": df}, fmt, out, owner="runs"))

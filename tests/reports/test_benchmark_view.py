@@ -215,3 +215,16 @@ def test_csv_and_json_say_which_run_each_row_is(tmp_path, capsys):
            if line]
     assert csv[0].split(",")[0] == "run_id" and {line.split(",")[0] for line in csv[1:]} == ids
     assert "again" not in _md([str(r) for r in runs], capsys)
+
+
+def test_runs_with_no_model_step_are_one_error_line(tmp_path, capsys):
+    """Attention and precision runs have no benchmark row: given alone, `analyze runs` says so
+    (exit 2) instead of printing an empty table; beside a model run they are passed over."""
+    attention = sorted((DATA / "attention-runs").iterdir())[0]
+    with pytest.raises(SystemExit) as exc:
+        analyze_main(["runs", str(attention), "--format", "csv"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("error: no model runs") and "attention" in err
+    rows = json.loads(_md([str(attention), str(TRAIN), "--format", "json"], capsys))
+    assert len(rows) == 1
