@@ -18,6 +18,8 @@ with its matmul neighbours in the kernel analysis.
 
 from __future__ import annotations
 
+import re
+
 from lmprof.model.config import ModelConfig
 
 ADAMW_FLOPS_PER_PARAM = 10
@@ -80,7 +82,9 @@ def step_flops(cfg: ModelConfig, batch_size: int, mode: str) -> dict:
 # Dense peak FLOP/s per GPU model (no sparsity), from NVIDIA's data sheets (their tensor-core
 # figures are with sparsity: halved here). Keys are matched as substrings of
 # torch.cuda.get_device_name(), in this order (the NVL and PCIe boards before the SXM ones whose
-# names they contain); a GPU not listed gets no MFU.
+# names they contain); a GPU not listed gets no MFU, nor does a MIG instance (its name is the
+# board's plus " MIG 1g.10gb" and such: a slice of the board's SMs, 14 of an A100's 108 in a 1g
+# one, whose peak the name does not give).
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "H200 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
     "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
@@ -98,7 +102,7 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 
 def peak_tflops(gpu_name: str | None, dtype: str) -> float | None:
     """Data-sheet dense peak for this GPU and dtype, or None if the GPU is not in the table."""
-    if not gpu_name:
+    if not gpu_name or re.search(r"\bMIG\b", gpu_name):
         return None
     for key, table in PEAK_TFLOPS.items():
         if key in gpu_name:

@@ -190,6 +190,24 @@ def test_mfu_peaks_follow_the_board_and_what_fp32_ran_as(tmp_path):
     assert mfu[0] == mfu[2] and mfu[1] == pytest.approx(mfu[0] * 67.0 / 494.7)
 
 
+def test_a_mig_slice_has_no_board_peak():
+    """A MIG instance (torch names it "<board> MIG <n>g.<mem>gb") has a fraction of the board's
+    SMs: per NVIDIA's MIG user guide a 1g slice of an A100 holds 14 of its 108 SMs, and even a
+    7g one 98, so the board's data-sheet peak (A100 dense BF16 312 TFLOP/s) overstated its peak
+    by 1.1 to 7.7 times and its MFU read that much low; the name gives no peak of its own."""
+    from lmprof.model.flops import peak_tflops
+    from lmprof.reports.tables import benchmark_table
+
+    assert peak_tflops("NVIDIA A100-SXM4-40GB", "bf16") == 312.0  # the board: data sheet
+    assert peak_tflops("NVIDIA A100-SXM4-40GB MIG 1g.5gb", "bf16") is None
+    assert peak_tflops("NVIDIA A100-SXM4-40GB MIG 7g.40gb", "bf16") is None
+    assert peak_tflops("NVIDIA H100 80GB HBM3 MIG 3g.40gb", "bf16") is None
+    record = json.loads((TRAIN / "run.json").read_text())
+    record["environment"]["gpu_name"] = "NVIDIA H200 MIG 1g.18gb"
+    [row] = benchmark_table([record]).to_dict("records")
+    assert row["achieved_tflops"] > 0 and row["mfu_pct"] is None
+
+
 def test_cpu_run_records_what_fp32_matmuls_ran_as(tmp_path):
     import torch
 
