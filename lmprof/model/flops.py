@@ -80,11 +80,12 @@ def step_flops(cfg: ModelConfig, batch_size: int, mode: str) -> dict:
 
 
 # Dense peak FLOP/s per GPU model (no sparsity), from NVIDIA's data sheets (their tensor-core
-# figures are with sparsity: halved here). Keys are matched as substrings of
-# torch.cuda.get_device_name(), in this order (the NVL and PCIe boards before the SXM ones whose
-# names they contain); a GPU not listed gets no MFU, nor does a MIG instance (its name is the
-# board's plus " MIG 1g.10gb" and such: a slice of the board's SMs, 14 of an A100's 108 in a 1g
-# one, whose peak the name does not give).
+# figures are with sparsity: halved here). Keys are matched in torch.cuda.get_device_name(), in
+# this order (the NVL and PCIe boards before the SXM ones whose names they contain), as whole
+# model names: not followed by a letter or digit, so that "A100" is not the RTX A1000 nor "V100"
+# the V100S (GH200 takes the H200's row: the same GH100 GPU at the same peaks); a GPU not listed
+# gets no MFU, nor does a MIG instance (its name is the board's plus " MIG 1g.10gb" and such: a
+# slice of the board's SMs, 14 of an A100's 108 in a 1g one, whose peak the name does not give).
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "H200 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
     "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
@@ -105,7 +106,7 @@ def peak_tflops(gpu_name: str | None, dtype: str) -> float | None:
     if not gpu_name or re.search(r"\bMIG\b", gpu_name):
         return None
     for key, table in PEAK_TFLOPS.items():
-        if key in gpu_name:
+        if re.search(re.escape(key) + r"(?![0-9A-Za-z])", gpu_name):
             return table.get(dtype) or None
     return None
 

@@ -208,6 +208,28 @@ def test_a_mig_slice_has_no_board_peak():
     assert row["achieved_tflops"] > 0 and row["mfu_pct"] is None
 
 
+def test_peak_keys_match_whole_model_names_only():
+    """A key is a board's model name, not any text that starts with it: the NVIDIA RTX A1000
+    (a workstation card) took the A100's 312 TFLOP/s ('A100' is in 'A1000'), the Tesla V100S
+    the V100 SXM2's 15.7 / 125 where its data sheet gives 16.4 FP32 and 130 tensor TFLOP/s, the
+    A10G (no NVIDIA data sheet) the A10's; none is in the table, so none has an MFU."""
+    from lmprof.model.flops import peak_tflops
+
+    assert peak_tflops("NVIDIA RTX A1000", "bf16") is None
+    assert peak_tflops("NVIDIA RTX A1000 6GB Laptop GPU", "fp16") is None
+    assert peak_tflops("Tesla V100S-PCIE-32GB", "fp16") is None
+    assert peak_tflops("NVIDIA A10G", "bf16") is None
+    # the boards of the table keep their data-sheet dense peaks, whatever follows the name
+    assert peak_tflops("NVIDIA A100-SXM4-80GB", "bf16") == 312.0
+    assert peak_tflops("NVIDIA A100 80GB PCIe", "tf32") == 156.0
+    assert peak_tflops("NVIDIA A10", "bf16") == 125.0
+    assert peak_tflops("Tesla V100-SXM2-16GB", "fp32") == 15.7
+    assert peak_tflops("NVIDIA L40S", "tf32") == 183.0
+    # GH200's GPU is an H200-class GH100 at the same peaks (its data sheet: FP32 67, BF16 990
+    # dense | 1,979 with sparsity), and keeps the H200's row
+    assert peak_tflops("NVIDIA GH200 480GB", "bf16") == 989.4
+
+
 def test_cpu_run_records_what_fp32_matmuls_ran_as(tmp_path):
     import torch
 
