@@ -101,6 +101,32 @@ def test_forward_flops_hand_count():
     assert forward_flops(cfg, batch_size=5) == 5 * 1344
 
 
+@pytest.mark.parametrize("cfg, batch, t", [
+    (config_for("tiny", context_length=64), 2, 32),
+    (config_for("tiny", context_length=64), 3, 64),
+    (config_for(None, context_length=24, d_model=48, d_ff=80, num_layers=3, num_heads=6,
+                vocab_size=97), 1, 24),
+])
+def test_flops_match_torch_flop_counter(cfg, batch, t):
+    """forward_flops against torch's own count of the real model (naive attention: its QKᵀ and
+    PV are bmm over the full T×T, which FlopCounterMode counts; elementwise ops are not
+    counted by either), and forward + backward against 3× it (backward = 2× forward)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from lmprof.model import backward_flops
+
+    torch.manual_seed(0)
+    model = TransformerLM(cfg)
+    tokens = torch.randint(0, cfg.vocab_size, (batch, t))
+    with FlopCounterMode(display=False) as fwd:
+        model(tokens)
+    with FlopCounterMode(display=False) as fwd_bwd:
+        model(tokens).sum().backward()
+    assert forward_flops(cfg, batch, t) == fwd.get_total_flops()
+    assert forward_flops(cfg, batch, t) + backward_flops(cfg, batch, t) == \
+        fwd_bwd.get_total_flops()
+
+
 @pytest.mark.parametrize("kwargs, fragment", [
     (dict(size="huge"), "unknown model size"),
     (dict(size="tiny", d_model=-8), "positive"),
