@@ -447,6 +447,31 @@ def escaped(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def formatted_markdown(df: pd.DataFrame) -> str:
+    """Markdown of a table whose numbers its caller wrote as text, each column to its own
+    precision ("0.710" ms, "40.0" %, "56.33 ± 1.48"), beside plain integers. The text is printed
+    as written: tabulate read "0.710" back as a number and printed it its own way (0.71, "2" for
+    "2.000", "0" for "0.0", 1.23457e+06 for "1234567.8"), so one column showed 3, 2 or no
+    decimals. Columns of numbers stay right-aligned, as tabulate aligned them."""
+    out = escaped(df)
+    align = ["right" if _numbers_as_text(out.iloc[:, i]) else "left" for i in range(out.shape[1])]
+    text = _text_columns(out.itertuples(index=False))
+    return out.to_markdown(index=False, disable_numparse=text, colalign=align)
+
+
+def _numbers_as_text(values: pd.Series) -> bool:
+    """Whether a column holds a number, and besides numbers (or their text) only empty cells."""
+    present = [v for v in values if not _missing(v) and v != ""]
+    if not present or any(isinstance(v, bool) for v in present):
+        return False
+    try:
+        for v in present:
+            float(v)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def _json_safe(v):
     """``v`` with NaN and infinities as None, also inside a STRUCT's or MAP's dict and a list."""
     if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):

@@ -8,7 +8,7 @@ import pandas as pd
 
 from lmprof import rundir
 from lmprof.model.flops import peak_tflops
-from lmprof.render import escaped, md_code, md_text, yes_no
+from lmprof.render import formatted_markdown, md_code, md_text, yes_no
 
 PHASE_ORDER = ("forward", "inference", "backward", "optimizer", "step")
 
@@ -185,5 +185,5 @@ def benchmark_markdown(records: list[dict[str, Any]], df: pd.DataFrame) -> tuple
     listed below it)."""
     view = benchmark_view(df)
     failed = failed_runs(records)
-    body = escaped(view).to_markdown(index=False) + (f"\n\n{failed}" if failed else "")
+    body = formatted_markdown(view) + (f"\n\n{failed}" if failed else "")
     return benchmark_note(view), body

@@ -316,3 +316,44 @@ def test_a_later_run_replaces_a_cell_but_not_with_a_failed_row(tmp_path):
     assert a["run"] == "zzzz" and a["e2e_ms"] == ok[0]["e2e_ms"]
     [b] = find(ok[1])
     assert b["run"] == "900a" and b["status"] == "OK"
+
+
+def _tables(text: str) -> list[tuple[list[str], list[list[str]]]]:
+    """(header, rows) of each markdown table in ``text``."""
+    blocks = [b for b in text.split("\n\n") if b.startswith("|")]
+    split = [[[c.strip() for c in line.strip("|").split("|")] for line in b.splitlines()]
+             for b in blocks]
+    return [(lines[0], lines[2:]) for lines in split]
+
+
+def _decimals(cell: str) -> int:
+    return len(cell.partition(".")[2])
+
+
+def test_times_and_rates_keep_their_decimals_in_every_row():
+    """Each ms, MiB and TFLOP/s cell is the attention.json value in that unit, rounded at the
+    decimals it shows, with the same decimals down its column: tabulate read the formatted text
+    back as numbers, so 0.700 and 2.000 ms showed as 0.7 and 2 beside 0.166, and part c's
+    1.000 ms as 1 beside 2.250."""
+    results = _results()
+    results["part_a"].append({**results["part_a"][1], "fwd_ms": 0.7, "bwd_ms": 2.0,
+                              "mem_before_backward_bytes": 80 * 2**20, "seq": 1024})
+    results["part_a"].append({**results["part_a"][1], "fwd_ms": 0.166, "bwd_ms": 0.633,
+                              "mem_before_backward_bytes": 112 * 2**20, "seq": 1024})
+    results["part_c"][3] = _row("flash", 4096, 2.25)  # beside 1.0 ms at 1024
+    (header, rows), part_b, part_c = _tables(section.render_tables(results))
+    for name, key, scale in (("Forward (ms)", "fwd_ms", 1.0), ("Backward (ms)", "bwd_ms", 1.0),
+                             ("Memory before backward (MiB)", "mem_before_backward_bytes",
+                              2**-20)):
+        cells = [row[header.index(name)] for row in rows]
+        shown = [(c, r[key] * scale) for c, r in zip(cells, results["part_a"])
+                 if r.get(key) is not None]
+        assert all(c == f"{v:.{_decimals(c)}f}" for c, v in shown), (name, cells)
+        assert len({_decimals(c) for c, _ in shown}) == 1, (name, cells)
+    for header, rows in (part_b, part_c):
+        for i, name in enumerate(header):
+            if "(ms)" in name or "TFLOP/s" in name:
+                numbers = [row[i] for row in rows if row[i].replace(".", "").isdigit()]
+                assert len({_decimals(c) for c in numbers}) <= 1, (name, numbers)
+    flash = [row[part_c[0].index("flash (ms)")] for row in part_c[1]]
+    assert [float(c) for c in flash] == [1.0, 2.25]

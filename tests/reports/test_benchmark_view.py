@@ -1,6 +1,8 @@
 """`analyze runs` in markdown: the report's benchmark view (mean ± std per phase), without the
 columns no run measured; csv and json keep every raw column."""
 
+import csv
+import io
 import json
 import shutil
 from pathlib import Path
@@ -268,3 +270,59 @@ def test_runs_with_no_model_step_are_one_error_line(tmp_path, capsys):
     assert err.startswith("error: no model runs") and "attention" in err
     rows = json.loads(_md([str(attention), str(TRAIN), "--format", "json"], capsys))
     assert len(rows) == 1
+
+
+def _decimals(cell: str) -> int:
+    return len(cell.split(".")[1]) if "." in cell else 0
+
+
+def test_each_cell_is_its_raw_value_in_its_header_s_unit_with_its_column_s_decimals(
+        tmp_path, capsys):
+    """Every timing, rate and share cell of the markdown is the csv's raw value in the unit its
+    header names (s -> ms), rounded at the decimals it shows, and a column shows the same
+    decimals in every row. The cells were formatted as text that tabulate read back as numbers
+    and printed its own way: MFU 40.0 as 40 beside 20.5, a warm-up of 0.5 s as 500 beside
+    579.1, a mean of one measured step 6.10 as 6.1, a warm-up of 1234.5678 s as 1.23457e+06."""
+    def edit(warmup_s: float, tflops: float | None, forward_s: float):
+        def apply(record):
+            record["run_id"] += f"-{warmup_s}"
+            record["timings"]["warmup_s"] = warmup_s
+            for s in record["timings"]["summary"].values():  # one measured step: mean alone
+                s["n"], s["std_s"] = 1, 0.0
+            summary = record["timings"]["summary"]
+            summary["forward"]["mean_s"] = forward_s
+            if tflops is not None:  # a whole rate: its one decimal is 0
+                step = summary["step"]["mean_s"]
+                record["flops"] = {"forward_flops": tflops * 1e12 * step, "backward_flops": 0,
+                                   "optimizer_flops": 0}
+        return apply
+    runs = [_edited_run(tmp_path, "a", edit(1234.5678, None, 0.0061)),
+            _edited_run(tmp_path, "b", edit(0.5, 50.0, 0.01234)),
+            _edited_run(tmp_path, "c", edit(0.0, 26.8, 0.0201))]  # MFU 40.0: fp32, H200 (67)
+    md = _md([str(r) for r in runs], capsys)
+    _ok(analyze_main, ["runs", *map(str, runs), "--format", "csv"])
+    raw = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    header = _header(md)
+    rows = [[c.strip() for c in line.strip("|").split("|")]
+            for line in md.splitlines() if line.startswith("| small")]
+    assert len(rows) == len(raw) == 3
+    # header -> (raw columns: a value, or mean and std), scale of the header's unit
+    columns = {"Forward (ms)": (("forward_mean_s", "forward_std_s"), 1e3),
+               "Backward (ms)": (("backward_mean_s", "backward_std_s"), 1e3),
+               "Optimizer (ms)": (("optimizer_mean_s", "optimizer_std_s"), 1e3),
+               "Step (ms)": (("step_mean_s", "step_std_s"), 1e3),
+               "Warm-up total (ms)": (("warmup_total_s",), 1e3),
+               "TFLOP/s": (("achieved_tflops",), 1.0), "MFU (%)": (("mfu_pct",), 1.0)}
+    for name, (cols, scale) in columns.items():
+        i = header.index(name)
+        decimals = set()
+        for row, values in zip(rows, raw):
+            present = [float(values[c]) for c in cols if values[c] != ""]
+            cells = row[i].split(" ± ") if row[i] else []
+            assert len(cells) == len(present), (name, row[i])
+            for cell, value in zip(cells, present):
+                assert "e" not in cell, (name, cell)
+                assert cell == f"{value * scale:.{_decimals(cell)}f}", (name, cell, value)
+                if name != "TFLOP/s" or value >= 1:  # (below 1: three significant digits)
+                    decimals.add(_decimals(cell))
+        assert len(decimals) <= 1, (name, [row[i] for row in rows])

@@ -15,7 +15,7 @@ import pandas as pd
 
 from lmprof import rundir
 from lmprof.errors import UserError
-from lmprof.render import escaped, md_code, md_text
+from lmprof.render import escaped, formatted_markdown, md_code, md_text
 from lmprof.reports.report import ReportContext
 
 SDPA_PREFIX = "sdpa-"
@@ -164,18 +164,18 @@ def render_tables(results: dict[str, Any]) -> str:
         parts += ["### CS336 attention benchmark (part a)",
                   "Mean of the timed passes, each between two synchronizations; memory allocated "
                   "after the forward, before the backward.",
-                  escaped(part_a_table(results["part_a"])).to_markdown(index=False)]
+                  formatted_markdown(part_a_table(results["part_a"]))]
     if results.get("part_b"):
         best = results.get("leaderboard_best_ms")
         parts += ["### Leaderboard configuration (part b)",
                   f"{_part_b_call(results['part_b'], _timer(env))} "
                   f"Published best of the CS336 leaderboard: {best} ms (one H100).",
-                  escaped(part_b_table(results["part_b"], mm)).to_markdown(index=False)]
+                  formatted_markdown(part_b_table(results["part_b"], mm))]
     if results.get("part_c"):
         parts += ["### Sweep against SDPA (part c)",
                   f"Forward + backward (`o.sum().backward()`), {_timer(env)}, in ms; "
                   "batch·seq = 16384 tokens and heads·d = 2048 unless overridden.",
-                  escaped(part_c_table(results["part_c"])).to_markdown(index=False)]
+                  formatted_markdown(part_c_table(results["part_c"]))]
     return "\n\n".join(parts) + "\n"
 
 
