@@ -465,7 +465,8 @@ def live_at_peak(con, top: int | None = None) -> pd.DataFrame:
 def largest(con, top: int) -> pd.DataFrame:
     df = con.execute(f"SELECT s.label AS snapshot, v.* EXCLUDE (snapshot_id) FROM "
                      f"({sql_text('memory_largest')}) v JOIN memory_snapshots s USING (snapshot_id)"
-                     " ORDER BY v.snapshot_id, v.device, v.bytes DESC, v.times DESC, v.site",
+                     " ORDER BY v.snapshot_id, v.device, v.bytes DESC, v.times DESC, v.site,"
+                     " v.phase, v.category",
                      {"top": int(top)}).df()
     return df
 

@@ -34,7 +34,9 @@ grouped AS (
     LEFT JOIN memory_stacks s ON s.snapshot_id = a.snapshot_id AND s.stack_id = a.stack_id
     GROUP BY ALL
 )
+-- (site, phase and category complete the order: rows alike in size and count but for their
+-- phase or category came out in any order, and with $top a different one was kept run to run)
 SELECT * FROM grouped
 QUALIFY row_number() OVER (PARTITION BY snapshot_id, device ORDER BY bytes DESC, times DESC,
-                                        site) <= $top
-ORDER BY snapshot_id, device, bytes DESC, times DESC, site
+                                        site, phase, category) <= $top
+ORDER BY snapshot_id, device, bytes DESC, times DESC, site, phase, category
