@@ -91,6 +91,8 @@ def _run(target: Path, spec, prep, nsys: str | None, nsys_args: str | None, quie
         if under_nsys:
             hooks.before_measured.append(nsys_mod.profiler_start)
             hooks.after_measured.append(nsys_mod.profiler_stop)
+            # (before the memory recorder's: its dump at a failure stays out of the report)
+            hooks.on_failure.append(nsys_mod.profiler_stop_at_failure)
         if spec.memory:
             from lmprof.capture.memory import MemoryRecorder
 

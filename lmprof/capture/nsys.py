@@ -2,8 +2,9 @@
 
 ``capture run --nsys`` re-launches the same command under ``nsys profile`` with
 ``--capture-range=cudaProfilerApi``: the child runs warm-up unprofiled, calls
-``cudaProfilerStart`` before the measured steps and ``cudaProfilerStop`` after, so only measured
-steps land in the report. The parent then exports SQLite (``lmprof.nsystool.export_sqlite``).
+``cudaProfilerStart`` before the measured steps and ``cudaProfilerStop`` after them, or at the
+failure of one, so only measured steps land in the report. The parent then exports SQLite
+(``lmprof.nsystool.export_sqlite``).
 """
 
 from __future__ import annotations
@@ -57,4 +58,20 @@ def profiler_stop() -> dict[str, str]:
 
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
+    return {}
+
+
+def profiler_stop_at_failure(exc: BaseException) -> dict[str, str]:
+    """A step failed: end the capture range at the failure (a no-op when it never started, in
+    warm-up), so that what follows it (the memory snapshot's dump, the cache's release, the
+    exit) stays out of the report, which ``profiler_stop`` would have ended there."""
+    import torch
+
+    try:
+        # the failed step's work launched before the failure lands in the report
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+    except RuntimeError:
+        # a CUDA error is sticky: every call raises it again, and the range ends with the process
+        pass
     return {}

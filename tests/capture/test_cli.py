@@ -217,6 +217,74 @@ def test_nsys_run_writes_into_the_given_run_dir(monkeypatch, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("fault", [None, "oom", "error"])
+def test_the_nsys_capture_range_is_the_measured_steps_and_ends_at_a_failure(monkeypatch,
+                                                                             tmp_path, fault):
+    """The child under nsys (--capture-range=cudaProfilerApi) starts the profiler after warm-up
+    and stops it after the measured steps, or at the one that fails: a failure left it running
+    through the failure's handling (the memory snapshot's dump, the cache's release) to the exit.
+    The CUDA calls are faked: this machine has no GPU."""
+    import dataclasses
+
+    import torch
+
+    from lmprof import annotate
+    from lmprof.capture import runner
+
+    real_prepare = runner.prepare
+    monkeypatch.setattr(runner, "prepare", lambda spec: real_prepare(
+        dataclasses.replace(spec, nsys=False, memory=False)))
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda.profiler, "start", lambda: events.append("start"))
+    monkeypatch.setattr(torch.cuda.profiler, "stop", lambda: events.append("stop"))
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda.memory, "_set_memory_metadata", lambda s: None,
+                        raising=False)
+    monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", lambda p: events.append("dump"))
+    if fault:
+        monkeypatch.setenv("LMPROF_INJECT_FAULT", fault)
+
+    class Steps:
+        def enter(self, name):
+            if name in (annotate.STEP, annotate.WARMUP):
+                events.append(name)
+
+        def exit(self, name):
+            pass
+
+    steps = Steps()
+    annotate.add_listener(steps)
+    try:
+        result = CliRunner().invoke(capture, [
+            "run", "--model", "tiny", "--context-length", "16", "--batch-size", "2",
+            "--warmup", "1" if fault is None else "0", "--steps", "2", "--device", "cpu",
+            "--nsys", "--memory", "--under-nsys",
+            "--run-dir", str(tmp_path / "run"), "--quiet"])
+    finally:
+        annotate.remove_listener(steps)
+    assert result.exit_code == (0 if fault is None else 1), result.output
+    if fault is None:  # (the recorder's dump after the last step is no concern here)
+        assert [e for e in events if e != "dump"] == ["warmup", "start", "step", "step", "stop"]
+    else:  # the first measured step fails in its forward, while memory is recorded
+        assert events == ["start", "step", "stop", "dump"]
+
+
+def test_the_capture_range_after_a_cuda_error_is_left_to_end_with_the_process(monkeypatch):
+    """After a CUDA error (sticky: every CUDA call raises it again) stopping the profiler fails;
+    that is no artifact lost (run.json's artifact_errors), the range ends at the exit."""
+    import torch
+
+    from lmprof.capture import nsys as nsys_mod
+
+    def sticky(*a):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", sticky)
+    monkeypatch.setattr(torch.cuda.profiler, "stop", sticky)
+    assert nsys_mod.profiler_stop_at_failure(RuntimeError("CUDA error")) == {}
+
+
 def test_summary_names_the_artifacts_and_what_to_run_after_an_oom(tmp_path, capsys):
     from lmprof.capture.cli import _print_summary
 
