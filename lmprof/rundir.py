@@ -42,7 +42,9 @@ timings::
 
     warmup_s        float    wall time of all warm-up steps (compilation included)
     warmup_steps_s  list     per warm-up step done (a run that failed in warm-up: those before)
-    total_s         float    wall time of warm-up plus measured steps
+    total_s         float    wall time of the run in process: the model's build, warm-up and
+                             measured steps, the hooks around them (profiler start/stop, memory
+                             snapshot dump) and the memory's release after
     steps           list     per measured step: {"step": i, "<phase>_s": seconds, "step_s": s}
     summary         dict     per phase (forward|backward|optimizer|inference|step):
                              {mean_s, std_s, median_s, min_s, max_s, n}
