@@ -17,6 +17,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import quote
 
 from lmprof import rundir, sweepdir
 from lmprof.analyze import magic
@@ -45,10 +46,11 @@ class ReportContext:
         return d
 
     def image(self, name: str) -> tuple[Path, str]:
-        """A path to save a figure to, and the relative link to put in the markdown."""
+        """A path to save a figure to, and the relative link to put in the markdown (percent-
+        encoded: a space, from ``-o "my report.md"``, would end the link)."""
         path = self.img_dir / name
         self.images.append(path)
-        return path, f"{self.img_name}/{name}"
+        return path, quote(f"{self.img_name}/{name}")
 
 
 def image_folder(target: Path) -> str:

@@ -198,6 +198,20 @@ def test_reports_in_one_folder_keep_their_own_images(tmp_path):
     assert code == 2 and "x_img" in err and not (blocked / "new2" / "x.md").exists(), err
 
 
+def test_report_named_with_spaces_links_its_images(tmp_path):
+    """``-o "my report.md"``: its images go to ``my report_img/`` and the links name them
+    percent-encoded (a markdown link ends at a space: ``](my report_img/...)`` showed no image)."""
+    from urllib.parse import unquote
+
+    out = tmp_path / "out"
+    code, _, err = run("report", str(SNAPSHOT), "-o", str(out / "my report (1).md"))
+    assert code == 0, err
+    text = (out / "my report (1).md").read_text()
+    links = [ln.split("](", 1)[1][:-1] for ln in text.splitlines() if ln.startswith("![")]
+    assert links and all(link.startswith("my%20report%20%281%29_img/") for link in links), links
+    assert all(" " not in link and (out / unquote(link)).is_file() for link in links), links
+
+
 def test_a_runs_unreadable_snapshot_is_listed_and_the_others_reported(tmp_path):
     """As with exports: a run's snapshot that cannot be read is listed under the memory tables
     (the report stopped with exit 2), the other runs' tables stand; a snapshot file the user
