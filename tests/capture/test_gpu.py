@@ -58,6 +58,32 @@ def test_nsys_capture_writes_report_and_sqlite(tmp_path):
         assert rundir.artifact_path(record, key).is_file()
 
 
+@pytest.mark.skipif(shutil.which("nsys") is None, reason="nsys not on PATH")
+def test_nsys_capture_of_a_run_that_runs_out_of_memory(tmp_path):
+    """A measured step that runs out of memory under --nsys --memory: the profiler stops at the
+    failure (before the snapshot's dump), and the report, its export and the snapshot are all
+    written and read: the failed forward's kernels are in the export, attributed to forward."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "lmprof.capture", "run", "--model", "small", "--context-length",
+         "4096", "--batch-size", "64", "--warmup", "0", "--steps", "1", "--nsys", "--memory",
+         "--out", str(tmp_path), "-q"], capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stderr
+    record = rundir.load_run(tmp_path / "latest")
+    assert record["status"] == "OOM"
+    for key in ("nsys_rep", "nsys_sqlite", "memory_snapshot"):
+        assert rundir.artifact_path(record, key).is_file(), key
+    proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", "kernels",
+                           str(tmp_path / "latest"), "--table", "phase_timing", "--format",
+                           "json"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    phases = {row["phase"]: row for row in json.loads(proc.stdout)}
+    assert phases["forward"]["kernels_per_instance"] > 0
+
+
 @pytest.mark.parametrize("warmup", [0, 1])
 def test_memory_snapshot_of_an_out_of_memory_run(tmp_path, warmup):
     """--memory and a run that runs out of memory: the snapshot is dumped at the failure. In a
