@@ -162,17 +162,22 @@ def mark_latest(out_root: Path, run_dir: Path) -> str | None:
     return None
 
 
+def _marker_name(text: str) -> str | None:
+    """The run a ``latest`` marker's text names (``mark_latest`` writes it where links fail: one
+    line, a run's name), or None where the text is not one."""
+    name = text.strip()
+    return name if _LABEL_OR_ID.fullmatch(name) and name != LATEST else None
+
+
 def _is_marker(path: Path) -> bool:
-    """Whether ``path`` is the text form of ``latest`` that ``mark_latest`` writes (one line: a
-    run's name), not a user's file of that name, which is left alone."""
+    """Whether ``path`` is the text form of ``latest`` that ``mark_latest`` writes, not a user's
+    file of that name, which is left alone."""
     try:
         if not path.is_file() or path.stat().st_size > 256:
             return False
-        text = path.read_text()
+        return _marker_name(path.read_text()) is not None
     except (OSError, UnicodeDecodeError):
         return False
-    name = text.removesuffix("\n")
-    return name != LATEST and _LABEL_OR_ID.fullmatch(name) is not None
 
 
 def mark_latest_or_warn(out_root: Path, run_dir: Path) -> None:
@@ -190,10 +195,10 @@ def resolve_run_dir(path: str | Path) -> Path:
         return p.parent.resolve()  # (resolved, as below: one run is one run_dir however named)
     if p.is_file() and p.name == LATEST:  # the text form mark_latest writes: a run's name
         try:
-            name = p.read_text().strip()
+            name = _marker_name(p.read_text())
         except (OSError, UnicodeDecodeError) as exc:
             raise UserError(f"cannot read {str(p)!r}: {exc}") from None
-        if not _LABEL_OR_ID.fullmatch(name) or name == LATEST:
+        if name is None:
             raise UserError(f"{str(p)!r} does not name a run directory beside it")
         return resolve_run_dir(p.parent / name)
     if p.is_dir() and (p / RUN_FILE).is_file():

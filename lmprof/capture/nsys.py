@@ -62,16 +62,12 @@ def profiler_stop() -> dict[str, str]:
 
 
 def profiler_stop_at_failure(exc: BaseException) -> dict[str, str]:
-    """A step failed: end the capture range at the failure (a no-op when it never started, in
-    warm-up), so that what follows it (the memory snapshot's dump, the cache's release, the
-    exit) stays out of the report, which ``profiler_stop`` would have ended there."""
-    import torch
-
+    """A step failed: end the capture range there (a no-op when it never started, in warm-up),
+    so that what follows (the memory snapshot's dump, the cache's release, the exit) stays out
+    of the report, as ``profiler_stop`` keeps it out after steps that end well. The failed
+    step's work launched before the failure still lands in the report (the synchronize)."""
     try:
-        # the failed step's work launched before the failure lands in the report
-        torch.cuda.synchronize()
-        torch.cuda.profiler.stop()
+        return profiler_stop()
     except RuntimeError:
         # a CUDA error is sticky: every call raises it again, and the range ends with the process
-        pass
-    return {}
+        return {}
