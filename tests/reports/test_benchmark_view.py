@@ -173,15 +173,8 @@ def test_a_run_json_without_its_dtype_has_no_mfu(tmp_path, capsys):
 def test_mfu_peaks_follow_the_board_and_what_fp32_ran_as(tmp_path):
     """NVL boards have their own (lower) peaks (they matched the SXM H200's: 'H200' is in
     'H200 NVL'); an fp32 run whose matmuls ran as TF32 is set against the TF32 peak."""
-    from lmprof.model.flops import peak_tflops
     from lmprof.reports.tables import benchmark_table
 
-    assert peak_tflops("NVIDIA H200", "bf16") == 989.4
-    assert peak_tflops("NVIDIA H200 NVL", "bf16") == 835.5
-    assert peak_tflops("NVIDIA H100 NVL", "fp32") == 60.0
-    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.4
-    assert peak_tflops("Tesla V100-PCIE-16GB", "fp16") == 112.0
-    assert peak_tflops("Tesla V100-SXM2-32GB", "fp16") == 125.0
     plain = json.loads((TRAIN / "run.json").read_text())
     assert plain["config"]["dtype"] == "fp32"
     tf32 = json.loads((TRAIN / "run.json").read_text())
@@ -197,39 +190,46 @@ def test_a_mig_slice_has_no_board_peak():
     SMs: per NVIDIA's MIG user guide a 1g slice of an A100 holds 14 of its 108 SMs, and even a
     7g one 98, so the board's data-sheet peak (A100 dense BF16 312 TFLOP/s) overstated its peak
     by 1.1 to 7.7 times and its MFU read that much low; the name gives no peak of its own."""
-    from lmprof.model.flops import peak_tflops
     from lmprof.reports.tables import benchmark_table
 
-    assert peak_tflops("NVIDIA A100-SXM4-40GB", "bf16") == 312.0  # the board: data sheet
-    assert peak_tflops("NVIDIA A100-SXM4-40GB MIG 1g.5gb", "bf16") is None
-    assert peak_tflops("NVIDIA A100-SXM4-40GB MIG 7g.40gb", "bf16") is None
-    assert peak_tflops("NVIDIA H100 80GB HBM3 MIG 3g.40gb", "bf16") is None
     record = json.loads((TRAIN / "run.json").read_text())
     record["environment"]["gpu_name"] = "NVIDIA H200 MIG 1g.18gb"
     [row] = benchmark_table([record]).to_dict("records")
     assert row["achieved_tflops"] > 0 and row["mfu_pct"] is None
 
 
-def test_peak_keys_match_whole_model_names_only():
-    """A key is a board's model name, not any text that starts with it: the NVIDIA RTX A1000
-    (a workstation card) took the A100's 312 TFLOP/s ('A100' is in 'A1000'), the Tesla V100S
-    the V100 SXM2's 15.7 / 125 where its data sheet gives 16.4 FP32 and 130 tensor TFLOP/s, the
-    A10G (no NVIDIA data sheet) the A10's; none is in the table, so none has an MFU."""
-    from lmprof.model.flops import peak_tflops
-
-    assert peak_tflops("NVIDIA RTX A1000", "bf16") is None
-    assert peak_tflops("NVIDIA RTX A1000 6GB Laptop GPU", "fp16") is None
-    assert peak_tflops("Tesla V100S-PCIE-32GB", "fp16") is None
-    assert peak_tflops("NVIDIA A10G", "bf16") is None
-    # the boards of the table keep their data-sheet dense peaks, whatever follows the name
-    assert peak_tflops("NVIDIA A100-SXM4-80GB", "bf16") == 312.0
-    assert peak_tflops("NVIDIA A100 80GB PCIe", "tf32") == 156.0
-    assert peak_tflops("NVIDIA A10", "bf16") == 125.0
-    assert peak_tflops("Tesla V100-SXM2-16GB", "fp32") == 15.7
-    assert peak_tflops("NVIDIA L40S", "tf32") == 183.0
+# (device name as torch gives it, dtype, data-sheet dense peak in TFLOP/s or None: no MFU)
+_PEAKS = [
+    # NVL boards have their own (lower) peaks: they matched the SXM H200's ('H200' is in
+    # 'H200 NVL')
+    ("NVIDIA H200", "bf16", 989.4), ("NVIDIA H200 NVL", "bf16", 835.5),
+    ("NVIDIA H100 NVL", "fp32", 60.0), ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
+    ("Tesla V100-PCIE-16GB", "fp16", 112.0), ("Tesla V100-SXM2-32GB", "fp16", 125.0),
+    # a MIG instance holds a fraction of the board's SMs (see test_a_mig_slice_has_no_board_peak)
+    ("NVIDIA A100-SXM4-40GB", "bf16", 312.0), ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", "bf16", None),
+    ("NVIDIA A100-SXM4-40GB MIG 7g.40gb", "bf16", None),
+    ("NVIDIA H100 80GB HBM3 MIG 3g.40gb", "bf16", None),
+    # a key is a board's model name, not any text that starts with it: the NVIDIA RTX A1000 (a
+    # workstation card) took the A100's 312 ('A100' is in 'A1000'), the Tesla V100S the V100
+    # SXM2's 15.7 / 125 where its data sheet gives 16.4 FP32 and 130 tensor TFLOP/s, the A10G
+    # (no NVIDIA data sheet) the A10's; none is in the table, so none has an MFU
+    ("NVIDIA RTX A1000", "bf16", None), ("NVIDIA RTX A1000 6GB Laptop GPU", "fp16", None),
+    ("Tesla V100S-PCIE-32GB", "fp16", None), ("NVIDIA A10G", "bf16", None),
+    # the boards of the table keep their peaks, whatever follows the name
+    ("NVIDIA A100-SXM4-80GB", "bf16", 312.0), ("NVIDIA A100 80GB PCIe", "tf32", 156.0),
+    ("NVIDIA A10", "bf16", 125.0), ("Tesla V100-SXM2-16GB", "fp32", 15.7),
+    ("NVIDIA L40S", "tf32", 183.0),
     # GH200's GPU is an H200-class GH100 at the same peaks (its data sheet: FP32 67, BF16 990
     # dense | 1,979 with sparsity), and keeps the H200's row
-    assert peak_tflops("NVIDIA GH200 480GB", "bf16") == 989.4
+    ("NVIDIA GH200 480GB", "bf16", 989.4),
+]
+
+
+@pytest.mark.parametrize("name,dtype,peak", _PEAKS)
+def test_peak_of_each_board_name(name, dtype, peak):
+    from lmprof.model.flops import peak_tflops
+
+    assert peak_tflops(name, dtype) == peak
 
 
 def test_cpu_run_records_what_fp32_matmuls_ran_as(tmp_path):
