@@ -235,20 +235,26 @@ def _snapshot_row(path: Path, run: dict | None, phase_source: str, layout: str, 
 
 
 def completed_steps(run: dict | None) -> int | None:
-    """Training steps (warm-up and measured) a run completed before its snapshot was dumped,
-    from run.json; None where it cannot tell (no run.json, or a run that failed after some
-    of several warm-up steps, recorded before run.json kept them)."""
+    """Training steps (warm-up and measured) a run completed before its snapshot was dumped
+    (after the first ``--memory-steps`` measured ones, where given: a later failure keeps that
+    snapshot), from run.json; None where it cannot tell (no run.json, or a run that failed after
+    some of several warm-up steps, recorded before run.json kept them)."""
     if not run:
         return None
     c, t = run.get("config") or {}, run.get("timings") or {}
+    # --memory-steps N dumps the snapshot after the first N measured steps
+    recorded = c.get("memory_steps")
+    if not isinstance(recorded, int) or isinstance(recorded, bool) or recorded < 1:
+        recorded = None  # (all measured steps)
     if run.get("status") == "OK":  # (every step: at least one; a config without them: unknown)
-        return (c.get("warmup") or 0) + (c.get("steps") or 0) or None
+        steps = c.get("steps") or 0
+        return (c.get("warmup") or 0) + (min(steps, recorded) if recorded else steps) or None
     warm = t.get("warmup_steps_s")
     if not isinstance(warm, list):  # a run.json of an older lmprof that failed in warm-up
         return 0 if (c.get("warmup") or 0) <= 1 else None
     done = sum(1 for w in run.get("phase_windows") or []
                if isinstance(w, dict) and w.get("phase") == "step" and not w.get("failed"))
-    return len(warm) + done
+    return len(warm) + (min(done, recorded) if recorded else done)
 
 
 def snapshot_label(path: Path, run: dict | None) -> str:

@@ -167,3 +167,21 @@ def test_memory_cli_lists_snapshots_in_configuration_order(runs):
         first_train = next(i for i, label in enumerate(labels) if "train" in label)
         assert all("forward" in label for label in labels[:first_train]), name
         assert all("train" in label for label in labels[first_train:]), name
+
+
+def test_completed_steps_stop_at_the_recorded_ones():
+    """With --memory-steps N the snapshot is dumped after the first N measured steps: the
+    compiled cells ran 3 warm-up and 3 measured steps with --memory-steps 1, so 4 steps were
+    done when it was dumped (memory_snapshots.completed_steps said 6); a run that failed later
+    keeps that snapshot (capture.memory.MemoryRecorder.on_failure), so it is 4 there too."""
+    from lmprof.analyze.memory import completed_steps
+
+    run = json.loads((DATA / "forward" / "run.json").read_text())
+    c = run["config"]
+    assert (c["warmup"], c["steps"], c["memory_steps"], run["status"]) == (3, 3, 1, "OK")
+    assert completed_steps(run) == 4
+    failed = {**run, "status": "OOM",
+              "phase_windows": [{"phase": "step"}, {"phase": "step"}, {"phase": "step",
+                                                                        "failed": True}]}
+    assert completed_steps(failed) == 4
+    assert completed_steps({**run, "config": {**c, "memory_steps": None}}) == 6
