@@ -186,6 +186,18 @@ def mark_latest_or_warn(out_root: Path, run_dir: Path) -> None:
         print(f"warning: {problem}", file=sys.stderr, flush=True)
 
 
+def names_run(path: Path) -> bool:
+    """Whether an input path stands for a run rather than a file of one: a folder (a run's, or
+    one that is not: load_run says so), a run.json, or a ``latest`` marker (a link, or the text
+    file ``mark_latest`` writes where links fail)."""
+    return path.is_dir() or path.name in (RUN_FILE, LATEST)
+
+
+def is_model_run(record: dict[str, Any]) -> bool:
+    """A run of the model's steps (``capture run``), not a precision or attention record."""
+    return record.get("kind", "run") == "run"
+
+
 def resolve_run_dir(path: str | Path) -> Path:
     """Accept a run directory, its run.json, or a ``latest`` marker; return the directory."""
     p = Path(path)
@@ -328,7 +340,7 @@ def _shape_problem(record: dict[str, Any]) -> str | None:
             if not json_is(value, kind):
                 return f"'{key}.{name}' is {_described(value)}"
     typed = [("model", _MODEL), ("environment", _ENVIRONMENT)]
-    if record.get("kind", "run") == "run":
+    if is_model_run(record):
         typed.append(("config", _RUN_CONFIG))
     for key, kinds in typed:
         part = record.get(key, {})

@@ -67,7 +67,9 @@ def read_sweep(path: str | Path) -> dict[str, Any]:
 
 
 def cell_dirs(path: str | Path) -> list[Path]:
-    """The finished cells of a sweep directory (those with a run.json), sorted by name."""
+    """The finished cells of a sweep directory (those with a run.json), sorted by name; its
+    sweep.json checked first (``read_sweep``: a damaged one is an error, not an empty sweep)."""
+    read_sweep(path)
     cells = Path(path) / CELLS
     if not cells.is_dir():
         return []
@@ -89,7 +91,6 @@ def run_children(path: str | Path) -> list[Path]:
         if (d / rundir.RUN_FILE).is_file():
             out.append(d)
         elif is_sweep_dir(d):
-            read_sweep(d)
             out += cell_dirs(d)
     return out
 
@@ -101,7 +102,6 @@ def expand(paths: list[str | Path]) -> list[Path]:
     out: list[Path] = []
     for p in paths:
         if is_sweep_dir(p):
-            read_sweep(p)
             cells = cell_dirs(p)
             if not cells:
                 raise UserError(f"sweep {str(p)!r} has no finished cells yet")

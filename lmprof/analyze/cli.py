@@ -34,12 +34,13 @@ def runs_cmd(run_dirs: tuple[str, ...], fmt: str, out: str | None) -> None:
     directories, which stand for their finished cells, or a directory of runs such as
     capture's --out, which stands for the runs in it). Markdown shows each phase as mean ± std
     in ms and leaves out what no run measured; csv and json keep every raw column."""
+    from lmprof import rundir
     from lmprof.render import emit
     from lmprof.reports.report import load_runs
     from lmprof.reports.tables import benchmark_markdown, benchmark_table
 
     runs = load_runs(list(run_dirs))
-    if runs and all(r.get("kind", "run") != "run" for r in runs):
+    if runs and not any(rundir.is_model_run(r) for r in runs):
         kinds = ", ".join(sorted({str(r.get("kind")) for r in runs}))
         raise UserError(f"no model runs to tabulate: these are {kinds} runs, which have no "
                         "benchmark row (analyze report shows them)")

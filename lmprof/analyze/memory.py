@@ -110,7 +110,7 @@ def resolve(arg: str, run_dir: str | None = None) -> SnapshotRef:
     """A snapshot file or a run directory (its ``artifacts.memory_snapshot``); ``run_dir``
     (``--run``) gives a snapshot file its run.json, and is refused beside a run directory."""
     p = Path(arg)
-    if p.is_dir() or p.name in (rundir.RUN_FILE, rundir.LATEST):
+    if rundir.names_run(p):
         if run_dir:
             raise UserError(f"--run pairs a raw snapshot file with a run.json; {arg!r} is a run "
                             "(or a folder of runs), which brings its own")
@@ -247,14 +247,16 @@ def completed_steps(run: dict | None) -> int | None:
     if not isinstance(recorded, int) or isinstance(recorded, bool) or recorded < 1:
         recorded = None  # (all measured steps)
     if run.get("status") == "OK":  # (every step: at least one; a config without them: unknown)
-        steps = c.get("steps") or 0
-        return (c.get("warmup") or 0) + (min(steps, recorded) if recorded else steps) or None
-    warm = t.get("warmup_steps_s")
-    if not isinstance(warm, list):  # a run.json of an older lmprof that failed in warm-up
-        return 0 if (c.get("warmup") or 0) <= 1 else None
-    done = sum(1 for w in run.get("phase_windows") or []
-               if isinstance(w, dict) and w.get("phase") == "step" and not w.get("failed"))
-    return len(warm) + (min(done, recorded) if recorded else done)
+        warm, done = c.get("warmup") or 0, c.get("steps") or 0
+    else:
+        warm_s = t.get("warmup_steps_s")
+        if not isinstance(warm_s, list):  # a run.json of an older lmprof that failed in warm-up
+            return 0 if (c.get("warmup") or 0) <= 1 else None
+        warm = len(warm_s)
+        done = sum(1 for w in run.get("phase_windows") or []
+                   if isinstance(w, dict) and w.get("phase") == "step" and not w.get("failed"))
+    total = warm + (min(done, recorded) if recorded else done)
+    return (total or None) if run.get("status") == "OK" else total
 
 
 def snapshot_label(path: Path, run: dict | None) -> str:

@@ -554,9 +554,7 @@ def resolve_report(arg: str | Path, nsys_path: str | None = None) -> tuple[Path,
     p = Path(arg)
     if not p.exists():
         raise UserError(f"no such file or directory: {str(p)!r}")
-    # a run: its folder, its run.json, or a `latest` marker (the text file mark_latest writes
-    # where links fail names the run, as analyze runs and memory read it)
-    if p.is_dir() or p.name in (rundir.RUN_FILE, rundir.LATEST):
+    if rundir.names_run(p):
         if p.is_dir() and not (p / rundir.RUN_FILE).is_file():
             raise UserError(f"{str(p)!r} is a directory, not an nsys export or a run directory")
         record = rundir.load_run(p)

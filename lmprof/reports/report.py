@@ -125,7 +125,7 @@ def collect_inputs(paths: list[str], nsys_path: str | None = None
         p = Path(arg)
         if not p.exists():
             raise UserError(f"no such file or directory: {arg!r}")
-        if p.is_dir() or p.name in (rundir.RUN_FILE, rundir.LATEST):
+        if rundir.names_run(p):
             run_args.append(arg)
             continue
         kind = _file_kind(p)

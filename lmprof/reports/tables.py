@@ -56,7 +56,7 @@ def benchmark_table(records: list[dict[str, Any]]) -> pd.DataFrame:
     """The end-to-end benchmark table of a CS336 write-up, one row per run, OOM rows kept."""
     rows = []
     for r in sorted(records, key=rundir.config_order):  # by configuration (rundir.config_order)
-        if r.get("kind", "run") != "run":  # precision / attention records: no model steps
+        if not rundir.is_model_run(r):  # precision / attention records: no model steps
             continue
         c, m, env = r.get("config", {}), r.get("model", {}), r.get("environment", {})
         t = r.get("timings", {})
@@ -175,7 +175,7 @@ def failed_runs(records: list[dict[str, Any]]) -> str:
     where none did. (An attention or precision run has no row there: its section says how it
     ended.)"""
     errors = [f"- {md_code(r['run_id'])}: {r['status']} — {md_text(r['error'])}" for r in records
-              if r.get("kind", "run") == "run" and r.get("error")]
+              if rundir.is_model_run(r) and r.get("error")]
     return ("Failed runs:\n" + "\n".join(errors)) if errors else ""
 
 
