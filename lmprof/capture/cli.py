@@ -97,7 +97,7 @@ def _run(target: Path, spec, prep, nsys: str | None, nsys_args: str | None, quie
             from lmprof.capture.memory import MemoryRecorder
 
             rec = MemoryRecorder(target, spec.memory_max_entries, spec.memory_stacks,
-                                 spec.memory_steps or spec.steps)
+                                 spec.memory_steps or spec.steps, spec.steps)
             hooks.before_measured.append(rec.start)
             hooks.after_step.append(rec.after_step)
             hooks.after_measured.append(rec.artifacts)

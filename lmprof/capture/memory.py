@@ -22,11 +22,17 @@ _TAGGED = {annotate.STEP, *annotate.PHASES}
 
 
 class MemoryRecorder:
-    def __init__(self, run_dir: Path, max_entries: int, stacks: str, steps: int):
+    def __init__(self, run_dir: Path, max_entries: int, stacks: str, steps: int,
+                 measured: int | None = None):
+        """Record the first ``steps`` of the ``measured`` steps (default: all ``steps``). When
+        that is all of them, the snapshot is dumped by ``artifacts`` (after the measured steps'
+        other hooks: under nsys, after the capture range has ended), else right after step
+        ``steps`` (inside the capture range, between two step ranges)."""
         self.path = run_dir / SNAPSHOT_FILE
         self.max_entries = max_entries
         self.stacks = stacks
         self.steps = steps
+        self.measured = steps if measured is None else measured
         self._tags: list[str] = []
         self._set_meta = getattr(torch.cuda.memory, "_set_memory_metadata", None)
         self.recording = False
@@ -52,21 +58,23 @@ class MemoryRecorder:
         self.recording = True
 
     def after_step(self, index: int) -> None:
-        if self.recording and index + 1 >= self.steps:
+        if self.recording and index + 1 >= self.steps and self.steps < self.measured:
             self.stop()
 
     def stop(self, synchronize: bool = True) -> None:
         if not self.recording:
             return
-        if synchronize:
-            torch.cuda.synchronize()
-        torch.cuda.memory._dump_snapshot(str(self.path))
-        self.dumped = True
-        torch.cuda.memory._record_memory_history(enabled=None)
-        if self._set_meta is not None:
-            annotate.remove_listener(self)
-            self._set_meta("")
-        self.recording = False
+        try:
+            if synchronize:
+                torch.cuda.synchronize()
+            torch.cuda.memory._dump_snapshot(str(self.path))
+            self.dumped = True
+        finally:  # a dump that fails (a full disk) still ends the recording and its tagging
+            self.recording = False
+            torch.cuda.memory._record_memory_history(enabled=None)
+            if self._set_meta is not None:
+                annotate.remove_listener(self)
+                self._set_meta("")
 
     def artifacts(self) -> dict[str, str]:
         self.stop()

@@ -217,13 +217,21 @@ def test_nsys_run_writes_into_the_given_run_dir(monkeypatch, tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("fault", [None, "oom", "error"])
-def test_the_nsys_capture_range_is_the_measured_steps_and_ends_at_a_failure(monkeypatch,
-                                                                             tmp_path, fault):
+@pytest.mark.parametrize("fault, memory_steps, expected", [
+    (None, None, ["warmup", "start", "step", "step", "stop", "dump"]),
+    # --memory-steps 1 of 2: the snapshot is dumped between the steps, inside the range
+    (None, "1", ["warmup", "start", "step", "dump", "step", "stop"]),
+    # the first measured step fails in its forward, while memory is recorded
+    ("oom", None, ["start", "step", "stop", "dump"]),
+    ("error", None, ["start", "step", "stop", "dump"]),
+])
+def test_the_nsys_capture_range_is_the_measured_steps_and_ends_at_a_failure(
+        monkeypatch, tmp_path, fault, memory_steps, expected):
     """The child under nsys (--capture-range=cudaProfilerApi) starts the profiler after warm-up
     and stops it after the measured steps, or at the one that fails: a failure left it running
     through the failure's handling (the memory snapshot's dump, the cache's release) to the exit.
-    The CUDA calls are faked: this machine has no GPU."""
+    A snapshot of every measured step is dumped after the range ends: it was dumped inside it,
+    after the last step's range. The CUDA calls are faked: this machine has no GPU."""
     import dataclasses
 
     import torch
@@ -259,15 +267,13 @@ def test_the_nsys_capture_range_is_the_measured_steps_and_ends_at_a_failure(monk
         result = CliRunner().invoke(capture, [
             "run", "--model", "tiny", "--context-length", "16", "--batch-size", "2",
             "--warmup", "1" if fault is None else "0", "--steps", "2", "--device", "cpu",
-            "--nsys", "--memory", "--under-nsys",
+            "--nsys", "--memory", "--under-nsys", *(["--memory-steps", memory_steps]
+                                                    if memory_steps else []),
             "--run-dir", str(tmp_path / "run"), "--quiet"])
     finally:
         annotate.remove_listener(steps)
     assert result.exit_code == (0 if fault is None else 1), result.output
-    if fault is None:  # (the recorder's dump after the last step is no concern here)
-        assert [e for e in events if e != "dump"] == ["warmup", "start", "step", "step", "stop"]
-    else:  # the first measured step fails in its forward, while memory is recorded
-        assert events == ["start", "step", "stop", "dump"]
+    assert events == expected
 
 
 def test_the_capture_range_after_a_cuda_error_is_left_to_end_with_the_process(monkeypatch):

@@ -239,9 +239,47 @@ def test_memory_recorder_on_failure_keeps_the_right_snapshot(tmp_path, monkeypat
     assert rec.on_failure(oom) == {"memory_snapshot": "memory.pickle"} and calls == ["dump"]
 
     calls.clear()
-    rec = MemoryRecorder(tmp_path, 100, "python", steps=1)
+    rec = MemoryRecorder(tmp_path, 100, "python", steps=1, measured=2)
     rec.start()
     rec.after_step(0)  # --memory-steps 1: the recorded step's snapshot is written
     assert calls == ["history all", "sync", "dump", "history None"]
     calls.clear()
     assert rec.on_failure(oom) == {"memory_snapshot": "memory.pickle"} and calls == []
+
+
+def test_memory_recorder_dumps_at_the_end_of_a_whole_recording_and_stops_after_a_failed_dump(
+        tmp_path, monkeypatch):
+    """Every measured step recorded: no dump after the last step (under nsys that is still
+    inside the capture range), one by ``artifacts``. A dump that fails (a full disk) raises, and
+    the recording and the phase tagging still end."""
+    import torch
+
+    from lmprof import annotate
+    from lmprof.capture.memory import MemoryRecorder
+
+    calls, tags = [], []
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history",
+                        lambda enabled=None, **k: calls.append(f"history {enabled}"))
+    monkeypatch.setattr(torch.cuda.memory, "_set_memory_metadata", tags.append, raising=False)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", lambda p: calls.append("dump"))
+
+    rec = MemoryRecorder(tmp_path, 100, "python", steps=2, measured=2)
+    rec.start()
+    rec.after_step(0)
+    rec.after_step(1)
+    assert calls == ["history all"] and rec.recording
+    assert rec.artifacts() == {"memory_snapshot": "memory.pickle"}
+    assert calls == ["history all", "dump", "history None"] and not rec.recording
+
+    def full_disk(path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", full_disk)
+    calls.clear(), tags.clear()
+    rec = MemoryRecorder(tmp_path, 100, "python", steps=1, measured=2)
+    rec.start()
+    with pytest.raises(OSError), annotate.phase(annotate.STEP):
+        rec.after_step(0)
+    assert calls == ["history all", "history None"] and not rec.recording and not rec.dumped
+    assert tags == [annotate.STEP, ""]  # the listener is gone: the pop tagged nothing
