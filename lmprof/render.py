@@ -338,7 +338,7 @@ def streams(result: Any, fmt: str) -> bool:
 def stream(result: Any, fmt: str, write: Callable[[str], None]) -> bool:
     """Write the pending result of ``con.execute(...)`` as csv or json through ``write``, batch by
     batch, so that a large result never sits in memory whole; the text is exactly ``render`` of
-    ``Table.fetch(result)`` followed by a newline (as ``emit`` writes it). False, with nothing
+    ``Table.fetch(result)``, ending with one newline (as ``emit`` writes it). False, with nothing
     written or fetched, where it needs the whole table: markdown (column widths), or a column
     type ``Table`` does not render (that goes through pandas)."""
     if not streams(result, fmt):
@@ -368,8 +368,8 @@ def stream(result: Any, fmt: str, write: Callable[[str], None]) -> bool:
         buf.truncate()
     if fmt == "json":
         write("[]\n" if first else "\n]\n")
-    else:
-        write(buf.getvalue() + "\n")
+    else:  # (the last row's newline ends the text)
+        write(buf.getvalue())
     return True
 
 
@@ -518,7 +518,8 @@ def emit(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: str | Pat
     a JSON list); several are, in markdown, titled sections; in csv, each table after a
     ``# name`` line (csv has no form for several tables); in JSON, one object of the tables'
     rows by name, so that the whole output parses. ``owner`` (the command) removes from ``out``
-    the tables its previous run there wrote and this one did not (``rundir.retire_stale``)."""
+    the tables its previous run there wrote and this one did not (``rundir.retire_stale``).
+    Neither the text nor a file ends with an empty line."""
     notes = notes or {}
     parts = []
     if fmt == "json" and len(tables) > 1:
@@ -540,11 +541,12 @@ def emit(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: str | Pat
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
             for name, df in tables.items():
-                (out_dir / f"{name}.{fmt}").write_text(render(df, fmt, shorten, raw) + "\n")
+                text = render(df, fmt, shorten, raw)  # (csv ends its last row with a newline)
+                (out_dir / f"{name}.{fmt}").write_text(text if text.endswith("\n") else text + "\n")
         except OSError as exc:
             raise UserError(f"cannot write to --out {str(out_dir)!r}: {exc.strerror or exc}") from None
         if owner is not None:
             from lmprof.rundir import retire_stale
 
             retire_stale(out_dir, owner, [f"{name}.{fmt}" for name in tables])
-    return "\n".join(parts)
+    return "\n".join(parts).rstrip("\n")  # (the caller's echo ends the last line)

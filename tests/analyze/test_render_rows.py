@@ -364,7 +364,8 @@ def test_streamed_output_is_the_whole_tables(monkeypatch, rows, fmt):
     monkeypatch.setattr(render_mod, "STREAM_ROWS", 3)
     con = duckdb.connect()
     query = STREAM_QUERY.replace("QUERY_ROWS", str(rows))
-    whole = render(Table.fetch(con.execute(query)), fmt) + "\n"
+    whole = render(Table.fetch(con.execute(query)), fmt)
+    whole += "" if whole.endswith("\n") else "\n"  # one newline ends the text, none more
     parts: list[str] = []
     assert render_mod.stream(con.execute(query), fmt, parts.append)
     assert "".join(parts) == whole
@@ -386,7 +387,8 @@ def test_sql_streams_to_stdout_and_out(tmp_path, monkeypatch):
                                        "csv", "--out", str(tmp_path / "o")])
     assert res.exit_code == 0, res.output
     written = (tmp_path / "o" / "result.csv").read_text()
-    assert res.output == written and written.count("\n") == 4348 + 2  # header, rows, end
+    assert res.output == written and written.count("\n") == 4348 + 1  # header, rows
+    assert written.endswith("\n") and not written.endswith("\n\n")
     real = render_mod.stream
 
     def failing(result, fmt, write):  # DuckDB failing after a batch went out
@@ -400,3 +402,18 @@ def test_sql_streams_to_stdout_and_out(tmp_path, monkeypatch):
                                        "csv", "--out", str(tmp_path / "bad")])
     assert bad.exit_code != 0 and "boom" in str(bad.exception)
     assert (tmp_path / "bad").is_dir() and not (tmp_path / "bad" / "result.csv").exists()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("names", [["a"], ["a", "b"]])
+def test_no_output_ends_with_an_empty_line(tmp_path, fmt, names):
+    """A csv file read line by line (or by tools that take a blank line for a row) ends at its
+    last row: each --out file and the printed text end with one newline and no empty line
+    (the printed text gets its newline from the caller's echo)."""
+    tables = {name: Table(["x", "y"], ["BIGINT", "VARCHAR"], [(1, "p"), (2, None)])
+              for name in names}
+    text = emit(tables, fmt, tmp_path)
+    assert text and not text.endswith("\n")
+    for name in names:
+        written = (tmp_path / f"{name}.{fmt}").read_text()
+        assert written.endswith("\n") and not written.endswith("\n\n"), repr(written[-10:])
