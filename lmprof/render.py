@@ -283,6 +283,12 @@ def _cell(v: Any) -> Any:
     return md_text(v).replace("|", "\\|") if isinstance(v, str) else v
 
 
+def ratio_text(v: float) -> str:
+    """A speedup or ratio as text: two decimals (1.52, 0.85), and two significant digits below
+    0.1 (0.0043, 0.095), which two decimals showed as 0.00 or 0.10."""
+    return format(v, ".2f") if abs(v) >= 0.095 or v == 0 else format(v, ".2g")
+
+
 def md_text(text: str) -> str:
     """Text from the inputs (a kernel name, a run.json value, an error) for one line of
     markdown: its line breaks become spaces (a break ended the table row or list item) and a

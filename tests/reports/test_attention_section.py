@@ -46,6 +46,17 @@ def test_tables_and_speedup():
     assert abs(wide.loc[1024, "speedup"] - 1.2) < 1e-9
 
 
+def test_a_small_speedup_keeps_its_digits():
+    """flash at 250× or 12× the best SDPA's time: 0.004× and 0.083× (two decimals showed 0.00×
+    and 0.08×); 1.2× keeps two decimals."""
+    rows = [_row("flash", 1024, 1.0), _row("sdpa-flash", 1024, 1.2),
+            _row("flash", 2048, 1000.0), _row("sdpa-flash", 2048, 4.0),
+            _row("flash", 4096, 12.0), _row("sdpa-flash", 4096, 1.0)]
+    table = section.part_c_table(rows).set_index("Seq")
+    assert table["flash vs best SDPA"].to_dict() == {1024: "1.20×", 2048: "0.004×",
+                                                    4096: "0.083×"}
+
+
 def test_part_b_caption_follows_the_rows_causal_flag():
     """--no-causal part b: the caption names the call and FLOP count that ran (it said
     `attn(q, k, v, True)` and the causal 2·B·H·T²·d whatever the rows said)."""

@@ -113,6 +113,17 @@ def test_speedups_pair_runs_equal_in_everything_else(grid):
     assert (comp["compared"] == "compiled vs eager").all()
 
 
+def test_a_small_speedup_keeps_its_digits(tmp_path):
+    """A run 250× slower than its base: 0.004 in the speedup column, not 0.00."""
+    recs = [run_record(ctx=1024, attention="naive", step_s=0.004),
+            run_record(ctx=1024, attention="flash", step_s=1.0)]
+    root = write_sweep(tmp_path / "sweep", recs)
+    text = section_text(root, tmp_path / "r")
+    part = text.split("### Attention implementations vs naive")[1].split("###")[0]
+    row = next(line for line in part.splitlines() if "flash vs naive" in line)
+    assert "| 0.004 " in row and "| 0.00 " not in row, row
+
+
 def test_attention_speedup_pairs_fused_with_naive_and_shows_peaks(tmp_path):
     """sdpa and flash against naive at each context, with each side's peak memory; a naive run
     that ran out of memory is shown as such beside the fused run that did not."""

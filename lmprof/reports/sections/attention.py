@@ -15,7 +15,7 @@ import pandas as pd
 
 from lmprof import rundir
 from lmprof.errors import UserError
-from lmprof.render import escaped, formatted_markdown, md_code, md_text
+from lmprof.render import escaped, formatted_markdown, md_code, md_text, ratio_text
 from lmprof.reports.report import ReportContext
 
 SDPA_PREFIX = "sdpa-"
@@ -130,7 +130,7 @@ def part_c_table(rows: list[dict], keys: tuple[str, ...] = ("dtype", "d", "seq")
         if f"flash_{part}" in wide:
             view[f"flash {part}"] = wide[f"flash_{part}"].fillna("")
     if "speedup" in wide:
-        view["flash vs best SDPA"] = [_fmt(v, ".2f") + ("×" if pd.notna(v) else "")
+        view["flash vs best SDPA"] = ["" if pd.isna(v) else ratio_text(v) + "×"
                                       for v in wide["speedup"]]
     return view
 

@@ -4,23 +4,27 @@ length. Each part appears only when the runs hold the pairs it compares."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pandas as pd
 
-from lmprof.render import display_name, escaped, yes_no
+from lmprof.render import display_name, escaped, ratio_text, yes_no
 from lmprof.reports import comparisons as cmp
 from lmprof.reports.report import ReportContext
 from lmprof.reports.tables import profiled
 
-def _cell(v, scale: float, fmt: str) -> str:
+def _cell(v, scale: float, fmt: str | Callable[[float], str]) -> str:
     if isinstance(v, str):
         return v
     if v is None or pd.isna(v):
         return ""
-    return format(v * scale, fmt)
+    return fmt(v * scale) if callable(fmt) else format(v * scale, fmt)
 
 
-def _md(df: pd.DataFrame, scaled: dict[str, tuple[str, float, str]]) -> str:
-    """Markdown with readable names; ``scaled`` maps a column to (display name, scale, format)."""
+def _md(df: pd.DataFrame, scaled: dict[str, tuple[str, float, Any]]) -> str:
+    """Markdown with readable names; ``scaled`` maps a column to (display name, scale, format:
+    a format spec, or a function of the scaled value)."""
     out = pd.DataFrame(index=df.index)
     for col in df.columns:
         if col in ("nsys", "memory") and not df[col].any():  # shown where some run was profiled
@@ -80,7 +84,7 @@ def _speedup(df: pd.DataFrame, column: str, base, what: str) -> str | None:
         note += " Peak: allocated CUDA memory over the measured steps, MiB."
     return note + "\n\n" + _md(t, {
         "base_step_s": ("Base step (ms)", 1e3, ".2f"), "other_step_s": ("Other step (ms)", 1e3, ".2f"),
-        "speedup": ("Speedup (×)", 1.0, ".2f"),
+        "speedup": ("Speedup (×)", 1.0, ratio_text),
         "base_peak_bytes": ("Base peak (MiB)", 2**-20, ".0f"),
         "other_peak_bytes": ("Other peak (MiB)", 2**-20, ".0f")})
 
