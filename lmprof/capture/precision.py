@@ -17,6 +17,7 @@ Results go to ``<out>/<run-id>/precision.json`` beside a run.json of kind ``prec
 from __future__ import annotations
 
 import json
+import shutil
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -131,23 +132,28 @@ def autocast_dtypes(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
 
 
 def run(device: torch.device, out_root: Path) -> Path:
-    """Run both experiments on ``device``; write and return the run directory."""
+    """Run both experiments on ``device``; write and return the run directory. Interrupted or
+    failed (a second's work, nothing worth keeping half done), the directory goes."""
     run_dir = rundir.create_run_dir(out_root, f"precision-{device.type}")
-    created = rundir.utc_now()
-    results = {
-        "device": device.type,
-        "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "n_adds": N_ADDS,
-        "addend": ADDEND,
-        "accumulation": accumulation(device),
-        "autocast": {name: autocast_dtypes(device, dt) for name, dt in AUTOCAST_DTYPES.items()},
-    }
-    (run_dir / RESULT_FILE).write_text(json.dumps(results, indent=1) + "\n")
-    rundir.write_run(run_dir, {
-        "run_id": run_dir.name, "created_utc": created, "kind": "precision",
-        "status": "OK", "error": None,
-        "config": {"experiment": "precision", "device": device.type},
-        "model": {}, "flops": {}, "environment": environment.collect(device),
-        "timings": {}, "phase_windows": [], "artifacts": {"precision": RESULT_FILE},
-    })
+    try:
+        created = rundir.utc_now()
+        results = {
+            "device": device.type,
+            "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "n_adds": N_ADDS,
+            "addend": ADDEND,
+            "accumulation": accumulation(device),
+            "autocast": {name: autocast_dtypes(device, dt) for name, dt in AUTOCAST_DTYPES.items()},
+        }
+        (run_dir / RESULT_FILE).write_text(json.dumps(results, indent=1) + "\n")
+        rundir.write_run(run_dir, {
+            "run_id": run_dir.name, "created_utc": created, "kind": "precision",
+            "status": "OK", "error": None,
+            "config": {"experiment": "precision", "device": device.type},
+            "model": {}, "flops": {}, "environment": environment.collect(device),
+            "timings": {}, "phase_windows": [], "artifacts": {"precision": RESULT_FILE},
+        })
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     return run_dir

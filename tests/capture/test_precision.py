@@ -93,3 +93,16 @@ def test_malformed_results_are_named_in_the_report(tmp_path, capsys, edit, messa
 
     text = build([str(tmp_path / "latest")], tmp_path / "rep").read_text()
     assert "its results could not be read" in text and message in text
+
+
+@pytest.mark.parametrize("fault", [KeyboardInterrupt, RuntimeError])
+def test_an_interrupted_or_failed_run_leaves_no_folder(tmp_path, monkeypatch, fault):
+    """Ctrl-C (or a failure) in the second of work: the run folder it made goes, so that no
+    folder without run.json stays under --out for `analyze runs` to meet."""
+    def interrupted(device):
+        raise fault("stop")
+
+    monkeypatch.setattr(precision, "accumulation", interrupted)
+    with pytest.raises(fault):
+        precision.run(torch.device("cpu"), tmp_path / "runs")
+    assert list((tmp_path / "runs").iterdir()) == []
