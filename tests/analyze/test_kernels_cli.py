@@ -653,7 +653,7 @@ def test_sql_falls_back_to_pandas_for_other_types(tmp_path):
     code, out, err = run("sql", str(REPORT), "SELECT TIMESTAMP '2026-01-02 03:04:05' AS t, "
                          "1 AS n", "--format", "csv")
     assert code == 0, err
-    assert out == "t,n\n2026-01-02 03:04:05,1\n\n"
+    assert out == "t,n\n2026-01-02 03:04:05,1\n"
 
 
 @pytest.mark.parametrize("query_kind", ["rows", "pandas"])
