@@ -42,11 +42,19 @@ def export_sqlite(nsys: str, rep: Path, out: Path | None = None) -> Path:
     cmd = [nsys, "export", "--type=sqlite", "--force-overwrite=true", f"--output={partial}",
            str(rep)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        try:  # (nsys's messages need not be UTF-8: a localised one, a path in another encoding)
+            proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+        except OSError as exc:  # not a program this system runs (no '#!' line, another CPU's)
+            raise UserError(f"cannot run nsys {nsys!r}: {exc.strerror or exc}; "
+                            f"{INSTALL_HINT}") from None
         if proc.returncode != 0 or not partial.is_file():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
             raise UserError(f"nsys export failed for {str(rep)!r}: {tail[0]}")
-        os.replace(partial, out)
+        try:
+            os.replace(partial, out)
+        except OSError as exc:  # (a folder of that name, say)
+            raise UserError(f"cannot write the export of {str(rep)!r} to {str(out)!r}: "
+                            f"{exc.strerror or exc}") from None
     finally:
         partial.unlink(missing_ok=True)
     return out

@@ -573,6 +573,30 @@ def test_failed_nsys_export_leaves_nothing_to_trust(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "trace.nsys-rep"]
 
 
+@pytest.mark.parametrize("nsys, message", [
+    # a message that is not UTF-8 (a UnicodeDecodeError traceback before)
+    (f"#!{sys.executable}\nimport sys\nsys.stderr.buffer.write(b'Fehler \\xff\\n')\n"
+     "sys.exit(3)\n", "nsys export failed for"),
+    # no '#!' line: not a program the system runs (an OSError traceback before)
+    ("echo nsys\n", "cannot run nsys"),
+    # the export's name is a folder (an IsADirectoryError traceback before)
+    (f"#!{sys.executable}\nimport sys\nout = [a for a in sys.argv if "
+     "a.startswith('--output=')][0][9:]\nopen(out, 'w').write('x')\n", "Is a directory"),
+], ids=["not-utf-8", "no-shebang", "export-name-a-folder"])
+def test_an_nsys_that_fails_oddly_is_a_one_line_error(tmp_path, nsys, message):
+    rep = tmp_path / "trace.nsys-rep"
+    rep.write_bytes(b"\0" * 64)
+    (tmp_path / "trace.sqlite").mkdir()
+    fake = tmp_path / "bin" / "nsys"
+    fake.parent.mkdir()
+    fake.write_text(nsys)
+    fake.chmod(0o755)
+    code, _, err = run("kernels", str(rep), "--nsys-path", str(fake))
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "trace.nsys-rep", "trace.sqlite"]
+
+
 def test_analyze_never_imports_torch(tmp_path):
     code = ("import sys\nfrom lmprof.analyze.cli import main\n"
             f"try:\n    main(['kernels', {str(REPORT)!r}, '--table', 'gemm_fraction'])\n"
