@@ -106,12 +106,20 @@ def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: st
             if db:
                 _forget_previous(con)
                 before = _catalog(con)
-            traces = _prepare_all(con, resolved, options, defer)
+            try:
+                traces = _prepare_all(con, resolved, options, defer)
+            except duckdb.CatalogException as exc:  # a view of ours over a table of theirs
+                if not db or not before:
+                    raise
+                raise _not_ours(db, " ".join(str(exc).split())) from None
+            if db:
+                _keep_theirs(con, before, db)
             yield con, traces
             if db:
                 for t in traces:  # a kept database holds the range chain's rows (Trace.chain)
                     t.chain()
-                _remember(con, _catalog(con) - before)
+                _keep_theirs(con, before, db)
+                _remember(con, _catalog(con).keys() - before.keys())
         finally:
             con.close()
 
@@ -124,13 +132,30 @@ _REGISTRY = "_lmprof_kernel_objects"
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _catalog(con) -> set[tuple[str, str, str]]:
-    """(kind, schema, name) of every table and view in the database's own schemas."""
-    return set(con.execute(
-        "SELECT 'TABLE', schema_name, table_name FROM duckdb_tables() "
+def _catalog(con) -> dict[tuple[str, str, str], int]:
+    """(kind, schema, name) of every table and view in the database's own schemas, with its
+    object id (a new one when an object is replaced)."""
+    return {(kind, schema, name): oid for kind, schema, name, oid in con.execute(
+        "SELECT 'TABLE', schema_name, table_name, table_oid FROM duckdb_tables() "
         "WHERE database_name = current_database() UNION ALL "
-        "SELECT 'VIEW', schema_name, view_name FROM duckdb_views() "
-        "WHERE NOT internal AND database_name = current_database()").fetchall())
+        "SELECT 'VIEW', schema_name, view_name, view_oid FROM duckdb_views() "
+        "WHERE NOT internal AND database_name = current_database()").fetchall()}
+
+
+def _keep_theirs(con, before: dict[tuple[str, str, str], int], db: str) -> None:
+    """A one-line error where this run replaced or dropped a table or view it did not write (a
+    ``gpus`` or ``session`` of the user's own in the --db file): the file is then left as it
+    was (``db.staged``)."""
+    now = _catalog(con)
+    gone = sorted(key for key, oid in before.items() if now.get(key) != oid)
+    if gone:
+        kind, schema, name = gone[0]
+        raise _not_ours(db, f"{kind.lower()} {schema}.{name}")
+
+
+def _not_ours(db: str, what: str) -> UserError:
+    return UserError(f"--db {str(db)!r} holds tables or views that analyze kernels did not write "
+                     f"and would replace ({what}): give a new file, or one written by --db")
 
 
 def _forget_previous(con) -> None:

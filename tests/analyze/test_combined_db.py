@@ -99,3 +99,28 @@ def test_a_db_in_a_missing_folder_is_named_as_given(tmp_path):
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and str(db) in lines[0] and ".partial" not in lines[0], lines
     assert not db.parent.exists()
+
+
+def test_a_db_holding_tables_of_the_same_names_is_refused_untouched(tmp_path):
+    """A DuckDB file of the user's own with a table analyze kernels also writes: a `gpus` table
+    was replaced by lmprof's without a word (nor listed as lmprof's), a `kernels` table was a
+    CatalogException traceback (the view of that name). One line, exit 2, the file unchanged."""
+    import hashlib
+
+    import duckdb
+
+    from nsys_data import run as run_main
+
+    for name, message in (("gpus", "(table main.gpus)"),
+                          ("kernels", "Existing object kernels is of type Table")):
+        db = tmp_path / f"{name}.duckdb"
+        con = duckdb.connect(str(db))
+        con.execute(f"CREATE TABLE {name} AS SELECT 'mine' AS x")
+        con.close()
+        before = hashlib.sha256(db.read_bytes()).hexdigest()
+        code, _, err = run_main("kernels", str(DATA / "report.sqlite"), "--db", str(db),
+                                "--table", "gemm_fraction")
+        assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+        assert "analyze kernels did not write" in err and message in err, err
+        assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpus.duckdb", "kernels.duckdb"]
