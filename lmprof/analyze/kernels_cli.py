@@ -374,12 +374,18 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, skip_steps, nsy
     path = Path(file)
     with contextlib.ExitStack() as stack:
         if path.is_file() and magic.file_kind(path) == "duckdb":
+            from lmprof.analyze.trace import configure
+
+            spill = stack.enter_context(tempfile.TemporaryDirectory(prefix="lmprof-duckdb-"))
             try:
                 con = duckdb.connect(str(path), read_only=True)
             except duckdb.Error as exc:
                 raise UserError(f"cannot open DuckDB file {file!r}: {str(exc).splitlines()[0]}") \
                     from None
             stack.callback(con.close)
+            # the memory bound and private spill folder of an export's database (DuckDB's own
+            # defaults: most of the machine's memory, spilling into FILE.tmp beside the file)
+            configure(con, spill)
         else:
             con, _ = stack.enter_context(open_traces(
                 (file,), trace_options(attribution, phase_ranges, (), (), skip_steps=skip_steps),

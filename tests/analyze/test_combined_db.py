@@ -124,3 +124,18 @@ def test_a_db_holding_tables_of_the_same_names_is_refused_untouched(tmp_path):
         assert "analyze kernels did not write" in err and message in err, err
         assert hashlib.sha256(db.read_bytes()).hexdigest() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpus.duckdb", "kernels.duckdb"]
+
+
+def test_sql_on_a_db_file_spills_privately_within_the_memory_bound(tmp_path):
+    """`analyze sql` on a --db file runs under the bounds of an export's database: the 1 GB
+    memory limit, spilling into a folder of its own; it had DuckDB's defaults (most of the
+    machine's memory, spilling into FILE.tmp beside the user's file)."""
+    db = tmp_path / "k.duckdb"
+    run("kernels", str(DATA / "report.sqlite"), "--db", str(db), "--table", "gemm_fraction")
+    query = ("SELECT current_setting('temp_directory') AS spill, "
+             "current_setting('memory_limit') AS memory_limit")
+    settings = [next(csv.DictReader(io.StringIO(run("sql", str(f), query, "--format", "csv"))))
+                for f in (DATA / "report.sqlite", db)]
+    assert settings[1]["memory_limit"] == settings[0]["memory_limit"]
+    assert not settings[1]["spill"].startswith(str(db))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.duckdb"]
