@@ -405,7 +405,14 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, skip_steps, nsy
         except duckdb.Error as exc:
             raise UserError(f"query failed: {' '.join(str(exc).split())}") from None
         # the user's own columns and values, as the query gave them
-        click.echo(emit({name: df}, fmt, out, raw=True, owner="sql"))
+        try:
+            text = emit({name: df}, fmt, out, raw=True, owner="sql")
+        except (NotImplementedError, OverflowError) as exc:
+            # pandas' dates end where Python's do: DuckDB's 'infinity' timestamps with a time
+            # zone (and years past 9999) cannot print
+            raise UserError(f"cannot print the result ({' '.join(str(exc).split())}): CAST "
+                            "such a column AS VARCHAR") from None
+        click.echo(text)
 
 
 def _streamed(result, fmt: str, out: str | None, name: str) -> bool:

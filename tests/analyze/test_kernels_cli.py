@@ -852,6 +852,18 @@ def test_a_query_failing_unstreamed_leaves_the_last_result_file_as_it_was(tmp_pa
     assert (tmp_path / f"result.{fmt}").read_text() == before
 
 
+@pytest.mark.parametrize("fmt", ["md", "csv", "json"])
+def test_a_timestamp_pandas_cannot_print_is_a_one_line_error(tmp_path, fmt):
+    """DuckDB's 'infinity' of a TIMESTAMPTZ lies beyond Python's dates, where pandas cannot
+    print it (a NotImplementedError traceback): one line saying to cast it, no result file."""
+    code, out, err = run("sql", str(REPORT), "SELECT '-infinity'::TIMESTAMPTZ AS t", "--format",
+                         fmt, "--out", str(tmp_path / "out"))
+    assert code == 2 and err.startswith("error: cannot print the result") and \
+        err.count("\n") == 1, err
+    assert "CAST such a column AS VARCHAR" in err and out == ""
+    assert not (tmp_path / "out").exists()
+
+
 def test_json_of_nested_values_holds_no_nan_or_infinity(tmp_path):
     """NaN and infinities are null in JSON (none is a JSON number); inside a STRUCT or MAP they
     were printed as NaN / Infinity, which no strict JSON reader takes."""
