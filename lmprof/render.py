@@ -15,6 +15,7 @@ import json
 import math
 import numbers
 import re
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -479,8 +480,11 @@ def _numbers_as_text(values: pd.Series) -> bool:
 
 
 def _json_safe(v):
-    """``v`` with NaN and infinities as None, also inside a STRUCT's or MAP's dict and a list."""
+    """``v`` with NaN and infinities as None, also inside a STRUCT's or MAP's dict and a list;
+    pandas' NaT (a NULL date, timestamp or interval of a DataFrame) as None, not "NaT"."""
     if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return None
+    if (pandas := sys.modules.get("pandas")) is not None and v is pandas.NaT:
         return None
     if isinstance(v, dict):
         return {k: _json_safe(x) for k, x in v.items()}

@@ -877,6 +877,19 @@ def test_json_of_nested_values_holds_no_nan_or_infinity(tmp_path):
         assert parse_json(text) == [{"s": {"a": None, "b": None, "c": 1.5}, "m": {"k": None}}]
 
 
+def test_json_of_null_dates_is_null(tmp_path):
+    """A NULL DATE, TIMESTAMP or INTERVAL (pandas' NaT in the DataFrame such types go through)
+    is null in JSON, as csv's empty cell; it was the text "NaT"."""
+    from lmprof.rundir import parse_json
+
+    code, out, err = run("sql", str(REPORT), "SELECT * FROM (VALUES (DATE '2020-01-02', "
+                         "INTERVAL 1 DAY, TIMESTAMP '2020-01-02'), (NULL, NULL, NULL)) t(d, i, ts)",
+                         "--format", "json")
+    assert code == 0, err
+    assert parse_json(out)[1] == {"d": None, "i": None, "ts": None}
+    assert parse_json(out)[0]["d"].startswith("2020-01-02")
+
+
 def test_nested_values_are_json_arrays_and_objects_in_every_format(tmp_path):
     """LIST, ARRAY, STRUCT and MAP values come out as JSON: arrays and objects in json, their
     JSON text in csv and markdown (they were numpy's text, "[1 --]" for a list with a NULL,
