@@ -376,6 +376,7 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, skip_steps, nsy
         if path.is_file() and magic.file_kind(path) == "duckdb":
             from lmprof.analyze.trace import configure
 
+            _no_load_options(file)
             spill = stack.enter_context(tempfile.TemporaryDirectory(prefix="lmprof-duckdb-"))
             try:
                 con = duckdb.connect(str(path), read_only=True)
@@ -413,6 +414,21 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, skip_steps, nsy
             raise UserError(f"cannot print the result ({' '.join(str(exc).split())}): CAST "
                             "such a column AS VARCHAR") from None
         click.echo(text)
+
+
+def _no_load_options(file: str) -> None:
+    """A one-line error where an option that steers loading an export is given with a DuckDB
+    file, whose tables were made by the run that wrote it (it would be ignored without a word)."""
+    ctx = click.get_current_context()
+    given = [option for name, option in (("attribution", "--attribution"),
+                                         ("phase_ranges", "--phase-range"),
+                                         ("skip_steps", "--skip-steps"),
+                                         ("nsys_path", "--nsys-path"))
+             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+    if given:
+        raise UserError(f"{', '.join(given)}: options for loading an export, and {str(file)!r} "
+                        "is a DuckDB file, whose tables are those of the 'analyze kernels --db' "
+                        "run that wrote it: give them to that run, or give the export here")
 
 
 def _streamed(result, fmt: str, out: str | None, name: str) -> bool:

@@ -139,3 +139,19 @@ def test_sql_on_a_db_file_spills_privately_within_the_memory_bound(tmp_path):
     assert settings[1]["memory_limit"] == settings[0]["memory_limit"]
     assert not settings[1]["spill"].startswith(str(db))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k.duckdb"]
+
+
+def test_load_options_with_a_db_file_are_refused(tmp_path):
+    """--attribution, --phase-range, --skip-steps (and --nsys-path) steer loading an export; with
+    a --db file they were ignored without a word (its tables are its writer's): one line, exit 2."""
+    from nsys_data import run as run_main
+
+    db = tmp_path / "k.duckdb"
+    run("kernels", str(DATA / "report.sqlite"), "--db", str(db), "--table", "gemm_fraction")
+    for option in (["--attribution", "thread"], ["--skip-steps", "1"],
+                   ["--phase-range", "step=iter"], ["--attribution", "process"]):
+        code, out, err = run_main("sql", str(db), *option, "SELECT count(*) FROM kernels")
+        assert code == 2 and err.startswith(f"error: {option[0]}: options for loading an "
+                                            "export") and err.count("\n") == 1, err
+        assert out == ""
+    assert "count_star()" in run("sql", str(db), "SELECT count(*) FROM kernels")
