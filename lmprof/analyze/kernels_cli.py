@@ -371,6 +371,12 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, skip_steps, nsy
         raise UserError("give a QUERY (or --schema to list the tables)")
     if show_schema and query:
         raise UserError("give a QUERY or --schema, not both")
+    if query and not query.isascii():
+        try:  # (bytes that are not UTF-8 reach Python as lone surrogates, which DuckDB refuses)
+            query.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise UserError(f"the QUERY is not UTF-8 text (byte {exc.start + 1} of it is not): "
+                            "give it in UTF-8") from None
     path = Path(file)
     with contextlib.ExitStack() as stack:
         if path.is_file() and magic.file_kind(path) == "duckdb":

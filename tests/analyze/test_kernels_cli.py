@@ -864,6 +864,18 @@ def test_a_timestamp_pandas_cannot_print_is_a_one_line_error(tmp_path, fmt):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_query_that_is_not_utf_8_is_a_one_line_error(tmp_path):
+    """Bytes of another encoding in QUERY (Latin-1's \\xff from a shell) reach Python as lone
+    surrogates, which DuckDB's extract_statements refused with a TypeError traceback."""
+    proc = subprocess.run([os.fsencode(sys.executable), b"-m", b"lmprof.analyze", b"sql",
+                           os.fsencode(REPORT), b"SELECT '\xff' AS x"], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "LC_ALL": "C.UTF-8"},
+                          capture_output=True, timeout=120)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and err.startswith("error: the QUERY is not UTF-8") and \
+        err.count("\n") == 1, err
+
+
 def test_json_of_nested_values_holds_no_nan_or_infinity(tmp_path):
     """NaN and infinities are null in JSON (none is a JSON number); inside a STRUCT or MAP they
     were printed as NaN / Infinity, which no strict JSON reader takes."""
