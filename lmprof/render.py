@@ -522,14 +522,17 @@ def render(df: pd.DataFrame | Table | str, fmt: str, shorten: Shorten | None = N
 
 def emit(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: str | Path | None,
          shorten: Shorten | None = None, notes: dict[str, str] | None = None,
-         raw: bool = False, owner: str | None = None) -> str:
+         raw: bool = False, owner: str | None = None,
+         inputs: Iterable[str | Path] = ()) -> str:
     """Render named tables to one text (stdout), and write each to ``out/<name>.<fmt>`` if given
     (``raw``: see ``render``). On stdout one table is its rows (markdown under a title, csv, or
     a JSON list); several are, in markdown, titled sections; in csv, each table after a
     ``# name`` line (csv has no form for several tables); in JSON, one object of the tables'
     rows by name, so that the whole output parses. ``owner`` (the command) removes from ``out``
     the tables its previous run there wrote and this one did not (``rundir.retire_stale``).
-    Neither the text nor a file ends with an empty line."""
+    ``inputs``, the files the command read: a table file that is one of them is refused before
+    any is written (``rundir.refuse_overwrite``). Neither the text nor a file ends with an empty
+    line."""
     notes = notes or {}
     parts = []
     if fmt == "json" and len(tables) > 1:
@@ -547,16 +550,18 @@ def emit(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: str | Pat
             else:
                 parts.append(body if len(tables) == 1 else f"# {name}\n{body}")
     if out is not None:
+        from lmprof.rundir import refuse_overwrite, retire_stale
+
         out_dir = Path(out)
+        files = {name: out_dir / f"{name}.{fmt}" for name in tables}
+        refuse_overwrite(files.values(), inputs, "--out")
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
             for name, df in tables.items():
                 text = render(df, fmt, shorten, raw)  # (csv ends its last row with a newline)
-                (out_dir / f"{name}.{fmt}").write_text(text if text.endswith("\n") else text + "\n")
+                files[name].write_text(text if text.endswith("\n") else text + "\n")
         except OSError as exc:
             raise UserError(f"cannot write to --out {str(out_dir)!r}: {exc.strerror or exc}") from None
         if owner is not None:
-            from lmprof.rundir import retire_stale
-
             retire_stale(out_dir, owner, [f"{name}.{fmt}" for name in tables])
     return "\n".join(parts).rstrip("\n")  # (the caller's echo ends the last line)

@@ -62,7 +62,7 @@ import secrets
 import stat
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from lmprof.errors import UserError
 
@@ -398,6 +398,41 @@ def artifact_path(record: dict[str, Any], key: str) -> Path | None:
     if not rel:
         return None
     return Path(record["run_dir"]) / rel
+
+
+def run_files(record: dict[str, Any]) -> list[Path]:
+    """A run's run.json and the artifacts it names: files a command given the run reads, which
+    none of its outputs may be (``refuse_overwrite``)."""
+    files = [Path(record["run_dir"]) / RUN_FILE]
+    for key in record.get("artifacts") or {}:
+        if (path := artifact_path(record, key)) is not None:
+            files.append(path)
+    return files
+
+
+def refuse_overwrite(outputs: Iterable[str | Path], inputs: Iterable[str | Path],
+                     option: str) -> None:
+    """A one-line UserError, raised before anything is written, where an output path is one of
+    the command's input files: the same file (or a hard link to it), or a symbolic link that
+    leads to one, told apart by (device, inode) with links followed. An output that does not
+    exist yet is no input. ``option`` names what chose the output (``--out``, ``--db``). One
+    stat per path."""
+    known: dict[tuple[int, int], Path] = {}
+    for path in inputs:
+        with contextlib.suppress(OSError, ValueError):
+            st = os.stat(path)
+            if stat.S_ISREG(st.st_mode):  # (a run directory given is no file written over)
+                known.setdefault((st.st_dev, st.st_ino), Path(path))
+    for path in outputs:
+        try:
+            st = os.stat(path)
+        except (OSError, ValueError):  # not there yet, or a link that leads nowhere
+            continue
+        source = known.get((st.st_dev, st.st_ino))
+        if source is not None:
+            how = "links to" if os.path.islink(path) else "is"
+            raise UserError(f"{option}: {str(path)!r} {how} the input {str(source)!r}, and an "
+                            "input is never written over: give another output path")
 
 
 # The largest JSON or grid file read whole (run.json, sweep.json, attention.json, a grid file are

@@ -44,13 +44,15 @@ def runs_cmd(run_dirs: tuple[str, ...], fmt: str, out: str | None) -> None:
         kinds = ", ".join(sorted({str(r.get("kind")) for r in runs}))
         raise UserError(f"no model runs to tabulate: these are {kinds} runs, which have no "
                         "benchmark row (analyze report shows them)")
+    inputs = [f for r in runs for f in rundir.run_files(r)]
     df = benchmark_table(runs)
     if fmt != "md" or df.empty:
-        click.echo(emit({"benchmark": df}, fmt, out, owner="runs"))
+        click.echo(emit({"benchmark": df}, fmt, out, owner="runs", inputs=inputs))
         return
     # the report's very table (its numbers as tabulate prints them by default)
     note, body = benchmark_markdown(runs, df)
-    click.echo(emit({"benchmark": body}, fmt, out, notes={"benchmark": note}, owner="runs"))
+    click.echo(emit({"benchmark": body}, fmt, out, notes={"benchmark": note}, owner="runs",
+                    inputs=inputs))
 
 
 def _register() -> None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import duckdb
 
+from lmprof import rundir
 from lmprof.analyze import magic, sqlfile
 from lmprof.errors import UserError, damaged_input
 
@@ -59,14 +60,16 @@ def connect(path: str | Path | None = None,
 
 
 @contextlib.contextmanager
-def staged(path: str | Path | None) -> Iterator[str | None]:
+def staged(path: str | Path | None, inputs: Iterable[str | Path] = ()) -> Iterator[str | None]:
     """The file a command that keeps its database (``--db PATH``) opens, so that PATH changes
     only when the command ends well: a copy of PATH (or a new file) beside it, ``PATH.partial``,
     which replaces PATH once the block ends without error, and is removed otherwise. A run that
     fails halfway (a damaged snapshot or export) so leaves the tables of earlier runs as they
     were, and no new PATH. PATH itself stays open meanwhile (checked as ``connect`` checks it),
     so DuckDB's file lock still keeps a second run from writing it at the same time. Without
-    PATH: None (in memory). The caller closes its connection to the copy inside the block."""
+    PATH: None (in memory). The caller closes its connection to the copy inside the block.
+    PATH, the copy or a write-ahead log of either that is one of ``inputs`` (the files the
+    command reads) is refused first (``rundir.refuse_overwrite``)."""
     if not path:
         yield None
         return
@@ -80,6 +83,8 @@ def staged(path: str | Path | None) -> Iterator[str | None]:
     if not target.parent.is_dir():  # (else DuckDB's error would name the copy, PATH.partial)
         raise UserError(f"--db {str(path)!r}: no folder {str(target.parent)!r} to write it in")
     work = target.with_name(target.name + ".partial")
+    rundir.refuse_overwrite([path, work, Path(f"{work}.wal"), Path(f"{target}.wal")], inputs,
+                            "--db")
     holder = connect(target) if target.exists() else None
 
     def file_op(op: Callable[[], object]) -> None:

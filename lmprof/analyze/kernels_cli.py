@@ -85,21 +85,26 @@ def trace_options(attribution: str, phase_ranges: tuple[str, ...],
 def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: str | None,
                 defer: bool = False):
     """Load every REPORT into one DuckDB (schema main for one report, r1..rN for several);
-    yields (connection, traces) and closes the connection and its spill directory after. A kept
-    database (``db``) is written through ``db.staged``: changed only by a run that ends well.
+    yields (connection, traces, inputs) and closes the connection and its spill directory after.
+    ``inputs`` are the files read (the REPORT files given, the SQLite exports, the runs' run.json
+    and artifacts), which no output may be. A kept database (``db``) is written through
+    ``db.staged``: changed only by a run that ends well.
     ``defer``: one report's phase_instances is built by the tables that read it (beside the
     others, see kernel_tables.results) or by ``Trace.ready`` before the database is kept."""
+    from lmprof import rundir
     from lmprof.analyze.db import staged as db_staged
     from lmprof.analyze.nsys import connect, expand_reports, resolve_report
     from lmprof.analyze.trace import configure
 
-    resolved, seen = [], set()
+    resolved, seen, inputs = [], set(), []
     for report in expand_reports(reports):
         path, record = resolve_report(report, nsys_path)
+        inputs += [Path(report), path, *(rundir.run_files(record) if record else ())]
         if path.resolve() not in seen:  # one export named twice (runs/latest and its run) is one
             seen.add(path.resolve())
             resolved.append((path, record))
-    with db_staged(db) as db_file, tempfile.TemporaryDirectory(prefix="lmprof-duckdb-") as spill:
+    with db_staged(db, inputs) as db_file, \
+            tempfile.TemporaryDirectory(prefix="lmprof-duckdb-") as spill:
         con = connect(db_file)
         try:
             configure(con, spill)
@@ -114,7 +119,7 @@ def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: st
                 raise _not_ours(db, " ".join(str(exc).split())) from None
             if db:
                 _keep_theirs(con, before, db)
-            yield con, traces
+            yield con, traces, inputs
             if db:
                 for t in traces:  # a kept database holds the range chain's rows (Trace.chain)
                     t.chain()
@@ -236,7 +241,7 @@ def kernels_cmd(reports, attribution, phase_ranges, skip_steps, softmax_ranges, 
 
     options = trace_options(attribution, phase_ranges, softmax_ranges, matmul_ranges,
                             full_range_names, skip_steps)
-    with open_traces(reports, options, db, nsys_path, defer=True) as (_, traces):
+    with open_traces(reports, options, db, nsys_path, defer=True) as (_, traces, inputs):
         from lmprof.analyze import kernel_tables
 
         names = tuple(table_names) or kernel_tables.DEFAULT_TABLES
@@ -250,7 +255,7 @@ def kernels_cmd(reports, attribution, phase_ranges, skip_steps, softmax_ranges, 
         if not table_names:  # tables for traces of several ranks: left out where they are empty
             tables = kernel_tables.without_empty_multi_rank(tables)
         click.echo(emit(tables, fmt, out, shorten={"name": kernel_names.display_name},
-                        notes=notes, owner="kernels"))
+                        notes=notes, owner="kernels", inputs=inputs))
 
 
 def _several_reports(traces, names, top):
@@ -393,8 +398,9 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, skip_steps, nsy
             # the memory bound and private spill folder of an export's database (DuckDB's own
             # defaults: most of the machine's memory, spilling into FILE.tmp beside the file)
             configure(con, spill)
+            inputs = [path]
         else:
-            con, _ = stack.enter_context(open_traces(
+            con, _, inputs = stack.enter_context(open_traces(
                 (file,), trace_options(attribution, phase_ranges, (), (), skip_steps=skip_steps),
                 None, nsys_path))
         _confine(con)
@@ -405,7 +411,7 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, skip_steps, nsy
             result = con.execute(SCHEMA_SQL if show_schema else query)
             # csv and json go out batch by batch (a whole export's kernels are gigabytes as
             # Python rows); markdown needs the whole table
-            if _streamed(result, fmt, out, name):
+            if _streamed(result, fmt, out, name, inputs):
                 return
             # rows, not a DataFrame, unless a column's type needs pandas to print as before
             df = Table.fetch(result)
@@ -413,7 +419,7 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, skip_steps, nsy
             raise UserError(f"query failed: {' '.join(str(exc).split())}") from None
         # the user's own columns and values, as the query gave them
         try:
-            text = emit({name: df}, fmt, out, raw=True, owner="sql")
+            text = emit({name: df}, fmt, out, raw=True, owner="sql", inputs=inputs)
         except (NotImplementedError, OverflowError) as exc:
             # pandas' dates end where Python's do: DuckDB's 'infinity' timestamps with a time
             # zone (and years past 9999) cannot print
@@ -437,10 +443,12 @@ def _no_load_options(file: str) -> None:
                         "run that wrote it: give them to that run, or give the export here")
 
 
-def _streamed(result, fmt: str, out: str | None, name: str) -> bool:
-    """``result`` written as csv or json to stdout (and ``out/<name>.<fmt>``) as it is fetched;
-    False, with no file opened, where it is not (see ``lmprof.render.stream``)."""
+def _streamed(result, fmt: str, out: str | None, name: str, inputs: list[Path]) -> bool:
+    """``result`` written as csv or json to stdout (and ``out/<name>.<fmt>``, which is none of
+    ``inputs``) as it is fetched; False, with no file opened, where it is not (see
+    ``lmprof.render.stream``)."""
     from lmprof.render import stream, streams
+    from lmprof.rundir import refuse_overwrite, retire_stale
 
     if not streams(result, fmt):  # emit writes the file, once the whole table is fetched
         return False
@@ -448,6 +456,7 @@ def _streamed(result, fmt: str, out: str | None, name: str) -> bool:
         sinks = [lambda text: click.echo(text, nl=False)]
         if out is not None:
             path = Path(out) / f"{name}.{fmt}"
+            refuse_overwrite([path], inputs, "--out")
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 f = stack.enter_context(path.open("w"))
@@ -467,7 +476,5 @@ def _streamed(result, fmt: str, out: str | None, name: str) -> bool:
                 path.unlink(missing_ok=True)
             raise
     if streamed and out is not None:
-        from lmprof.rundir import retire_stale
-
         retire_stale(out, "sql", [f"{name}.{fmt}"])
     return streamed

@@ -44,9 +44,10 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
 
     args = sweepdir.expand_with_artifact(
         inputs, ("memory_snapshot",), "a memory snapshot (capture one with 'capture run --memory')")
-    refs, seen = [], set()
+    refs, seen, read = [], set(), []  # read: the files the command reads, which it never writes
     for arg in args:  # one snapshot named twice (its run and its file) is loaded once
         ref = memory.resolve(arg, run_dir)
+        read += [Path(arg), ref.path, *(rundir.run_files(ref.run) if ref.run else ())]
         if ref.path.resolve() not in seen:
             seen.add(ref.path.resolve())
             refs.append(ref)
@@ -54,7 +55,11 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
     refs.sort(key=lambda r: (r.run is None, rundir.config_order(r.run) if r.run else ()))
     labels = rundir.distinct_labels([memory.snapshot_label(r.path, r.run) for r in refs],
                                     [r.run for r in refs], [r.path for r in refs])
-    with staged(db) as db_file:  # a kept database changes only if the whole command succeeds
+    plot_dir = plots or out
+    if plot_dir and Path(plot_dir).is_dir():  # every PNG there, before anything is loaded
+        rundir.refuse_overwrite(sorted(Path(plot_dir).glob("*.png")), read,
+                                "--plots" if plots else "--out")
+    with staged(db, read) as db_file:  # a kept database changes only if the whole command succeeds
         con = connect(db_file)
         try:
             if db:
@@ -63,8 +68,7 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
                 memory.load_memory(con, ref.path, ref.run, label=label)
             tables, notes = memory.tables(con, top)
             click.echo(emit(tables, fmt, out, shorten={"site": display_site}, notes=notes,
-                            owner="memory"))
-            plot_dir = plots or out
+                            owner="memory", inputs=read))
             if out and plots and Path(plots).resolve() != Path(out).resolve():
                 # the plots go elsewhere now: those an earlier run wrote into --out are stale
                 rundir.retire_stale(out, "memory-plots", [])

@@ -154,6 +154,7 @@ def build(paths: list[str], out: str | Path, kernel_options: Any = None,
     # were drawn, which stayed beside it)
     target = out if out.suffix.lower() == ".md" and not out.is_dir() else out / "report.md"
     runs, exports, snapshots = collect_inputs(paths, nsys_path)
+    _refuse_overwrite(target, paths, runs, exports + snapshots)
     created = next((d for d in reversed([target.parent, *target.parent.parents])
                     if not d.exists()), None)  # the outermost folder this call creates
     try:
@@ -185,6 +186,20 @@ def build(paths: list[str], out: str | Path, kernel_options: Any = None,
             shutil.rmtree(created, ignore_errors=True)
         raise
     return target
+
+
+def _refuse_overwrite(target: Path, paths: list[str], runs: list[dict[str, Any]],
+                      files: list[tuple[Path, dict[str, Any] | None]]) -> None:
+    """Refuse, before anything is drawn or written, a report file or image that is one of the
+    inputs (``rundir.refuse_overwrite``): the files given, the runs' run.json and artifacts,
+    the exports and snapshots with the run.json beside them. The images' names are known only
+    as the sections draw them: every PNG already in the image folder is checked."""
+    read = [Path(p) for p in paths] + [f for r in runs for f in rundir.run_files(r)]
+    for path, record in files:
+        read += [path, *(rundir.run_files(record) if record else ())]
+    img_dir = target.parent / image_folder(target)
+    images = sorted(img_dir.glob("*.png")) if img_dir.is_dir() else []
+    rundir.refuse_overwrite([target, *images], read, "--out")
 
 
 def _inside(path: Path, folder: Path) -> bool:

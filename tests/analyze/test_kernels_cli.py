@@ -382,13 +382,16 @@ def test_input_checksum_unchanged_by_cli(tmp_path):
 
 def test_db_that_is_not_duckdb_is_refused_untouched(tmp_path):
     report = writable_copy(tmp_path)
+    other = writable_copy(tmp_path, "other.sqlite")
     notes = tmp_path / "notes.txt"
     notes.write_text("mine")
     before = sha256(report)
-    for target, what in ((report, "an SQLite file"), (notes, "not a DuckDB database")):
+    # (the export itself is refused as the input: test_output_over_input.py)
+    for target, what in ((report, "is the input"), (other, "an SQLite file"),
+                         (notes, "not a DuckDB database")):
         code, _, err = run("kernels", str(report), "--db", str(target))
         assert code == 2 and err.count("\n") == 1 and what in err, err
-    assert sha256(report) == before and notes.read_text() == "mine"
+    assert sha256(report) == before == sha256(other) and notes.read_text() == "mine"
 
 
 def test_damaged_db_is_a_one_line_error(tmp_path):
