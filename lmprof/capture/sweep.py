@@ -148,17 +148,17 @@ def load_grid_file(path: str | Path) -> dict[str, Any]:
     suffix = p.suffix.lower()
     try:
         if suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text)
+            data = _load_yaml(text)
         elif suffix == ".toml":
             import tomllib
 
-            data = tomllib.loads(text)
+            data = tomllib.loads(text)  # (TOML itself refuses a key given twice)
         elif suffix == ".json":
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_unique_pairs)
         else:
             raise UserError(f"grid file {str(p)!r}: unknown format; use .yaml, .yml, .toml or .json")
+    except _KeyGivenTwice as exc:
+        raise UserError(f"grid file {str(p)!r}: option {exc.args[0]!r} given twice") from None
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 — each parser has its own error type
@@ -177,6 +177,37 @@ def load_grid_file(path: str | Path) -> dict[str, Any]:
             raise UserError(f"grid file {str(p)!r}: option {key!r} given twice")
         out[name] = value
     return out
+
+
+class _KeyGivenTwice(Exception):
+    """A mapping of a grid file names a key twice: its parser would keep the last silently."""
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _KeyGivenTwice(key)
+        seen.add(key)
+    return dict(pairs)
+
+
+def _load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` (its safe loader: no tag builds a Python object), refusing a top-level
+    key written twice, which PyYAML would take as the last one's value alone."""
+    import yaml
+
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if isinstance(node, yaml.MappingNode):
+            _unique_pairs([(k.value, None) for k, _ in node.value
+                           if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge"])
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def build_grid(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Grid:

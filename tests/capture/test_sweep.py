@@ -190,6 +190,25 @@ def test_bad_input_is_one_line_exit_2_and_starts_nothing(case, tmp_path, capsys)
     assert not (tmp_path / "out").exists() and not (tmp_path / "elsewhere").exists()
 
 
+@pytest.mark.parametrize("name, text", [
+    ("g.yaml", "context_length: [16, 32]\nsteps: 1\ncontext_length: [64]\n"),
+    ("g.yml", "context_length: [16, 32]\nsteps: 1\n'context_length': [64]\n"),
+    ("g.json", '{"context_length": [16, 32], "steps": 1, "context_length": [64]}'),
+    ("g.toml", "context_length = [16, 32]\nsteps = 1\ncontext_length = [64]\n"),
+])
+def test_a_key_written_twice_in_a_grid_file_is_refused(name, text, tmp_path, capsys):
+    """PyYAML and json keep the last of two equal keys: the grid silently lost the first axis
+    (64 alone ran), while context_length beside context-length was refused as given twice."""
+    (tmp_path / name).write_text(text)
+    before = (tmp_path / name).read_bytes()
+    rc, _, err = cli(["sweep", "--grid", str(tmp_path / name), "--out", str(tmp_path / "out"),
+                      "--dry-run"], capsys)
+    assert rc == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert ("option 'context_length' given twice" in err or  # (TOML's own words:)
+            name.endswith(".toml") and "Cannot overwrite a value" in err), err
+    assert (tmp_path / name).read_bytes() == before
+
+
 def test_fault_rules_select_cells_by_spec():
     rules = "oom:context_length=32;segfault:context_length=48,mode=train;hang"
     assert _fault_for(RunSpec(context_length=32), rules) == "oom"
