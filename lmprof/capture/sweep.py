@@ -29,6 +29,7 @@ import json
 import math
 import os
 import queue
+import reprlib
 import shutil
 import signal
 import subprocess
@@ -56,6 +57,11 @@ _ALIASES = {
 }
 _NULLABLE = {f.name for f in dataclasses.fields(RunSpec) if f.default is None}
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+# A value of a grid file as an error shows it: cut short, as YAML aliases nest a few lines into
+# a list whose full repr is gigabytes (and a nested list is wrong whatever its items).
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict = 2, 4, 4
+_SHOWN.maxstring = _SHOWN.maxother = 80
 
 
 # ---------------------------------------------------------------- the grid
@@ -115,7 +121,7 @@ def cell_label(spec: RunSpec) -> str:
 def _coerce(name: str, value: Any, where: str) -> Any:
     """One option value, from a grid file (typed) or the command line (text)."""
     kind = _KINDS[name]
-    bad = UserError(f"{where}: {value!r} is not a valid {_FLAGS[name]} value "
+    bad = UserError(f"{where}: {_SHOWN.repr(value)} is not a valid {_FLAGS[name]} value "
                     f"({kind if isinstance(kind, str) else kind.__name__})")
     if value is None:
         if name in _NULLABLE:
@@ -172,7 +178,7 @@ def load_grid_file(path: str | Path) -> dict[str, Any]:
     for key, value in data.items():
         name = _ALIASES.get(str(key))
         if name is None or name in NOT_SWEPT:
-            raise UserError(f"grid file {str(p)!r}: unknown option {key!r}")
+            raise UserError(f"grid file {str(p)!r}: unknown option {_SHOWN.repr(key)}")
         if name in out:
             raise UserError(f"grid file {str(p)!r}: option {key!r} given twice")
         out[name] = value
@@ -237,7 +243,7 @@ def build_grid(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Grid:
         if len(blank) == len(values):
             raise UserError(f"empty grid: {_FLAGS[name]} has no values")
         if blank:  # '128,,256' or '128,': a value left out by mistake, not a wish to drop it
-            shown = (f"{_FLAGS[name]} {values!r}" if where == "grid file"
+            shown = (f"{_FLAGS[name]} {_SHOWN.repr(values)}" if where == "grid file"
                      else repr(",".join(map(str, values))))
             raise UserError(f"{where}: {shown} has an empty item")
         values = [_coerce(name, v, where) for v in values]

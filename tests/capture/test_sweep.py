@@ -209,6 +209,18 @@ def test_a_key_written_twice_in_a_grid_file_is_refused(name, text, tmp_path, cap
     assert (tmp_path / name).read_bytes() == before
 
 
+def test_a_yaml_of_nested_aliases_is_a_short_error_line(tmp_path, capsys):
+    """Five lines of aliases nest a list of 9^5 items; the error printed its whole repr (eight
+    such lines: 350 MB of error line, 1.6 GB of memory and two minutes)."""
+    lines = ['context_length:', '- 16', '- - &a0 [1, 2, 3, 4, 5, 6, 7, 8, 9]']
+    lines += [f"  - &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 5)]
+    (tmp_path / "g.yaml").write_text("\n".join(lines) + "\n")
+    rc, _, err = cli(["sweep", "--grid", str(tmp_path / "g.yaml"), "--out", str(tmp_path),
+                      "--dry-run"], capsys)
+    assert rc == 2 and "is not a valid --context-length value" in err
+    assert len(err) < 500, len(err)
+
+
 def test_fault_rules_select_cells_by_spec():
     rules = "oom:context_length=32;segfault:context_length=48,mode=train;hang"
     assert _fault_for(RunSpec(context_length=32), rules) == "oom"
