@@ -657,7 +657,8 @@ def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]
     staging = root / sweepdir.STAGING
     for c in todo:
         for stale in staging.glob(f"{c.name}.*") if staging.is_dir() else ():
-            shutil.rmtree(stale, ignore_errors=True)
+            if not _running_here(stale):
+                shutil.rmtree(stale, ignore_errors=True)
 
     counts: dict[str, int] = {}
     running: dict[str, int | None] = {}
@@ -702,6 +703,24 @@ def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]
             if entry.get("status") != "OK":
                 echo(f"  {name}: {entry.get('status')} — {entry.get('error')}")
     return 1 if any(s in ("ERROR", "TIMEOUT") for s in final.values()) else 0
+
+
+def _running_here(attempt: Path) -> bool:
+    """Whether the sweep whose ``.staging/<cell>.<pid>`` this is still runs on this machine: the
+    same sweep started again beside it must not delete the cell it is running (that sweep then
+    died, unable to write the cell's run.json); both run the cell, the last to finish is kept.
+    (A pid of another machine, shards sharing a folder, reads as alive or dead by chance; shards
+    run disjoint cells.)"""
+    pid = attempt.name.rpartition(".")[2]
+    if not pid.isdigit() or int(pid) in (0, os.getpid()):
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:  # (another user's process)
+        return True
+    return True
 
 
 def _count(values) -> dict[str, int]:

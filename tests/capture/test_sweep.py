@@ -539,6 +539,30 @@ def test_a_rerun_with_every_cell_finished_rewrites_a_lost_index(damage, tmp_path
     assert {k: v["status"] for k, v in index["cells"].items()} == statuses
 
 
+def test_a_rerun_keeps_the_staging_of_a_sweep_still_running(tmp_path, capsys, monkeypatch):
+    """The same sweep started again while the first still runs (a terminal thought dead): the
+    rerun deleted the first's cell in flight, and the first then died ('cannot write
+    .../run.json', exit 2). A staging folder of a dead sweep still goes."""
+    grid = sweep.build_grid({}, {"size": "tiny", "warmup": "0", "steps": "1", "device": "cpu",
+                                 "context_length": "16"})
+    root = tmp_path / "s"
+    sweep.open_sweep_dir(root, grid, False)
+    (cell,) = grid.cells()
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    live, gone = (root / sweepdir.STAGING / f"{cell.name}.{pid}" / cell.name
+                  for pid in (os.getppid(), dead.pid))
+    for d in (live, gone):
+        d.mkdir(parents=True)
+        (d / sweepdir.CELL_LOG).write_text("running\n")
+    monkeypatch.setattr(sweep, "run_cells", lambda *args: None)  # (no cell process)
+    rc, _, _ = cli(["sweep", *TINY, "--context-length", "16", "--out", str(tmp_path),
+                    "--name", "s", "--quiet"], capsys)
+    assert rc == 0
+    assert (live / sweepdir.CELL_LOG).read_text() == "running\n"
+    assert not gone.parent.exists()
+
+
 def test_an_interrupted_cell_is_not_recorded_finished(tmp_path, capsys, monkeypatch):
     """1 cell process, hanging, and Ctrl-C: the sweep kills it and exits 130; the killed cell
     is still to run, not a finished ERROR ('died of SIGKILL') that a rerun would skip."""
