@@ -148,6 +148,7 @@ def sweep_cmd(grid_file: str | None, out: str, name: str | None, gpus: str | Non
         raise UserError(f"--timeout must be a number of seconds, zero or more, got {timeout_s:g}")
     if name is not None:
         rundir.check_name(name, "--name")
+    sweep_mod.check_out(Path(out))
     file_values = sweep_mod.load_grid_file(grid_file) if grid_file else {}
     grid = sweep_mod.build_grid(file_values, kwargs)
     opts = sweep_mod.Options(

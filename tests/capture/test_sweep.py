@@ -488,6 +488,27 @@ def test_a_file_where_the_sweep_keeps_a_directory_is_one_line_before_any_cell(en
     assert not _processes_mentioning(str(root)) and sweepdir.cell_dirs(root) == []
 
 
+@pytest.mark.parametrize("inside", ["", "cells", "cells/x"])
+def test_out_a_sweep_directory_or_inside_one_is_refused(inside, tmp_path, capsys):
+    """`--out runs/sweep-x` to resume the sweep of `--out runs`: the grid ran again from nothing
+    in runs/sweep-x/sweep-x, a sweep inside a sweep that analyze never reads."""
+    grid = sweep.build_grid({}, {"size": "tiny", "warmup": "0", "steps": "1", "device": "cpu",
+                                 "context_length": "16"})
+    root = tmp_path / "s"
+    sweep.open_sweep_dir(root, grid, False)
+    (root / sweepdir.CELLS).mkdir()
+    before = sorted(root.rglob("*"))
+    rc, _, err = cli(["sweep", *TINY, "--context-length", "16", "--out", str(root / inside),
+                      "--dry-run"], capsys)
+    assert rc == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert "sweep directory" in err
+    if not inside:
+        assert f"--out {str(tmp_path)!r} --name s" in err
+    rc, _, _ = cli(["sweep", *TINY, "--context-length", "16", "--out", str(root / inside),
+                    "--quiet"], capsys)
+    assert rc == 2 and sorted(root.rglob("*")) == before
+
+
 def test_a_run_json_of_another_cell_copied_in_is_not_that_cell_finished(tmp_path, capsys):
     """cells/B/run.json copied from cell A (by hand, a bad rsync): B is still to run, not
     finished with A's config and numbers."""
