@@ -22,6 +22,7 @@ can spread a sweep over machines. Results merge by reading the directories toget
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import itertools
@@ -249,7 +250,7 @@ def build_grid(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Grid:
         values = [_coerce(name, v, where) for v in values]
         # (a switch's values as written: yes, not True)
         dupes = sorted({("yes" if v else "no") if isinstance(v, bool) else str(v)
-                        for v in values if values.count(v) > 1})
+                        for v, n in collections.Counter(values).items() if n > 1})
         if dupes:
             raise UserError(f"contradictory grid: {_FLAGS[name]} lists {dupes[0]} more than once")
         axes[name] = values

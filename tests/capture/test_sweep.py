@@ -221,6 +221,18 @@ def test_a_yaml_of_nested_aliases_is_a_short_error_line(tmp_path, capsys):
     assert len(err) < 500, len(err)
 
 
+def test_a_list_far_beyond_max_cells_is_refused_at_once(tmp_path):
+    """A 100,000-value list (a generated grid file): the check for repeated values compared
+    every value with every other before MAX_CELLS was looked at (10^10 comparisons: the planner
+    hung for many minutes instead of refusing at once)."""
+    (tmp_path / "g.json").write_text(json.dumps({"context_length": list(range(1, 100_001))}))
+    proc = subprocess.run([sys.executable, "-m", "lmprof.capture", "sweep", "--grid",
+                           str(tmp_path / "g.json"), "--out", str(tmp_path), "--dry-run"],
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "100,000 cells" in proc.stderr
+
+
 def test_fault_rules_select_cells_by_spec():
     rules = "oom:context_length=32;segfault:context_length=48,mode=train;hang"
     assert _fault_for(RunSpec(context_length=32), rules) == "oom"
