@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import lmprof
-from lmprof import rundir, sweepdir
+from lmprof import nsystool, rundir, sweepdir
 from lmprof.capture.options import GRID_FIELDS, RUN_OPTIONS, spec_to_argv
 from lmprof.capture.runner import RunSpec
 from lmprof.errors import UserError
@@ -282,6 +282,8 @@ def check_cells(cells: list[Cell], gpus: list[int] | None) -> dict[str, tuple[bo
             raise UserError(f"contradictory grid: cell {cell.name}: {exc}") from None
         flops = sum(step_flops(cfg, cell.spec.batch_size, cell.spec.mode).values())
         costs[cell.name] = (cell.spec.compile, flops * (cell.spec.warmup + cell.spec.steps))
+    if any(cell.spec.nsys for cell in cells):  # (capture run's own; every cell finds the same)
+        nsystool.find_nsys(None)
     return costs
 
 

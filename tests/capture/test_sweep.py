@@ -5,6 +5,7 @@ Each cell process costs 2-4 s of torch import, so only the last three tests laun
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -231,6 +232,25 @@ def test_a_list_far_beyond_max_cells_is_refused_at_once(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2 and "100,000 cells" in proc.stderr
+
+
+def test_nsys_cells_without_nsys_are_refused_before_any_starts(tmp_path, capsys, monkeypatch):
+    """capture run looks for nsys before any work; a sweep did not, so every --nsys cell started
+    a process, failed (exit 2) and was recorded ERROR, to be retried by hand once nsys was
+    there. (The cells' CUDA is faked: the device check passes as on a GPU machine.)"""
+    from lmprof.capture import runner
+
+    real = runner.check_spec
+    monkeypatch.setattr(runner, "check_spec",
+                        lambda spec, device: real(dataclasses.replace(spec, nsys=False), device))
+    monkeypatch.delenv("NSYS", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    rc, _, err = cli(["sweep", *TINY, "--context-length", "16,32", "--nsys", "no,yes",
+                      "--out", str(tmp_path / "out"), "--dry-run"], capsys)
+    assert rc == 2 and err.startswith("error: nsys not found") and len(err.splitlines()) == 1
+    rc, _, _ = cli(["sweep", *TINY, "--context-length", "16,32", "--out", str(tmp_path / "out"),
+                    "--dry-run"], capsys)
+    assert rc == 0  # (a grid without nsys cells does not need it)
 
 
 def test_fault_rules_select_cells_by_spec():
