@@ -278,6 +278,7 @@ def check_cells(cells: list[Cell], gpus: list[int] | None) -> dict[str, tuple[bo
             if gpus and device.type != "cuda":
                 raise UserError(f"--gpus runs cells on GPUs but the cell's device is {device.type}")
             cfg = check_spec(cell.spec, device.type)
+            devices.check_dtype(cell.spec.dtype, device)  # (bf16 on a GPU without it)
         except UserError as exc:
             raise UserError(f"contradictory grid: cell {cell.name}: {exc}") from None
         flops = sum(step_flops(cfg, cell.spec.batch_size, cell.spec.mode).values())

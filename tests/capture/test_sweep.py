@@ -253,6 +253,24 @@ def test_nsys_cells_without_nsys_are_refused_before_any_starts(tmp_path, capsys,
     assert rc == 0  # (a grid without nsys cells does not need it)
 
 
+def test_bf16_cells_on_a_gpu_without_bf16_are_refused_before_any_starts(tmp_path, capsys,
+                                                                        monkeypatch):
+    """capture run refuses bf16 where the GPU lacks it (a V100) before any work; a sweep did
+    not: each bf16 cell started, failed (exit 2) and was recorded ERROR. (CUDA faked.)"""
+    from lmprof.capture import devices
+
+    monkeypatch.setattr(devices, "resolve_device", lambda name: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "Tesla V100")
+    args = ["sweep", "--model", "tiny", "--context-length", "16", "--out", str(tmp_path),
+            "--dry-run"]
+    rc, _, err = cli([*args, "--dtype", "fp32,bf16"], capsys)
+    assert rc == 2 and "bf16 is not supported on Tesla V100" in err, err
+    assert len(err.splitlines()) == 1
+    rc, _, _ = cli([*args, "--dtype", "fp32,fp16"], capsys)
+    assert rc == 0
+
+
 def test_fault_rules_select_cells_by_spec():
     rules = "oom:context_length=32;segfault:context_length=48,mode=train;hang"
     assert _fault_for(RunSpec(context_length=32), rules) == "oom"
