@@ -109,12 +109,19 @@ def test_runs_table_linked_to_run_json(tmp_path, nsys_run):
              [nsys_run / "run.json"], out)
 
 
-def test_kernels_table_named_as_the_export(tmp_path):
+@pytest.mark.parametrize("source, name, args", [
+    (REPORT, "phase_timing.md", ["kernels"]),  # an export named as a table
+    (REPORT, "result.csv", ["sql", "SELECT count(*) AS n FROM kernels", "--format", "csv"]),
+    (SNAPSHOT, "memory_peak.md", ["memory"]),  # a snapshot named as a table
+])
+def test_a_table_named_as_its_input(tmp_path, source, name, args):
+    """The input, copied into the --out folder under the name of a table written there (the
+    sql case streams its csv)."""
     out = tmp_path / "out"
     out.mkdir()
-    export = out / "phase_timing.md"
-    shutil.copyfile(REPORT, export)
-    _refused(["kernels", export, "--out", out], [export], out)
+    given = out / name
+    shutil.copyfile(source, given)
+    _refused([args[0], given, *args[1:], "--out", out], [given], out)
 
 
 @pytest.mark.parametrize("given, table, target", [
@@ -130,15 +137,6 @@ def test_kernels_table_linked_to_an_input(tmp_path, nsys_run, given, table, targ
              [nsys_run / name for name in ("run.json", "report.sqlite", "report.nsys-rep")], out)
 
 
-def test_sql_streamed_result_named_as_the_export(tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    export = out / "result.csv"
-    shutil.copyfile(REPORT, export)
-    _refused(["sql", export, "SELECT count(*) AS n FROM kernels", "--format", "csv",
-              "--out", out], [export], out)
-
-
 def test_sql_result_linked_to_the_export(tmp_path):
     export = tmp_path / "report.sqlite"
     shutil.copyfile(REPORT, export)
@@ -146,14 +144,6 @@ def test_sql_result_linked_to_the_export(tmp_path):
     out.mkdir()
     (out / "result.md").symlink_to(export)
     _refused(["sql", export, "SELECT count(*) AS n FROM kernels", "--out", out], [export], out)
-
-
-def test_memory_table_named_as_the_snapshot(tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    snap = out / "memory_peak.md"
-    shutil.copyfile(SNAPSHOT, snap)
-    _refused(["memory", snap, "--out", out], [snap], out)
 
 
 def test_memory_plot_named_as_the_snapshot(tmp_path):
