@@ -98,9 +98,11 @@ class Grid:
             cells.append(Cell(i, spec, digest, f"{cell_label(spec)}-{digest[:8]}"))
         return cells
 
-    @property
+    @functools.cached_property
     def grid_hash(self) -> str:
-        """Hash of the set of cell configs: the same cells in any order are the same grid."""
+        """Hash of the set of cell configs: the same cells in any order are the same grid. (Worked
+        out once: the index, rewritten as each cell ends, names it; at 10,000 cells it took 0.3 s
+        to build them all again each time.)"""
         return sweepdir.config_hash(sorted(c.config_hash for c in self.cells()))
 
     def to_dict(self) -> dict[str, Any]:
