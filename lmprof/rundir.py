@@ -91,8 +91,15 @@ _LABEL_OR_ID = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,199}")
 def create_run_dir(out_root: Path, label: str) -> Path:
     """A new, empty ``<out_root>/<run-id>`` (out_root created and proven writable first). The
     label becomes part of a directory name: letters, digits and ``. _ + -`` only, so that no
-    label names another folder (``../x``, ``a/b``)."""
+    label names another folder (``../x``, ``a/b``). An ``out_root`` that is or lies in a sweep
+    directory is refused: ``analyze`` reads a sweep as its cells, and a run put there is none."""
+    from lmprof.sweepdir import enclosing_sweep
+
     check_name(label, "--label")
+    if (sweep := enclosing_sweep(out_root)) is not None:
+        raise UserError(f"--out {str(out_root)!r} is {'' if sweep == out_root.resolve() else 'inside '}"
+                        f"the sweep directory {str(sweep)!r}, whose runs are its cells: "
+                        "give a folder outside it")
     check_writable_dir(out_root)
     while True:  # runs of one label started in one second may draw the same random part
         run_dir = out_root / new_run_id(label)

@@ -48,6 +48,12 @@ def is_sweep_dir(path: str | Path) -> bool:
     return (Path(path) / SWEEP_FILE).is_file()
 
 
+def enclosing_sweep(path: str | Path) -> Path | None:
+    """The sweep directory that ``path`` is or lies in (resolved), else None."""
+    where = Path(path).resolve()
+    return next((folder for folder in (where, *where.parents) if is_sweep_dir(folder)), None)
+
+
 def read_sweep(path: str | Path) -> dict[str, Any]:
     f = Path(path) / SWEEP_FILE
     try:

@@ -355,14 +355,13 @@ def check_out(out: Path) -> None:
     """Refuse an ``--out`` that is a sweep directory or lies inside one: the sweep would be made
     in it, where ``analyze`` (which reads a sweep directory as its cells) never looks, and a
     sweep given as ``--out`` to resume it ran its whole grid again there."""
-    where = out.resolve()
-    for folder in (where, *where.parents):
-        if sweepdir.is_sweep_dir(folder) and folder == where:
-            raise UserError(f"--out {str(out)!r} is a sweep directory, not the folder that holds "
-                            f"one (to resume it: --out {str(folder.parent)!r} --name {folder.name})")
-        if sweepdir.is_sweep_dir(folder):
-            raise UserError(f"--out {str(out)!r} is inside the sweep directory {str(folder)!r}; "
-                            "give a folder outside it")
+    folder = sweepdir.enclosing_sweep(out)
+    if folder is not None and folder == out.resolve():
+        raise UserError(f"--out {str(out)!r} is a sweep directory, not the folder that holds "
+                        f"one (to resume it: --out {str(folder.parent)!r} --name {folder.name})")
+    if folder is not None:
+        raise UserError(f"--out {str(out)!r} is inside the sweep directory {str(folder)!r}; "
+                        "give a folder outside it")
 
 
 def open_sweep_dir(root: Path, grid: Grid, force_mix: bool, write: bool = True) -> None:

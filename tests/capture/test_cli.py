@@ -419,3 +419,18 @@ def test_a_users_file_named_latest_is_left_and_the_markers_text_form_is_replaced
     (out / "latest").write_text(first.name + "\n")  # the marker's own text form
     assert rundir.mark_latest(out, second) is None
     assert (out / "latest").resolve() == second.resolve()
+
+
+@pytest.mark.parametrize("command", [["run", *TINY], ["precision", "--device", "cpu"]])
+@pytest.mark.parametrize("where", [".", "cells"])
+def test_a_run_out_in_a_sweep_directory_is_refused(tmp_path, command, where):
+    """A run put into a sweep directory (--out the sweep, or its cells/) is no cell: analyze
+    reads a sweep as its cells and never saw it. Refused before any work, nothing written."""
+    sweep = tmp_path / "sweep"
+    (sweep / "cells").mkdir(parents=True)
+    (sweep / "sweep.json").write_text("{}")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    proc = cli(*command, "--out", str(sweep / where))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "the sweep directory" in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
