@@ -8,7 +8,7 @@ import sqlite3
 import duckdb
 import pytest
 
-from lmprof.analyze import nsys, trace
+from lmprof.analyze import kernel_tables, nsys, trace
 from lmprof.errors import UserError
 from nsys_data import REPORT, edit, process_trace, sha256, source_count, writable_copy  # noqa: F401
 
@@ -89,6 +89,25 @@ def test_absent_tables_are_empty_not_errors(tmp_path):
     tr = trace.prepare(duckdb.connect(), path, trace.Options())
     assert tr.count("memops") == 0
     assert tr.count("kernels") == source_count("CUPTI_ACTIVITY_KIND_KERNEL")
+
+
+def test_kernels_without_a_name_keep_their_time(tmp_path):
+    """Kernels whose demangledName is NULL (a hand-made file: nsys declares it NOT NULL) count in
+    the whole-report rows like kernels whose name id StringIds lacks: they dropped out of the
+    top-kernel, GEMM-fraction and class tables (a NULL name id met no kernel_names row), whose
+    'all' rows then fell short of every kernel of the report."""
+    k = "CUPTI_ACTIVITY_KIND_KERNEL"
+    path = edit(writable_copy(tmp_path),  # (a copy of the table without its NOT NULLs)
+                f"CREATE TABLE k2 AS SELECT * FROM {k}", f"DROP TABLE {k}",
+                f"ALTER TABLE k2 RENAME TO {k}",
+                f"UPDATE {k} SET demangledName = NULL WHERE rowid % 7 = 0")
+    kernels, total_ns = sqlite3.connect(path).execute(
+        f"SELECT count(*), sum(end - start) FROM {k}").fetchone()
+    tr = trace.prepare(duckdb.connect(), path, trace.Options())
+    gemm = kernel_tables.gemm_fraction(tr).fetchall()  # (phase, kernels, kernel_ns, ...)
+    assert [row[1:3] for row in gemm if row[0] == "all"] == [(kernels, total_ns)]
+    tops = kernel_tables.top_kernels(tr, top=None).fetchall()  # (phase, name, class, %, ns, n)
+    assert sum(row[5] for row in tops if row[0] == "all") == kernels
 
 
 def test_input_is_never_modified(tmp_path):
