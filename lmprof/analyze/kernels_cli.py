@@ -70,8 +70,12 @@ def trace_options(attribution: str, phase_ranges: tuple[str, ...],
         if not sep or not name:
             raise UserError(f"--phase-range wants PHASE=NAME, got {item!r}")
         given.setdefault(phase.strip(), []).append(name)
-    pairs = [(name, phase) for name, phase in defaults.items() if phase not in given]
-    pairs += [(name, phase) for phase, names in given.items() for name in names]
+    # a default name the user gave for another phase takes the phase given (as the runner's
+    # names do in Options.with_runner_names); a pair given twice counts once
+    named = {name for names in given.values() for name in names}
+    pairs = [(name, phase) for name, phase in defaults.items()
+             if phase not in given and name not in named]
+    pairs += dict.fromkeys((name, phase) for phase, names in given.items() for name in names)
     kwargs = {}
     if softmax_ranges:
         kwargs["softmax_ranges"] = tuple(softmax_ranges)

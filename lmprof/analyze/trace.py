@@ -55,13 +55,16 @@ class Options:
         if self.attribution not in ATTRIBUTIONS:
             raise UserError(f"unknown attribution {self.attribution!r}; choose one of "
                             f"{', '.join(ATTRIBUTIONS)}")
-        names = [name for name, _ in self.phase_ranges]
-        if len(set(names)) != len(names):
-            raise UserError("a range name can mark only one phase")
         for _, phase in self.phase_ranges:
             if phase not in (STEP, *PHASES):
                 raise UserError(f"unknown phase {phase!r}; choose one of "
                                 f"{', '.join((STEP, *PHASES))}")
+        marks: dict[str, str] = {}
+        for name, phase in self.phase_ranges:  # (once each: _phase_names is joined by name)
+            if name in marks:
+                raise UserError(f"a range name can mark only one phase: {name!r} is given for "
+                                f"{marks[name]} and {phase}")
+            marks[name] = phase
         if not isinstance(self.skip_steps, int) or self.skip_steps < 0:
             raise UserError(f"skip_steps must be a whole number >= 0, not {self.skip_steps!r}")
 

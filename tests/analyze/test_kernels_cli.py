@@ -959,6 +959,30 @@ def test_range_names_ending_in_digits_match_themselves(tmp_path):
     assert attn.loc["inference", "softmax_ranges"] == 24
 
 
+@pytest.mark.parametrize("given, outcome", [
+    # a default name given for another phase takes that phase, as in an lmprof run's export
+    # (Options.with_runner_names): refused before, the default 'forward' marking forward too
+    (["inference=forward"], {"inference": 1218, "(none)": 808}),
+    # the same pair twice is the pair once (refused before as marking two phases)
+    (["step=step", "step=step"], {"step": 3540, "inference": 808}),
+    # an unknown phase is named as such (before: 'a range name can mark only one phase', from
+    # the default 'step' beside the 'step' given for the phase 'Step')
+    (["Step=step"], "unknown phase 'Step'"),
+    (["inference=forward", "backward=forward"],
+     "'forward' is given for inference and backward"),
+])
+def test_phase_range_names_given_for_another_phase(given, outcome):
+    argv = [a for g in given for a in ("--phase-range", g)]
+    code, out, err = run("kernels", str(REPORT), *argv, "--table", "gemm_fraction",
+                         "--format", "csv")
+    if isinstance(outcome, str):
+        assert code == 2 and err.count("\n") == 1 and outcome in err, err
+        return
+    assert code == 0, err
+    kernels = {row.split(",")[0]: int(row.split(",")[1]) for row in out.splitlines()[1:]}
+    assert {phase: kernels.get(phase) for phase in outcome} == outcome
+
+
 def test_a_range_never_closed_ends_at_the_trace_end(tmp_path):
     """A range still open when the capture stopped (no end) ends where the trace ends on the
     events' clock, ANALYSIS_DETAILS' duration after its startTime: the export's events count
