@@ -10,6 +10,7 @@ operation to ranges (``sql/attribution.sql``, at once with the classification).
 from __future__ import annotations
 
 import re
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -328,6 +329,12 @@ def _prepare(con: duckdb.DuckDBPyConnection, path: Path, options: Options, schem
             one_member.append(timeline(cur, thread_rule, gpu_ops=export.gpu_op_rows))
 
     export = nsys.load(con, path, beside=ranges_and_timeline)
+    if record is not None and not _meets_in_time(con, record):
+        # (another run's run.json beside this export: a trace taken by hand in a run's folder)
+        print(f"warning: the run.json beside {str(path)!r} is another run's (none of its phase "
+              "windows falls within the export's time); analysing the export without it",
+              file=sys.stderr, flush=True)
+        record = None
 
     def classify_names() -> None:
         # mostly Python (regexes over the distinct names), beside attribution's DuckDB work
@@ -354,6 +361,22 @@ def _prepare(con: duckdb.DuckDBPyConnection, path: Path, options: Options, schem
     return Trace(con=con, schema=schema, path=path, options=options, record=record,
                  export=export, label=label, deferred=deferred,
                  chain_rows=Deferred(lambda c: sqlfile.run(c, "range_chain_rows")))
+
+
+def _meets_in_time(con: duckdb.DuckDBPyConnection, record: dict[str, Any]) -> bool:
+    """Whether a phase window of run ``record`` (epoch ns) meets the loaded export's span (its
+    session start plus the trace's start and end, within a second): the record is then this
+    export's run. A record without windows, or an export without its clock, is given the
+    benefit of the doubt."""
+    span = con.execute("SELECT session_start_utc_ns + trace_start_ns, "
+                       "session_start_utc_ns + trace_end_ns FROM session").fetchone()
+    windows = [(w.get("start_ns"), w.get("end_ns")) for w in record.get("phase_windows") or ()
+               if isinstance(w, dict)]
+    windows = [(a, b) for a, b in windows if isinstance(a, int) and isinstance(b, int)]
+    if not span or None in span or not windows:
+        return True
+    start, end = span[0] - 10**9, span[1] + 10**9
+    return any(a <= end and b >= start for a, b in windows)
 
 
 def tell_apart(traces: list[Trace]) -> None:

@@ -1012,3 +1012,25 @@ def _export_row(path: Path, query: str) -> tuple:
         return con.execute(query).fetchone()
     finally:
         con.close()
+
+
+def test_a_run_json_of_another_run_beside_an_export_is_left_out(tmp_path):
+    """A trace taken by hand in a run's folder sits beside that run's run.json: its runner
+    timing, FLOPs and label were another run's (a Runner mean of 62 ms beside a measured 35).
+    None of the run's phase windows falls within the export's time: a warning, and the export
+    is analysed without it."""
+    lmprof_run = Path(__file__).resolve().parents[1] / "data" / "h200-lmprof-nsys"
+    export = tmp_path / "report.sqlite"
+    export.write_bytes(REPORT.read_bytes())
+    (tmp_path / "run.json").write_bytes((lmprof_run / "run.json").read_bytes())
+    code, out, err = run("kernels", str(export), "--table", "phase_timing", "--format", "json")
+    assert code == 0, err
+    assert err.startswith("warning: the run.json beside") and "another run's" in err
+    rows = json.loads(out)
+    assert rows and all(r["runner_mean_ns"] is None for r in rows)
+    # its own run.json is kept: the runner's step mean beside the measured one
+    code, out, err = run("kernels", str(lmprof_run / "report.sqlite"), "--table",
+                         "phase_timing", "--format", "json")
+    assert code == 0 and "warning" not in err, err
+    step = next(r for r in json.loads(out) if r["phase"] == "step")
+    assert step["runner_mean_ns"] == pytest.approx(step["cpu_mean_ns"], rel=0.01)
