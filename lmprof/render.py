@@ -294,12 +294,17 @@ def md_text(text: str) -> str:
     """Text from the inputs (a kernel name, a run.json value, an error) for one line of
     markdown: its line breaks become spaces (a break ended the table row or list item) and a
     '<' is escaped, so that "MulFunctor<float>" or "<script>" shows as written rather than
-    being read as HTML."""
+    being read as HTML. Other control characters (a NUL, an ESC that a terminal would obey)
+    show as ``\\xNN``."""
     return _one_line(text).replace("<", "\\<")
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
 def _one_line(text: str) -> str:
-    return re.sub(r"\r\n?|\n", " ", text)
+    text = re.sub(r"\r\n?|[\n\t\u2028\u2029]", " ", text)
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def md_code(text: str) -> str:

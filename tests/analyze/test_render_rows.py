@@ -330,6 +330,20 @@ def test_a_bar_in_text_stays_in_its_cell():
     assert render(Table.fetch(con.execute(sql)), "csv").splitlines()[1] == "runs/a|b.pickle,2.5"
 
 
+def test_control_characters_in_text_show_escaped_in_markdown():
+    """A range or kernel name from an export is the export writer's text: an ESC sequence in it
+    printed raw would be obeyed by the terminal showing the table, a NUL cut the line short.
+    Markdown shows them as \\xNN (tabs as spaces); csv keeps the value as it is."""
+    con = duckdb.connect()
+    sql = "SELECT 'a' || chr(27) || '[2Jb' || chr(0) || 'c' || chr(9) || 'd' AS name, 1 AS n"
+    for table in (Table.fetch(con.execute(sql)), con.execute(sql).df()):
+        text = render(table, "md")
+        assert not any(ord(ch) < 32 and ch != "\n" for ch in text), repr(text)
+        assert "a\\x1b[2Jb\\x00c d" in text
+    assert render(Table.fetch(con.execute(sql)), "csv").splitlines()[1] == \
+        "a\x1b[2Jb\x00c\td,1"
+
+
 def test_numbers_in_text_print_as_written():
     """Text that reads as a number (a version, a label) keeps its digits in markdown: tabulate
     parsed "12.10" and "1e3" as numbers and printed 12.100 and 1000.000."""
