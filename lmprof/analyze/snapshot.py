@@ -135,7 +135,8 @@ def read_snapshot(path: str | Path) -> Any:
         raise UserError(_not_a_pickle(what, head)
                         or f"{what} is truncated or empty (pickle ended early)") from None
     except (pickle.UnpicklingError, ValueError, TypeError, IndexError, KeyError,
-            AttributeError, UnicodeDecodeError, MemoryError, RecursionError) as exc:
+            AttributeError, UnicodeDecodeError, MemoryError, RecursionError,
+            OverflowError) as exc:  # (a memo index past 64 bits)
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if problem := _not_a_pickle(what, head):
             raise UserError(problem) from None

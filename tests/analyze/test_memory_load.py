@@ -103,6 +103,9 @@ def test_every_kind_closes_its_file(tmp_path, compress):
     (lzma.compress(b"SQLite format 3\x00" + b"\0" * 84), r"\(xz\) holds an SQLite database"),
     (b"\x80\x04\x95 damaged after the header", "not a readable pickle"),
     (b"\xfd7zXZ\x00garbage", "cannot be decompressed"),
+    # a text memo lookup (GET) of an index past 64 bits: OverflowError, was a traceback
+    (b"g99999999999999999999\n.", "its first bytes are not a pickle"),
+    (b"\x80\x02g99999999999999999999\n.", "not a readable pickle: Python int too large"),
 ])
 def test_bad_files(tmp_path, content, message):
     f = tmp_path / "x.pickle"
