@@ -288,7 +288,7 @@ class _Interner:
         fid = self.by_frame_obj.get(id(f))
         if fid is not None:
             return fid
-        name, filename, line = str(f.get("name", "")), str(f.get("filename", "")), f.get("line")
+        name, filename, line = _text(f.get("name", "")), _text(f.get("filename", "")), f.get("line")
         key = (name, filename, line)
         fid = self.by_frame_key.get(key)
         if fid is None:
@@ -418,6 +418,16 @@ def _int(v, default=None):
     return v if isinstance(v, int) and not isinstance(v, bool) else default
 
 
+def _text(v) -> str:
+    """A text field as a string; a list, dict or other container is a layout error (its
+    str() could be exponential: a pickle of shared references nests 2^60 items in kilobytes)."""
+    if isinstance(v, str):
+        return v
+    if v is None or isinstance(v, (int, float)):
+        return str(v)
+    raise TypeError(f"a {type(v).__name__} where text belongs")
+
+
 def flatten(data: Any, source: str) -> Flat:
     """Snapshot object → columns. Raises UserError for layouts nobody can read."""
     flat = Flat()
@@ -448,8 +458,8 @@ def flatten(data: Any, source: str) -> Flat:
             cols = flat.annotations
             cols["device"].append(_int(a.get("device"), 0))
             cols["time_us"].append(a["time_us"])
-            cols["stage"].append(str(a.get("stage", "")))
-            cols["name"].append(str(a.get("name", "")))
+            cols["stage"].append(_text(a.get("stage", "")))
+            cols["name"].append(_text(a.get("name", "")))
     return flat
 
 
@@ -476,7 +486,7 @@ def _flatten_segments(segments: list, flat: Flat, interner: _Interner, source: s
                     flat.layout += ", legacy block history"
             else:
                 frames, req = (), b.get("requested_size", size)
-            state = str(b.get("state", "inactive"))
+            state = _text(b.get("state", "inactive"))
             blk_cols["device"].append(device)
             blk_cols["segment_address"].append(addr)
             blk_cols["address"].append(_int(b.get("address"), cursor))
@@ -494,7 +504,7 @@ def _flatten_segments(segments: list, flat: Flat, interner: _Interner, source: s
         seg_cols["active_bytes"].append(_int(seg.get("active_size"), 0))
         seg_cols["requested_bytes"].append(_int(seg.get("requested_size"), requested))
         seg_cols["stream"].append(stream)
-        seg_cols["segment_type"].append(str(seg.get("segment_type", "")))
+        seg_cols["segment_type"].append(_text(seg.get("segment_type", "")))
         seg_cols["is_expandable"].append(bool(seg.get("is_expandable", False)))
         seg_cols["stack_id"].append(interner.stack(seg.get("frames") or ()))
 

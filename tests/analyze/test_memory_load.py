@@ -161,6 +161,32 @@ def test_wrong_values_inside_a_snapshot_are_one_line_errors(tmp_path, edit):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
+
+def _shared_bomb(levels: int = 60) -> list:
+    """A list nesting 2^levels empty lists through shared references: kilobytes pickled."""
+    bomb: list = []
+    for _ in range(levels):
+        bomb = [bomb, bomb]
+    return bomb
+
+
+@pytest.mark.parametrize("edit", [
+    lambda s: _first_with(s["device_traces"][0], "frames")["frames"][0].update(name=_shared_bomb()),
+    lambda s: s["segments"][0]["blocks"][0].update(state=_shared_bomb()),
+    lambda s: s["segments"][0].update(segment_type=_shared_bomb()),
+    lambda s: s.update(external_annotations=[{"time_us": 1, "stage": _shared_bomb()}]),
+], ids=["frame-name", "block-state", "segment-type", "annotation-stage"])
+def test_a_nested_value_where_text_belongs_is_refused_not_expanded(tmp_path, edit):
+    # str() of it walked all 2^60 items: the command never ended
+    snap = _small_snapshot()
+    edit(snap)
+    f = tmp_path / "memory.pickle"
+    f.write_bytes(pickle.dumps(snap))
+    proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", "memory", str(f)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "unrecognised snapshot layout" in proc.stderr and "where text belongs" in proc.stderr
+
 def test_the_small_snapshot_itself_loads(tmp_path):
     from lmprof.analyze import memory
     from lmprof.analyze.db import connect
