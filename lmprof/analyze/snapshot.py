@@ -465,6 +465,7 @@ def flatten(data: Any, source: str) -> Flat:
 
 def _flatten_segments(segments: list, flat: Flat, interner: _Interner, source: str) -> None:
     seg_cols, blk_cols = flat.segments, flat.blocks
+    seen: set[int] = set()  # block lists read: torch writes one per segment
     for n, seg in enumerate(segments):
         if not isinstance(seg, dict) or "total_size" not in seg or "blocks" not in seg:
             raise UserError(f"{source}: unrecognised snapshot layout: segment {n} has no "
@@ -472,6 +473,7 @@ def _flatten_segments(segments: list, flat: Flat, interner: _Interner, source: s
         device = _int(seg.get("device"), 0)
         addr = _int(seg.get("address"), 0)
         blocks = seg["blocks"]
+        _refuse_shared(blocks, seen, source, f"segment {n}'s blocks")
         stream = _int(seg.get("stream"), 0)
         requested = 0
         cursor = addr
@@ -509,6 +511,17 @@ def _flatten_segments(segments: list, flat: Flat, interner: _Interner, source: s
         seg_cols["stack_id"].append(interner.stack(seg.get("frames") or ()))
 
 
+def _refuse_shared(items, seen: set[int], source: str, what: str) -> None:
+    """A list of rows met before (a pickle of shared references: one list of a million entries
+    named by a thousand devices is a billion rows from a few megabytes) is refused; torch
+    writes each segment's blocks and each device's trace as a list of its own."""
+    if isinstance(items, list) and items:
+        if id(items) in seen:
+            raise UserError(f"{source}: unrecognised snapshot layout: {what} is a list read "
+                            "before (shared references, which torch never writes)")
+        seen.add(id(items))
+
+
 def _column(entries: list, key: str, default=None) -> list:
     """One field of every entry (dicts); C-speed ``itemgetter`` when all have it, else
     ``dict.get`` mapped at C speed (2.5x a comprehension calling ``.get``)."""
@@ -520,10 +533,12 @@ def _column(entries: list, key: str, default=None) -> list:
 
 def _flatten_traces(traces: list, flat: Flat, interner: _Interner, source: str) -> None:
     cols = flat.trace
+    seen: set[int] = set()
     for device, entries in enumerate(traces):
         if not isinstance(entries, list):
             raise UserError(f"{source}: unrecognised snapshot layout: device_traces[{device}] "
                             "is not a list")
+        _refuse_shared(entries, seen, source, f"device_traces[{device}]")
         try:
             if not all(type(e) is dict for e in entries):
                 raise TypeError

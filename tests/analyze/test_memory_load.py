@@ -187,6 +187,32 @@ def test_a_nested_value_where_text_belongs_is_refused_not_expanded(tmp_path, edi
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "unrecognised snapshot layout" in proc.stderr and "where text belongs" in proc.stderr
 
+
+def _share_blocks(snap: dict) -> None:
+    snap["segments"] = [snap["segments"][0]] * 3
+
+
+def _share_trace(snap: dict) -> None:
+    snap["device_traces"] = snap["device_traces"] * 3
+
+
+@pytest.mark.parametrize("edit, where", [(_share_blocks, "segment 1's blocks"),
+                                         (_share_trace, r"device_traces\[1\]")],
+                         ids=["blocks", "trace"])
+def test_a_list_of_rows_read_twice_is_refused(tmp_path, edit, where):
+    # shared references multiply rows: 20000 segments naming one list of 20000 blocks were
+    # 4e8 rows from 190 KB (the command never ended), a trace named by 1000 devices a
+    # MemoryError traceback
+    snap = _small_snapshot()
+    edit(snap)
+    f = tmp_path / "memory.pickle"
+    f.write_bytes(pickle.dumps(snap))
+    with pytest.raises(UserError, match=f"{where} is a list read before"):
+        read_flat(f)
+    proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", "memory", str(f)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "list read before" in proc.stderr
+
 def test_the_small_snapshot_itself_loads(tmp_path):
     from lmprof.analyze import memory
     from lmprof.analyze.db import connect
