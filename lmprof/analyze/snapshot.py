@@ -168,9 +168,11 @@ def read_flat(path: str | Path) -> Flat:
         snapshot = read_snapshot(path)
         try:
             return flatten(snapshot, repr(str(path)))
-        except (TypeError, AttributeError, KeyError, ValueError, IndexError) as exc:
+        except (TypeError, AttributeError, KeyError, ValueError, IndexError,
+                RecursionError) as exc:
             # plain data of the right outer shape with a wrong value inside (a field of the
-            # wrong type, a block without its keys): what flatten's own checks do not name
+            # wrong type, a block without its keys, a frame nesting lists 100000 deep that
+            # stacks are compared through): what flatten's own checks do not name
             detail = str(exc).splitlines()[0] if str(exc) else ""
             raise UserError(f"{str(path)!r}: unrecognised snapshot layout "
                             f"({type(exc).__name__}: {detail})") from None

@@ -213,6 +213,27 @@ def test_a_list_of_rows_read_twice_is_refused(tmp_path, edit, where):
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "list read before" in proc.stderr
 
+
+def test_frames_nesting_lists_deep_are_a_layout_error(tmp_path):
+    # two stacks alike but for a frame field nesting lists 100000 deep: comparing them was a
+    # RecursionError traceback (a pickle nests that deep without recursion; pickle.dumps cannot)
+    snap = _small_snapshot()
+    f0 = {"name": "x", "filename": "a.py", "line": 1}
+    for k, entry in ((1, snap["device_traces"][0][3]), (2, snap["device_traces"][0][4])):
+        entry["frames"] = [f0, {"name": "y", "filename": "b.py", "line": 2,
+                                "extra": f"@DEEP{k}@"}, f0, f0]
+    blob = pickle.dumps(snap, protocol=2)
+    for k in (1, 2):
+        mark = b"X\x07\x00\x00\x00@DEEP%d@" % k  # BINUNICODE, replaced by the nested lists
+        assert blob.count(mark) == 1
+        blob = blob.replace(mark, b"]" * 100_000 + b"a" * 99_999)
+    f = tmp_path / "memory.pickle"
+    f.write_bytes(blob)
+    proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", "memory", str(f)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "unrecognised snapshot layout (RecursionError" in proc.stderr
+
 def test_the_small_snapshot_itself_loads(tmp_path):
     from lmprof.analyze import memory
     from lmprof.analyze.db import connect
