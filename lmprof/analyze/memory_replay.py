@@ -186,6 +186,8 @@ def events(trace: pa.Table, blocks: dict[str, list], segments: dict[str, list],
         raise ValueError("trace entries are not in (device, seq) order")
     action = trace["action"]
     nbytes = int_column(trace["bytes"])
+    if np.any(nbytes < 0) or any(v < 0 for v in (*blocks["bytes"], *segments["total_bytes"])):
+        raise ValueError("a negative size in bytes")  # torch never writes one
     sized = np.asarray(pc.is_valid(trace["bytes"]).to_numpy(zero_copy_only=False), dtype=bool)
     is_alloc = _is(action, ("alloc",)) & sized   # an entry without a size moves no level
     is_free = _is(action, ("free_completed",)) & sized

@@ -145,7 +145,12 @@ def _first_with(items, key):
     lambda s: s["device_traces"][0][5].update(stream=[]),
     lambda s: s["segments"][0]["blocks"][0].update(requested_size=2**70),
     lambda s: _first_with(s["device_traces"][0], "frames")["frames"][0].update(line=True),
-], ids=["blocks-none", "time-str", "size-bool", "stream-list", "size-2^70", "line-bool"])
+    # (a negative size loaded: a trace entry of -10^12 bytes made the requested peak 999 GB)
+    lambda s: s["device_traces"][0][5].update(size=-10**12),
+    lambda s: s["segments"][0]["blocks"][0].update(size=-512),
+    lambda s: s["segments"][0].update(total_size=-1),
+], ids=["blocks-none", "time-str", "size-bool", "stream-list", "size-2^70", "line-bool",
+        "size-negative", "block-negative", "segment-negative"])
 def test_wrong_values_inside_a_snapshot_are_one_line_errors(tmp_path, edit):
     from lmprof.analyze import memory
     from lmprof.analyze.db import connect
