@@ -23,7 +23,9 @@ can spread a sweep over machines. Results merge by reading the directories toget
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import errno
 import functools
 import itertools
 import json
@@ -514,12 +516,21 @@ class Launcher:
         return _stand_in_record(cell, status, error)
 
     def _publish(self, attempt: Path, target: Path, cell: Cell) -> None:
-        """Move the finished cell into cells/ with one rename (replacing an earlier attempt)."""
+        """Move the finished cell into cells/ with one rename, replacing an earlier attempt, or
+        the cell that a copy of this sweep running beside it published in between (its rename
+        onto a folder that is not empty fails: moved aside, and tried again)."""
         final = self.root / sweepdir.CELLS / cell.name
         final.parent.mkdir(exist_ok=True)
-        if final.exists():
-            os.replace(final, attempt / "replaced")
-        os.replace(target, final)
+        for n in range(3):
+            if final.exists():
+                with contextlib.suppress(FileNotFoundError):  # (the other copy moved it first)
+                    os.replace(final, attempt / f"replaced-{n}")
+            try:
+                os.replace(target, final)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or n == 2:
+                    raise
         shutil.rmtree(attempt, ignore_errors=True)
 
     def kill_all(self) -> None:

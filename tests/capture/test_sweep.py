@@ -247,6 +247,37 @@ def test_the_grid_hash_builds_the_cells_once(monkeypatch):
     assert first == sweepdir.config_hash(sorted(c.config_hash for c in real(grid)))
 
 
+def test_a_cell_published_in_between_by_another_copy_is_replaced(tmp_path, monkeypatch):
+    """Two copies of one sweep may run a cell both (a rerun beside a sweep still running): the
+    other copy's cell can land in cells/ between this one's check and its rename, which then
+    fails on a folder that is not empty (a traceback). It is moved aside as an earlier attempt
+    is, and the cell that finished last is the one kept."""
+    import errno
+
+    cell = sweep.build_grid({}, {"context_length": "16", "device": "cpu"}).cells()[0]
+    root = tmp_path / "sweep"
+    attempt = root / sweepdir.STAGING / f"{cell.name}.1"
+    target = attempt / cell.name
+    target.mkdir(parents=True)
+    (target / "run.json").write_text("mine")
+    final = root / sweepdir.CELLS / cell.name
+    real = os.replace
+    raced = []
+
+    def replace(src, dst):
+        if Path(dst) == final and not raced:  # the other copy publishes first
+            raced.append(1)
+            final.mkdir(parents=True)
+            (final / "run.json").write_text("theirs")
+            raise OSError(errno.ENOTEMPTY, "Directory not empty", str(dst))
+        return real(src, dst)
+
+    monkeypatch.setattr(sweep.os, "replace", replace)
+    sweep.Launcher(root, "grid", None)._publish(attempt, target, cell)
+    assert raced and (final / "run.json").read_text() == "mine"
+    assert not attempt.exists()
+
+
 def test_nsys_cells_without_nsys_are_refused_before_any_starts(tmp_path, capsys, monkeypatch):
     """capture run looks for nsys before any work; a sweep did not, so every --nsys cell started
     a process, failed (exit 2) and was recorded ERROR, to be retried by hand once nsys was
