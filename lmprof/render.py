@@ -15,7 +15,6 @@ import json
 import math
 import numbers
 import re
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -389,7 +388,13 @@ def _json_rows(df: pd.DataFrame | Table) -> list[dict[str, Any]]:
     """A table's rows as JSON objects (NaN and infinities as null)."""
     if isinstance(df, Table):
         return [{k: _json_safe(v) for k, v in zip(df.columns, row)} for row in df.rows]
-    return [{k: _json_safe(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
+    import pandas as pd  # (imported already: df is a DataFrame)
+
+    # pandas' NaT (a NULL date, timestamp or interval of a DataFrame) as null, not "NaT"; only
+    # a DataFrame holds one, so the streamed rows' values are not checked for it
+    nat = pd.NaT
+    return [{k: None if v is nat else _json_safe(v) for k, v in row.items()}
+            for row in df.to_dict(orient="records")]
 
 
 def for_display(df: pd.DataFrame, shorten: Shorten | None = None) -> pd.DataFrame:
@@ -485,11 +490,8 @@ def _numbers_as_text(values: pd.Series) -> bool:
 
 
 def _json_safe(v):
-    """``v`` with NaN and infinities as None, also inside a STRUCT's or MAP's dict and a list;
-    pandas' NaT (a NULL date, timestamp or interval of a DataFrame) as None, not "NaT"."""
+    """``v`` with NaN and infinities as None, also inside a STRUCT's or MAP's dict and a list."""
     if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
-        return None
-    if (pandas := sys.modules.get("pandas")) is not None and v is pandas.NaT:
         return None
     if isinstance(v, dict):
         return {k: _json_safe(x) for k, x in v.items()}
@@ -509,7 +511,9 @@ def render(df: pd.DataFrame | Table | str, fmt: str, shorten: Shorten | None = N
            raw: bool = False) -> str:
     """``df`` as md, csv or json; ``raw`` keeps markdown's column names and values as they are
     (a user's own query), else unit columns are scaled and named for people. A ``str`` is a
-    table its caller already rendered as markdown (md only)."""
+    table its caller already rendered as markdown (md only). A DataFrame holding a value pandas
+    cannot print (DuckDB's 'infinity' timestamp with a time zone, beyond Python's dates) is a
+    one-line UserError."""
     _check(df, fmt)
     if isinstance(df, str):
         return df
@@ -518,11 +522,16 @@ def render(df: pd.DataFrame | Table | str, fmt: str, shorten: Shorten | None = N
             return _table_markdown(df, shorten, ".3f", raw)
         if fmt == "csv":
             return _table_csv(df)
-    elif fmt == "md":
-        return to_markdown(_nested_text(df), shorten, raw=raw)
-    elif fmt == "csv":
-        return _nested_text(df).to_csv(index=False)
-    return json.dumps(_json_rows(df), indent=1, default=str)
+        return json.dumps(_json_rows(df), indent=1, default=str)
+    try:
+        if fmt == "md":
+            return to_markdown(_nested_text(df), shorten, raw=raw)
+        if fmt == "csv":
+            return _nested_text(df).to_csv(index=False)
+        return json.dumps(_json_rows(df), indent=1, default=str)
+    except (NotImplementedError, OverflowError) as exc:
+        raise UserError(f"cannot print the result ({' '.join(str(exc).split())}): CAST such a "
+                        "column AS VARCHAR") from None
 
 
 def emit(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: str | Path | None,

@@ -407,9 +407,11 @@ def artifact_path(record: dict[str, Any], key: str) -> Path | None:
     return Path(record["run_dir"]) / rel
 
 
-def run_files(record: dict[str, Any]) -> list[Path]:
+def run_files(record: dict[str, Any] | None) -> list[Path]:
     """A run's run.json and the artifacts it names: files a command given the run reads, which
-    none of its outputs may be (``refuse_overwrite``)."""
+    none of its outputs may be (``refuse_overwrite``); none for no run (None)."""
+    if record is None:
+        return []
     files = [Path(record["run_dir"]) / RUN_FILE]
     for key in record.get("artifacts") or {}:
         if (path := artifact_path(record, key)) is not None:

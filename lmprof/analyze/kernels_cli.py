@@ -103,7 +103,7 @@ def open_traces(reports: tuple[str, ...], options, db: str | None, nsys_path: st
     resolved, seen, inputs = [], set(), []
     for report in expand_reports(reports):
         path, record = resolve_report(report, nsys_path)
-        inputs += [Path(report), path, *(rundir.run_files(record) if record else ())]
+        inputs += [Path(report), path, *rundir.run_files(record)]
         if path.resolve() not in seen:  # one export named twice (runs/latest and its run) is one
             seen.add(path.resolve())
             resolved.append((path, record))
@@ -422,14 +422,7 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, skip_steps, nsy
         except duckdb.Error as exc:
             raise UserError(f"query failed: {' '.join(str(exc).split())}") from None
         # the user's own columns and values, as the query gave them
-        try:
-            text = emit({name: df}, fmt, out, raw=True, owner="sql", inputs=inputs)
-        except (NotImplementedError, OverflowError) as exc:
-            # pandas' dates end where Python's do: DuckDB's 'infinity' timestamps with a time
-            # zone (and years past 9999) cannot print
-            raise UserError(f"cannot print the result ({' '.join(str(exc).split())}): CAST "
-                            "such a column AS VARCHAR") from None
-        click.echo(text)
+        click.echo(emit({name: df}, fmt, out, raw=True, owner="sql", inputs=inputs))
 
 
 def _no_load_options(file: str) -> None:

@@ -47,7 +47,7 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
     refs, seen, read = [], set(), []  # read: the files the command reads, which it never writes
     for arg in args:  # one snapshot named twice (its run and its file) is loaded once
         ref = memory.resolve(arg, run_dir)
-        read += [Path(arg), ref.path, *(rundir.run_files(ref.run) if ref.run else ())]
+        read += [Path(arg), ref.path, *rundir.run_files(ref.run)]
         if ref.path.resolve() not in seen:
             seen.add(ref.path.resolve())
             refs.append(ref)

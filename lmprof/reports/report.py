@@ -196,7 +196,7 @@ def _refuse_overwrite(target: Path, paths: list[str], runs: list[dict[str, Any]]
     as the sections draw them: every PNG already in the image folder is checked."""
     read = [Path(p) for p in paths] + [f for r in runs for f in rundir.run_files(r)]
     for path, record in files:
-        read += [path, *(rundir.run_files(record) if record else ())]
+        read += [path, *rundir.run_files(record)]
     img_dir = target.parent / image_folder(target)
     images = sorted(img_dir.glob("*.png")) if img_dir.is_dir() else []
     rundir.refuse_overwrite([target, *images], read, "--out")
