@@ -33,6 +33,22 @@ def kind(head: bytes) -> str | None:
     return None
 
 
+def sqlite_short_by(header: bytes, size: int) -> int | None:
+    """How many bytes an SQLite file of ``size`` bytes lacks of the size its 100-byte ``header``
+    gives (page size x page count), or None where it lacks none or the header gives no size.
+
+    The page count (bytes 28-31) is valid only when the change counter (24-27) equals the
+    version-valid-for number (92-95) and is not 0 (SQLite's file format, section 1.3.7); a page
+    size of 1 stands for 65536."""
+    if len(header) < 100 or not header.startswith(SQLITE) or header[24:28] != header[92:96]:
+        return None
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    short = page_size * pages - size
+    return short if pages and short > 0 else None
+
+
 def snapshot_like(head: bytes) -> bool:
     """Whether a file's first bytes are a pickle's or a compressed file's (a memory snapshot)."""
     return head.startswith(PICKLE) or any(head.startswith(p) for p, _ in COMPRESSED)

@@ -183,10 +183,13 @@ def _check_file(path: Path) -> None:
         raise UserError(f"no such file: {str(path)!r}")
     if path.is_dir():
         raise UserError(f"{str(path)!r} is a directory, not an nsys SQLite export")
-    head = magic.read_head(path, 20)  # the magic string, and the header's bytes 18-19
+    head = magic.read_head(path, 100)  # SQLite's header: its magic string, bytes 18-19, size
     if magic.kind(head) != "sqlite":
         raise UserError(f"{str(path)!r} is not an SQLite file (export one with "
                         "'nsys export --type=sqlite')")
+    if (short := magic.sqlite_short_by(head, path.stat().st_size)) is not None:
+        raise UserError(f"{str(path)!r} is a truncated SQLite file ({short} bytes short of the "
+                        "size its header gives: an interrupted copy or download?)")
     if 2 in head[18:20]:
         # bytes 18-19 of the header, 2: write-ahead-log mode, which nsys never writes. SQLite
         # (and DuckDB's scanner with it) then creates -wal and -shm files beside the file and
@@ -511,12 +514,19 @@ def _export_cache(rep: Path) -> Path:
 
 def _sqlite_for_rep(rep: Path, nsys_path: str | None) -> Path:
     """The SQLite export of a ``.nsys-rep``: a cached one (beside it, or in the user's cache when
-    its folder is read-only) that is not older than it, else exported there with nsys."""
+    its folder is read-only) that is not older than it and passes ``check_export``, else
+    exported there with nsys (a damaged cached export is replaced: the report is the input)."""
     from lmprof.nsystool import export_sqlite, find_nsys
 
     beside, elsewhere = rep.with_suffix(".sqlite"), _export_cache(rep)
+    damaged: tuple[Path, str] | None = None
     for cached in (beside, elsewhere):
         if cached.is_file() and cached.stat().st_mtime_ns >= rep.stat().st_mtime_ns:
+            try:
+                check_export(cached)
+            except UserError as exc:  # (a truncated copy, a file of another kind by that name)
+                damaged = damaged or (cached, str(exc))
+                continue
             return cached
     target = beside if os.access(rep.parent, os.W_OK) else elsewhere
     try:
@@ -527,6 +537,11 @@ def _sqlite_for_rep(rep: Path, nsys_path: str | None) -> Path:
                       if value), None)
         why = (f"{given[0]} {given[1]!r} is not an executable nsys" if given else
                "nsys is not on PATH")
+        if damaged:
+            raise UserError(f"the cached export of nsys report {str(rep)!r} cannot be used "
+                            f"({damaged[1]}) and nsys is not available to export it again "
+                            f"({why}): delete {str(damaged[0])!r}, or put nsys on PATH (or "
+                            "give --nsys-path)") from None
         raise UserError(f"{str(rep)!r} is an nsys report and nsys is not available to export it "
                         f"({why}): run 'nsys export --type=sqlite {rep}' and pass the .sqlite, "
                         "or put nsys on PATH (or give --nsys-path)") from None

@@ -565,6 +565,26 @@ def test_nsys_rep_in_a_read_only_folder_is_exported_to_the_cache(tmp_path, monke
     assert sha256(cached[0]) == sha256(REPORT)
 
 
+@pytest.mark.parametrize("cached", [
+    "truncated",  # an interrupted copy of the report's folder
+    "text",  # a file of another kind under the export's name
+], ids=str)
+def test_a_damaged_cached_export_is_exported_again(tmp_path, cached):
+    rep, beside = tmp_path / "trace.nsys-rep", tmp_path / "trace.sqlite"
+    rep.write_bytes(b"\0" * 64)
+    beside.write_bytes(REPORT.read_bytes()[:200_000] if cached == "truncated" else b"notes\n")
+    os.utime(beside, ns=(rep.stat().st_mtime_ns + 10**9,) * 2)  # newer: taken for the cache
+    code, _, err = run("kernels", str(rep), "--table", "gemm_fraction")  # no nsys to export
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"the cached export of nsys report {str(rep)!r} cannot be used" in err
+    assert ("truncated SQLite file" if cached == "truncated" else "not an SQLite file") in err
+    fake = _fake_nsys(tmp_path)
+    code, _, err = run("kernels", str(rep), "--nsys-path", str(fake), "--table", "gemm_fraction")
+    assert code == 0, err
+    assert (fake.parent / "calls").read_text() == "x" and sha256(beside) == sha256(REPORT)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "trace.nsys-rep", "trace.sqlite"]
+
+
 def test_failed_nsys_export_leaves_nothing_to_trust(tmp_path):
     rep = tmp_path / "trace.nsys-rep"
     rep.write_bytes(b"\0" * 64)

@@ -142,7 +142,7 @@ def test_truncated_export(tmp_path, cut):
     path = writable_copy(tmp_path)
     with open(path, "r+b") as fh:
         fh.truncate(cut)
-    with pytest.raises(UserError):
+    with pytest.raises(UserError, match=f"is a truncated SQLite file \\({966656 - cut} bytes short"):
         nsys.load(duckdb.connect(), path)
 
 
