@@ -79,6 +79,31 @@ _INT_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT
               "UBIGINT"}
 _TO_FLOAT = re.compile(r"^(HUGEINT|DECIMAL\(\d+,\d+\))$")
 _PLAIN_TYPES = _INT_TYPES | {"DOUBLE", "VARCHAR", "BOOLEAN"}
+# LIST, ARRAY, STRUCT, MAP and UNION types: their values go through the DataFrame (_plain_nested)
+_NESTED = re.compile(r"(.*\]$)|^(STRUCT|MAP|UNION)\(")
+
+
+def text_casts(types: list[str]) -> dict[int, str]:
+    """For a user's query (``analyze sql``): the columns, by index, to cast before printing, and
+    to what. A scalar type beyond a Table's and pandas' numbers prints as DuckDB's own text of
+    it: pandas printed a BLOB as ``bytearray(b'...')``, a BIT as Python bytes, a DATE with a
+    time of day, 'infinity' of a DATE or TIMESTAMP as year 294247 or not at all, and refused
+    BIGNUM. UHUGEINT goes to DOUBLE, as HUGEINT prints (pandas refused it too)."""
+    return {i: "DOUBLE" if t == "UHUGEINT" else "VARCHAR" for i, t in enumerate(types)
+            if not (t in _PLAIN_TYPES or _TO_FLOAT.match(t) or t == "FLOAT" or _NESTED.match(t))}
+
+
+def printable(rel: Any) -> Any:
+    """A DuckDB relation with ``text_casts`` applied to its columns (still unexecuted), each
+    column keeping its name (DuckDB tells repeated names apart as its DataFrame does: a, a_1);
+    ``rel`` itself where nothing needs a cast."""
+    casts = text_casts([str(d[1]) for d in rel.description])
+    if not casts:
+        return rel
+    names = ['"' + d[0].replace('"', '""') + '"' for d in rel.description]
+    return rel.project(", ".join(
+        f"CAST(#{i + 1} AS {casts[i]}) AS {name}" if i in casts else f"#{i + 1} AS {name}"
+        for i, name in enumerate(names)))
 
 
 @dataclass

@@ -374,7 +374,7 @@ SCHEMA_SQL = ("SELECT table_schema AS schema, table_name AS name, table_type AS 
 def sql_cmd(file, query, show_schema, attribution, phase_ranges, skip_steps, nsys_path, fmt,
             out) -> None:
     """Run your own SQL QUERY over the tables and views of an nsys export (or --db file)."""
-    from lmprof.render import Table, emit
+    from lmprof.render import Table, emit, printable
 
     if not show_schema and not query:
         raise UserError("give a QUERY (or --schema to list the tables)")
@@ -412,7 +412,9 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, skip_steps, nsy
         try:
             if not show_schema:
                 _check_reads_only(con, query)
-            result = con.execute(SCHEMA_SQL if show_schema else query)
+            # a relation: its columns' types are known before it runs, so that those pandas
+            # prints badly are cast to text in the same run (render.text_casts)
+            result = printable(con.sql(SCHEMA_SQL if show_schema else query))
             # csv and json go out batch by batch (a whole export's kernels are gigabytes as
             # Python rows); markdown needs the whole table
             if _streamed(result, fmt, out, name, inputs):

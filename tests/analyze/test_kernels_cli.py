@@ -695,8 +695,8 @@ print(sorted(m for m in ("pandas", "numpy", "pyarrow") if m in sys.modules))
 
 
 def test_sql_falls_back_to_pandas_for_other_types(tmp_path):
-    """A result with a type the row renderer does not print like pandas (here a TIMESTAMP) goes
-    through DuckDB's DataFrame, as before."""
+    """A result with a type the row renderer does not print like pandas (here a TIMESTAMP, as
+    DuckDB's text) prints as before."""
     code, out, err = run("sql", str(REPORT), "SELECT TIMESTAMP '2026-01-02 03:04:05' AS t, "
                          "1 AS n", "--format", "csv")
     assert code == 0, err
@@ -879,16 +879,46 @@ def test_a_query_failing_unstreamed_leaves_the_last_result_file_as_it_was(tmp_pa
     assert (tmp_path / f"result.{fmt}").read_text() == before
 
 
+_ODD_TYPES = {  # a value of each type pandas printed badly or not at all: DuckDB's text of it
+    "'-infinity'::TIMESTAMPTZ": "-infinity",  # a NotImplementedError (a one-line error since)
+    "'infinity'::TIMESTAMP": "infinity",  # year 294247
+    "'-infinity'::DATE": "-infinity",  # a conversion error
+    "DATE '2026-01-02'": "2026-01-02",  # with a time of day in markdown and json
+    "'\\xAA\\x00'::BLOB": "\\xAA\\x00",  # bytearray(b'\\xaa\\x00')
+    "5::BIT": "00000000000000000000000000000101",  # b'\\x00...', empty in markdown
+    "12345678901234567890123::BIGNUM": "12345678901234567890123",  # an error
+    "INTERVAL 3 DAY": "3 days",  # '3 days 00:00:00' in markdown and json
+}
+
+
 @pytest.mark.parametrize("fmt", ["md", "csv", "json"])
-def test_a_timestamp_pandas_cannot_print_is_a_one_line_error(tmp_path, fmt):
-    """DuckDB's 'infinity' of a TIMESTAMPTZ lies beyond Python's dates, where pandas cannot
-    print it (a NotImplementedError traceback): one line saying to cast it, no result file."""
-    code, out, err = run("sql", str(REPORT), "SELECT '-infinity'::TIMESTAMPTZ AS t", "--format",
-                         fmt, "--out", str(tmp_path / "out"))
-    assert code == 2 and err.startswith("error: cannot print the result") and \
-        err.count("\n") == 1, err
-    assert "CAST such a column AS VARCHAR" in err and out == ""
-    assert not (tmp_path / "out").exists()
+def test_types_pandas_prints_badly_print_as_duckdb_text(tmp_path, fmt):
+    """A user's result columns of these types print as DuckDB's own text of them, in every
+    format; UHUGEINT, which pandas refused, prints as a float as HUGEINT does; repeated column
+    names are told apart as before (g, g_1)."""
+    from lmprof.rundir import parse_json
+
+    cols = [f"{sql} AS c{i}" for i, sql in enumerate(_ODD_TYPES)]
+    query = (f"SELECT {', '.join(cols)}, (2::UHUGEINT ** 100)::UHUGEINT AS u, 1 AS g, "
+             "'\\x01'::BLOB AS g")
+    code, out, err = run("sql", str(REPORT), query, "--format", fmt, "--out", str(tmp_path))
+    assert code == 0 and err == "", err
+    assert out.endswith((tmp_path / f"result.{fmt}").read_text())  # (md: after its title)
+    expected = [*_ODD_TYPES.values(), float(2 ** 100), 1, "\\x01"]
+    names = [f"c{i}" for i in range(len(_ODD_TYPES))] + ["u", "g", "g_1"]
+    if fmt == "json":
+        assert parse_json(out) == [dict(zip(names, expected))]
+        return
+    if fmt == "csv":
+        header, row = out.splitlines()
+        cells = row.split(",")
+    else:
+        header, _, row = out.split("## result\n\n")[1].splitlines()
+        header = ",".join(c.strip() for c in header.strip("|").split("|"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+    assert header == ",".join(names)
+    assert cells[:len(_ODD_TYPES)] == list(_ODD_TYPES.values())
+    assert float(cells[-3]) == float(2 ** 100) and cells[-2:] == ["1", "\\x01"]
 
 
 def test_a_query_that_is_not_utf_8_is_a_one_line_error(tmp_path):
