@@ -79,25 +79,39 @@ _INT_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT
               "UBIGINT"}
 _TO_FLOAT = re.compile(r"^(HUGEINT|DECIMAL\(\d+,\d+\))$")
 _PLAIN_TYPES = _INT_TYPES | {"DOUBLE", "VARCHAR", "BOOLEAN"}
-# LIST, ARRAY, STRUCT, MAP and UNION types: their values go through the DataFrame (_plain_nested)
-_NESTED = re.compile(r"(.*\]$)|^(STRUCT|MAP|UNION)\(")
-
-
-def text_casts(types: list[str]) -> dict[int, str]:
-    """For a user's query (``analyze sql``): the columns, by index, to cast before printing, and
-    to what. A scalar type beyond a Table's and pandas' numbers prints as DuckDB's own text of
-    it: pandas printed a BLOB as ``bytearray(b'...')``, a BIT as Python bytes, a DATE with a
-    time of day, 'infinity' of a DATE or TIMESTAMP as year 294247 or not at all, and refused
-    BIGNUM. UHUGEINT goes to DOUBLE, as HUGEINT prints (pandas refused it too)."""
-    return {i: "DOUBLE" if t == "UHUGEINT" else "VARCHAR" for i, t in enumerate(types)
-            if not (t in _PLAIN_TYPES or _TO_FLOAT.match(t) or t == "FLOAT" or _NESTED.match(t))}
+def _printable_type(t: Any) -> str:
+    """The SQL type a user's result column of DuckDB type ``t`` (a ``DuckDBPyType``) is cast to
+    before printing (``printable``): itself where a Table or pandas prints it as DuckDB would;
+    otherwise each scalar inside it that pandas prints badly becomes VARCHAR, DuckDB's own text
+    (pandas printed a BLOB as ``bytearray(b'...')``, a BIT as Python bytes, a DATE with a time of
+    day, 'infinity' of a DATE or TIMESTAMP as year 294247, an integer, or not at all, and refused
+    BIGNUM), and UHUGEINT becomes DOUBLE, as HUGEINT prints (pandas refused it too)."""
+    kids = list(getattr(t, "children", None) or ()) if t.id in (
+        "list", "array", "struct", "map", "union") else []
+    if t.id == "list":
+        return f"{_printable_type(kids[0][1])}[]"
+    if t.id == "array":
+        return f"{_printable_type(kids[0][1])}[{kids[1][1]}]"
+    if t.id in ("struct", "union"):  # (a union's first child is its tag)
+        fields = kids[1:] if t.id == "union" else kids
+        inner = ", ".join('"' + name.replace('"', '""') + '" ' + _printable_type(kid)
+                          for name, kid in fields)
+        return f"{t.id.upper()}({inner})"
+    if t.id == "map":
+        return f"MAP({_printable_type(kids[0][1])}, {_printable_type(kids[1][1])})"
+    name = str(t)
+    if name in _PLAIN_TYPES or _TO_FLOAT.match(name) or name == "FLOAT":
+        return name
+    return "DOUBLE" if name == "UHUGEINT" else "VARCHAR"
 
 
 def printable(rel: Any) -> Any:
-    """A DuckDB relation with ``text_casts`` applied to its columns (still unexecuted), each
-    column keeping its name (DuckDB tells repeated names apart as its DataFrame does: a, a_1);
-    ``rel`` itself where nothing needs a cast."""
-    casts = text_casts([str(d[1]) for d in rel.description])
+    """A user's query as a DuckDB relation (unexecuted) with each column that ``_printable_type``
+    changes cast to it, every column keeping its name (DuckDB tells repeated names apart as its
+    DataFrame does: a, a_1); ``rel`` itself where no column changes."""
+    targets = [_printable_type(t) for t in rel.types]
+    casts = {i: target for i, (target, t) in enumerate(zip(targets, rel.types))
+             if target.replace('"', "") != str(t).replace('"', "")}
     if not casts:
         return rel
     names = ['"' + d[0].replace('"', '""') + '"' for d in rel.description]

@@ -921,6 +921,25 @@ def test_types_pandas_prints_badly_print_as_duckdb_text(tmp_path, fmt):
     assert float(cells[-3]) == float(2 ** 100) and cells[-2:] == ["1", "\\x01"]
 
 
+def test_nested_values_of_such_types_hold_duckdb_text(tmp_path):
+    """Inside a LIST, STRUCT, MAP or UNION too: 'infinity' of a TIMESTAMP inside a list was the
+    integer -9223372036854775807 in json, a BLOB bytearray(...), a DATE given a time of day."""
+    from lmprof.rundir import parse_json
+
+    query = ("SELECT ['infinity'::TIMESTAMP, NULL] AS l, {'b': '\\xAA'::BLOB, 'd d': "
+             "[DATE '2020-01-02']} AS s, MAP {DATE '2020-01-03': 1} AS m, "
+             "union_value(k := '\\x01'::BLOB) AS u, [INTERVAL 2 HOUR] AS a, "
+             "{'q': 1.5::DECIMAL(3, 1), 'n': [1]} AS plain")
+    code, out, err = run("sql", str(REPORT), query, "--format", "json")
+    assert code == 0, err
+    assert parse_json(out) == [{"l": ["infinity", None], "s": {"b": "\\xAA", "d d": ["2020-01-02"]},
+                                "m": {"2020-01-03": 1}, "u": "\\x01", "a": ["02:00:00"],
+                                "plain": {"q": 1.5, "n": [1]}}]
+    code, out, err = run("sql", str(REPORT), query, "--format", "csv")
+    assert code == 0, err
+    assert out.splitlines()[1].startswith('"[""infinity"", null]",')
+
+
 def test_a_query_that_is_not_utf_8_is_a_one_line_error(tmp_path):
     """Bytes of another encoding in QUERY (Latin-1's \\xff from a shell) reach Python as lone
     surrogates, which DuckDB's extract_statements refused with a TypeError traceback."""
