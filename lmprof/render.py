@@ -79,28 +79,32 @@ _INT_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT
               "UBIGINT"}
 _TO_FLOAT = re.compile(r"^(HUGEINT|DECIMAL\(\d+,\d+\))$")
 _PLAIN_TYPES = _INT_TYPES | {"DOUBLE", "VARCHAR", "BOOLEAN"}
-def _printable_type(t: Any) -> str:
+def _printable_type(t: Any, real: str = "DOUBLE") -> str:
     """The SQL type a user's result column of DuckDB type ``t`` (a ``DuckDBPyType``) is cast to
     before printing (``printable``): itself where a Table or pandas prints it as DuckDB would;
     otherwise each scalar inside it that pandas prints badly becomes VARCHAR, DuckDB's own text
     (pandas printed a BLOB as ``bytearray(b'...')``, a BIT as Python bytes, a DATE with a time of
     day, 'infinity' of a DATE or TIMESTAMP as year 294247, an integer, or not at all, and refused
-    BIGNUM), and UHUGEINT becomes DOUBLE, as HUGEINT prints (pandas refused it too)."""
+    BIGNUM), and UHUGEINT becomes DOUBLE, as HUGEINT prints (pandas refused it too). A FLOAT
+    becomes ``real``: DOUBLE through VARCHAR (its shortest text, 0.1 where the float32 widened is
+    0.10000000149011612, which json printed beside csv's 0.1)."""
     kids = list(getattr(t, "children", None) or ()) if t.id in (
         "list", "array", "struct", "map", "union") else []
     if t.id == "list":
-        return f"{_printable_type(kids[0][1])}[]"
+        return f"{_printable_type(kids[0][1], real)}[]"
     if t.id == "array":
-        return f"{_printable_type(kids[0][1])}[{kids[1][1]}]"
+        return f"{_printable_type(kids[0][1], real)}[{kids[1][1]}]"
     if t.id in ("struct", "union"):  # (a union's first child is its tag)
         fields = kids[1:] if t.id == "union" else kids
-        inner = ", ".join('"' + name.replace('"', '""') + '" ' + _printable_type(kid)
+        inner = ", ".join('"' + name.replace('"', '""') + '" ' + _printable_type(kid, real)
                           for name, kid in fields)
         return f"{t.id.upper()}({inner})"
     if t.id == "map":
-        return f"MAP({_printable_type(kids[0][1])}, {_printable_type(kids[1][1])})"
+        return f"MAP({_printable_type(kids[0][1], real)}, {_printable_type(kids[1][1], real)})"
     name = str(t)
-    if name in _PLAIN_TYPES or _TO_FLOAT.match(name) or name == "FLOAT":
+    if name == "FLOAT":
+        return real
+    if name in _PLAIN_TYPES or _TO_FLOAT.match(name):
         return name
     return "DOUBLE" if name == "UHUGEINT" else "VARCHAR"
 
@@ -109,15 +113,16 @@ def printable(rel: Any) -> Any:
     """A user's query as a DuckDB relation (unexecuted) with each column that ``_printable_type``
     changes cast to it, every column keeping its name (DuckDB tells repeated names apart as its
     DataFrame does: a, a_1); ``rel`` itself where no column changes."""
-    targets = [_printable_type(t) for t in rel.types]
-    casts = {i: target for i, (target, t) in enumerate(zip(targets, rel.types))
-             if target.replace('"', "") != str(t).replace('"', "")}
-    if not casts:
-        return rel
-    names = ['"' + d[0].replace('"', '""') + '"' for d in rel.description]
-    return rel.project(", ".join(
-        f"CAST(#{i + 1} AS {casts[i]}) AS {name}" if i in casts else f"#{i + 1} AS {name}"
-        for i, name in enumerate(names)))
+    exprs, cast = [], False
+    for i, (t, d) in enumerate(zip(rel.types, rel.description)):
+        target, expr = _printable_type(t), f"#{i + 1}"
+        if target.replace('"', "") != str(t).replace('"', ""):
+            cast = True
+            via = _printable_type(t, real="VARCHAR")  # (FLOATs as text first)
+            expr = f"CAST({expr} AS {via})" if via != target else expr
+            expr = f"CAST({expr} AS {target})"
+        exprs.append(f'{expr} AS "{d[0].replace(chr(34), chr(34) * 2)}"')
+    return rel.project(", ".join(exprs)) if cast else rel
 
 
 @dataclass

@@ -940,6 +940,19 @@ def test_nested_values_of_such_types_hold_duckdb_text(tmp_path):
     assert out.splitlines()[1].startswith('"[""infinity"", null]",')
 
 
+def test_a_float_prints_its_shortest_text_in_json_as_in_csv(tmp_path):
+    """A FLOAT (float32) printed in json as widened to a double, 0.10000000149011612, where csv
+    printed 0.1 (DuckDB's text of it)."""
+    from lmprof.rundir import parse_json
+
+    query = "SELECT 0.1::FLOAT AS f, [0.2::FLOAT] AS l"
+    code, out, err = run("sql", str(REPORT), query, "--format", "json")
+    assert code == 0, err
+    assert parse_json(out) == [{"f": 0.1, "l": [0.2]}]
+    code, out, err = run("sql", str(REPORT), query, "--format", "csv")
+    assert code == 0 and out == 'f,l\n0.1,[0.2]\n', (out, err)
+
+
 def test_a_query_that_is_not_utf_8_is_a_one_line_error(tmp_path):
     """Bytes of another encoding in QUERY (Latin-1's \\xff from a shell) reach Python as lone
     surrogates, which DuckDB's extract_statements refused with a TypeError traceback."""
