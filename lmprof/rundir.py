@@ -375,6 +375,8 @@ def _shape_problem(record: dict[str, Any]) -> str | None:
                 not all(json_is(v, _NUMBER) for v in stats.values()):
             return (f"'timings.summary.{phase}' is not an object of numbers with "
                     f"{', '.join(sorted(_SUMMARY_KEYS))}")
+    if problem := _value_problem(record):
+        return problem
     windows = record.get("phase_windows", [])
     if not isinstance(windows, list):
         return "'phase_windows' is not a list"
@@ -382,6 +384,37 @@ def _shape_problem(record: dict[str, Any]) -> str | None:
         if not isinstance(w, dict) or any(w.get(k) is None or not json_is(w[k], t)
                                           for k, t in _WINDOW.items()):
             return "'phase_windows' holds an entry without integer step/start_ns/end_ns and a phase"
+    return None
+
+
+# config sizes of a `capture run` record that capture refuses below 1 (warm-up may be 0)
+_POSITIVE_CONFIG = ("batch_size", "context_length", "steps", "d_model", "d_ff", "num_layers",
+                    "num_heads", "vocab_size")
+
+
+def _value_problem(record: dict[str, Any]) -> str | None:
+    """What a well-typed run.json holds that no run measures: a negative duration, FLOP count or
+    peak (the tables showed a negative TFLOP/s and MFU as a result) or a size or count below what
+    capture accepts (a context length of 0 sat at the edge of the log-scale plot). Types are
+    checked first (``_shape_problem``)."""
+    timings = record.get("timings", {})
+    values = [(f"timings.{k}", timings.get(k)) for k in ("total_s", "warmup_s")]
+    values += [("timings.warmup_steps_s", v) for v in timings.get("warmup_steps_s", [])]
+    values += [(f"timings.steps.{k}", v) for step in timings.get("steps", [])
+               for k, v in step.items()]
+    values += [(f"timings.summary.{phase}.{k}", v)
+               for phase, stats in timings.get("summary", {}).items() for k, v in stats.items()]
+    values += [(f"{key}.{k}", v) for key in ("flops", "peak_memory")
+               for k, v in record.get(key, {}).items()]
+    for name, value in values:
+        if value is not None and value < 0:
+            return f"'{name}' is {value!r}, which is negative"
+    if is_model_run(record):
+        config = record.get("config", {})
+        for name in (*_POSITIVE_CONFIG, "warmup"):
+            value, least = config.get(name), 0 if name == "warmup" else 1
+            if value is not None and value < least:
+                return f"'config.{name}' is {value!r}; capture runs take {least} or more"
     return None
 
 

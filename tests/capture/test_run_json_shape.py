@@ -66,6 +66,18 @@ def _edit(path: list, value):
     # values of the right type outside what the tool writes (shown as they were before)
     (["status"], "BANANA", "'status' is 'BANANA', not one of OK, OOM, ERROR, TIMEOUT"),
     (["kind"], "banana", "'kind' is 'banana', not one of run, precision, attention"),
+    # numbers no run measures: a negative step time was a negative TFLOP/s and MFU in the table,
+    # a context length of 0 a point at the edge of the log-scale time-vs-context plot
+    (["timings", "summary", "step", "mean_s"], -0.05,
+     r"'timings.summary.step.mean_s' is -0.05, which is negative"),
+    (["timings", "summary", "forward", "std_s"], -1, "'timings.summary.forward.std_s' is -1"),
+    (["timings", "warmup_s"], -5, "'timings.warmup_s' is -5, which is negative"),
+    (["timings", "warmup_steps_s"], [0.4, -0.1], "'timings.warmup_steps_s' is -0.1"),
+    (["flops", "backward_flops"], -10**12, "'flops.backward_flops' is -1000000000000"),
+    (["peak_memory", "allocated_bytes"], -3, "'peak_memory.allocated_bytes' is -3"),
+    (["config", "context_length"], 0, "'config.context_length' is 0; capture runs take 1"),
+    (["config", "batch_size"], -4, "'config.batch_size' is -4; capture runs take 1"),
+    (["config", "warmup"], -1, "'config.warmup' is -1; capture runs take 0"),
 ])
 def test_wrong_shapes_are_one_line_errors(tmp_path, path, value, message):
     run_dir = tmp_path / "r"
