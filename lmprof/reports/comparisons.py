@@ -132,7 +132,8 @@ def speedup(df: pd.DataFrame, column: str, base: Any) -> pd.DataFrame:
                 "compared": _compared(column, value, base),
                 "base_step_s": ref_step if isinstance(ref_step, float) else None,
                 "other_step_s": step if isinstance(step, float) else None,
-                "speedup": ref_step / step if ok else None,
+                # (a step recorded as taking no time has no ratio: it was a ZeroDivisionError)
+                "speedup": ref_step / step if ok and step else None,
                 "status": "OK" if ok else f"{_status(ref_step)} / {_status(step)}",
             }
             if peaks:

@@ -494,3 +494,28 @@ def test_context_plot_marks_where_a_configuration_failed(tmp_path, monkeypatch):
     assert ([256], "x", None) in drawn
     assert notes == [("OOM", (256, 0.95))]
     assert "marked × at the top with its status" in text
+
+
+def test_a_step_recorded_as_taking_no_time_has_no_speedup(tmp_path):
+    """The real compiled train cell beside an eager copy of it; the compiled one's step mean
+    edited to 0: the compile table leaves that pair's speedup empty (a ZeroDivisionError
+    traceback before) and keeps both step times."""
+    source = json.loads((Path(__file__).resolve().parents[1] / "data" / "h200-compiled" /
+                         "train" / "run.json").read_text())
+    source["artifacts"] = {}
+    eager = json.loads(json.dumps(source))
+    eager["run_id"] += "-eager"
+    eager["config"]["compile"] = False
+    source["timings"]["summary"]["step"]["mean_s"] = 0.0
+    for name, rec in (("compiled", source), ("eager", eager)):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "run.json").write_text(json.dumps(rec))
+    text = section_text(tmp_path / "runs", tmp_path / "r")
+    part = text.split("### Compiled vs eager")[1].split("###")[0]
+    lines = [line for line in part.splitlines() if line.startswith("|")]
+    header, row = ([c.strip() for c in line.strip("|").split("|")] for line in (lines[0], lines[2]))
+    shown = dict(zip(header, row))
+    eager_ms = f"{eager['timings']['summary']['step']['mean_s'] * 1e3:.2f}"
+    assert (shown["Compared"], shown["Base step (ms)"], shown["Other step (ms)"],
+            shown["Speedup (×)"], shown["Status"]) == (
+        "compiled vs eager", eager_ms, "0.00", "", "OK"), lines
