@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 from lmprof.reports.report import build
 from nsys_data import edit, stats, write_run_json, writable_copy
 
@@ -70,3 +74,22 @@ def test_gemm_fraction_of_a_sweep_run_reads_the_export_or_gives_none(tmp_path):
     assert gemm_fraction_by_phase(bad) is None
     (tmp_path / "garbage.sqlite").write_text("garbage")
     assert gemm_fraction_by_phase(tmp_path / "garbage.sqlite") is None
+
+
+def test_runs_of_one_run_id_are_told_apart_in_their_headings(tmp_path):
+    """The real lmprof nsys run copied into two folders (one run id twice, as copies between
+    machines make): each export's heading names its own folder; both named the same run id."""
+    source = Path(__file__).resolve().parents[1] / "data" / "h200-lmprof-nsys"
+    record = json.loads((source / "run.json").read_text())
+    record["artifacts"].pop("nsys_rep")  # (the .nsys-rep is not copied: nsys would export it)
+    folders = [tmp_path / "runs" / name for name in ("a", "b")]
+    for d in folders:
+        d.mkdir(parents=True)
+        shutil.copy(source / "report.sqlite", d)
+        (d / "run.json").write_text(json.dumps(record))
+    text = build([str(tmp_path / "runs")], tmp_path / "out").read_text()
+    section = text[text.index("## GPU kernels (nsys)"):text.index("### Across runs")]
+    headings = [line for line in section.splitlines() if line.startswith("### ")]
+    assert len(headings) == 2 and headings[0] != headings[1], headings
+    for heading, d in zip(headings, folders):
+        assert heading.endswith(f"(`{d}`)"), heading

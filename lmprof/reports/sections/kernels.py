@@ -48,6 +48,16 @@ def _exports(ctx: ReportContext) -> list[tuple[Path, dict | None, bool]]:
     return out + [(path, record, True) for path, record in ctx.exports]
 
 
+def _names(exports: list[tuple[Path, dict | None, bool]]) -> list[str]:
+    """What each export's heading names it by, as markdown: the file the user named, else its
+    run's id, else (a run id that another run of the report repeats: a run directory copied)
+    its run directory."""
+    ids = [str(record.get("run_id")) for _, record, named in exports if not named]
+    return [md_code(str(path) if named else str(record.get("run_id"))
+                    if ids.count(str(record.get("run_id"))) == 1 else record["run_dir"])
+            for path, record, named in exports]
+
+
 def section(ctx: ReportContext) -> str | None:
     from lmprof.analyze import kernel_tables, kernels, nsys
     from lmprof.analyze.trace import Options, configure, prepare, tell_apart
@@ -61,19 +71,18 @@ def section(ctx: ReportContext) -> str | None:
     configure(con, spill.name)
     parts, traces, problems = [_INTRO], [], []
     try:
-        for i, (path, record, named) in enumerate(exports, 1):
+        for i, ((path, record, named), source) in enumerate(zip(exports, _names(exports)), 1):
             try:
                 tr = prepare(con, path, options, schema=f"r{i}", record=record)
                 tables, notes = kernels.tables(tr, tuple(name for name, _ in _TABLES), top=_TOP)
             except UserError as exc:  # (an export's numbers that overflow come here too)
                 if named:
                     raise
-                problems.append(f"- {md_code(str(record.get('run_id')))}: {md_text(str(exc))}")
+                problems.append(f"- {source}: {md_text(str(exc))}")
                 continue
             traces.append(tr)
             # one process, no NCCL kernels: left out, as analyze kernels leaves them out
             tables = kernel_tables.without_empty_multi_rank(tables)
-            source = md_code(str(path) if named else str(record.get("run_id")))
             parts.append(f"### {md_text(tr.label)} ({source})")
             for name, heading in _TABLES:
                 if name not in tables:
