@@ -174,8 +174,10 @@ def failed_runs(records: list[dict[str, Any]]) -> str:
     ERROR, TIMEOUT), one markdown line each under "Failed runs:", for below that table; ''
     where none did. (An attention or precision run has no row there: its section says how it
     ended.)"""
-    errors = [f"- {md_code(r['run_id'])}: {r['status']} — {md_text(r['error'])}" for r in records
-              if rundir.is_model_run(r) and r.get("error")]
+    # (by status: an OK run with an error text is no failed run, a failed one without any still is)
+    errors = [f"- {md_code(r['run_id'])}: {r['status']} — "
+              f"{md_text(r.get('error') or '(no error message recorded)')}" for r in records
+              if rundir.is_model_run(r) and r["status"] != "OK"]
     return ("Failed runs:\n" + "\n".join(errors)) if errors else ""
 
 

@@ -326,3 +326,22 @@ def test_each_cell_is_its_raw_value_in_its_header_s_unit_with_its_column_s_decim
                 if name != "TFLOP/s" or value >= 1:  # (below 1: three significant digits)
                     decimals.add(_decimals(cell))
         assert len(decimals) <= 1, (name, [row[i] for row in rows])
+
+
+def test_failed_runs_are_listed_by_their_status_not_by_an_error_text(tmp_path, capsys):
+    """Below the table, "Failed runs" lists the runs whose status is not OK: the real OOM cell
+    edited to TIMEOUT without a message is listed; the real OK run given an error text is not
+    (it was listed as "OK — ..." while the TIMEOUT was left out)."""
+    timeout = _copy_run(DATA / "h200-oom" / "warmup1", tmp_path / "runs" / "timeout")
+    ok = _copy_run(TRAIN, tmp_path / "runs" / "ok")
+    for run, edits in ((timeout, {"status": "TIMEOUT", "error": None}),
+                       (ok, {"error": "a warning the user noted"})):
+        record = json.loads((run / "run.json").read_text())
+        record.update(edits)
+        (run / "run.json").write_text(json.dumps(record))
+    md = _md([str(tmp_path / "runs")], capsys)
+    failed = md.split("Failed runs:\n", 1)[1].splitlines()
+    timeout_id = json.loads((timeout / "run.json").read_text())["run_id"]
+    listed = [line for line in failed if line.startswith("- ")]
+    assert len(listed) == 1 and listed[0].startswith(f"- `{timeout_id}`: TIMEOUT"), failed
+    assert "a warning the user noted" not in md
