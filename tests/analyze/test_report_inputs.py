@@ -139,7 +139,7 @@ def test_a_damaged_run_json_beside_a_file_is_named_and_left_out(tmp_path):
     ("missing.sqlite", "no such file"),
     ("notes.txt", "is not a run directory, a sweep directory or directory of runs, an nsys "
                   "export (.sqlite, .nsys-rep) or a CUDA memory snapshot"),
-    ("truncated.sqlite", "not a readable SQLite database"),
+    ("truncated.sqlite", "is a truncated SQLite file"),
     ("trace.nsys-rep", "nsys is not available"),
     ("empty-dir", "no run.json"),
     ("bad.pickle", "is truncated"),
