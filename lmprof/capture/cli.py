@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shutil
 import subprocess
@@ -71,6 +72,13 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
         # with --run-dir (a sweep's cell) is its owner's to clean
         if run_dir is None:
             shutil.rmtree(target, ignore_errors=True)
+        raise
+    except Exception:
+        # a run.json that could not be written (a full disk): the folder made for it, left
+        # empty, goes too; one that holds something (an nsys report whose export failed) stays
+        if run_dir is None:
+            with contextlib.suppress(OSError):
+                target.rmdir()
         raise
     if not under_nsys:
         rundir.mark_latest_or_warn(target.parent, target)

@@ -399,6 +399,35 @@ def test_an_interrupted_run_leaves_no_run_directory(monkeypatch, tmp_path, capsy
     assert (given / "half-written.bin").is_file()
 
 
+
+def test_a_run_whose_run_json_cannot_be_written_leaves_no_empty_run_directory(monkeypatch,
+                                                                             tmp_path, capsys):
+    """The disk fills before run.json is written (ENOSPC on its write, as a full tmpfs gave):
+    one error line, and the run directory the command made goes instead of staying behind
+    empty, a run without a run.json that `analyze runs` passes over in silence."""
+    import errno
+    import pathlib
+
+    from lmprof.capture.cli import main
+
+    real_write_text = pathlib.Path.write_text
+
+    def disk_full(self, *args, **kwargs):
+        if self.name.startswith(".run.json.tmp"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real_write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", disk_full)
+    out = tmp_path / "runs"
+    out.mkdir()
+    (out / "earlier-run").mkdir()  # (the user's own: untouched)
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", *TINY, "--out", str(out), "-q"])
+    assert exit_.value.code != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "No space left on device" in err
+    assert sorted(p.name for p in out.iterdir()) == ["earlier-run"]
+
 @pytest.mark.parametrize("content", ["my notes about these runs\nsecond line\n", "", "latest\n",
                                      "x" * 300 + "\n"], ids=["notes", "empty", "latest", "long"])
 def test_a_users_file_named_latest_is_left_and_the_markers_text_form_is_replaced(tmp_path,
