@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +42,7 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
     """Run warm-up and measured steps, timing every phase; write runs/<run-id>/run.json.
 
     Exit status: 0 when the run's status is OK, 1 when it is OOM or ERROR (still recorded),
-    2 for bad options.
+    2 for bad options, 130 for Ctrl-C and 143 for SIGTERM (the unfinished run directory goes).
     """
     from lmprof.capture import runner
 
@@ -61,30 +62,47 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
     prep = runner.prepare(spec)
     out_root = Path(out)
     nsys = nsystool.find_nsys(nsys_path) if spec.nsys and not under_nsys else None
-    # --run-dir (the sweep gives each cell its own) holds for every run, under nsys or not
-    target = Path(run_dir) if run_dir else runner.new_run_dir(out_root, prep)
-    target.mkdir(parents=True, exist_ok=True)
+    # SIGTERM (kill, a job's time limit) ends the run as Ctrl-C does, rather than with the
+    # process, which left the run directory behind empty
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    target = None
     try:
+        # --run-dir (the sweep gives each cell its own) holds for every run, under nsys or not
+        target = Path(run_dir) if run_dir else runner.new_run_dir(out_root, prep)
+        target.mkdir(parents=True, exist_ok=True)
         record = _run(target, spec, prep, nsys, nsys_args, quiet, under_nsys)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated) as exc:
         # Ctrl-C: a run directory this command made holds no finished run (run.json is written
         # last), so it goes rather than stay behind empty or with half an artifact; one given
         # with --run-dir (a sweep's cell) is its owner's to clean
-        if run_dir is None:
+        if run_dir is None and target is not None:
             shutil.rmtree(target, ignore_errors=True)
+        if isinstance(exc, Terminated):
+            click.echo("terminated (SIGTERM)", err=True)
+            sys.exit(128 + signal.SIGTERM)
         raise
     except Exception:
         # a run.json that could not be written (a full disk): the folder made for it, left
         # empty, goes too; one that holds something (an nsys report whose export failed) stays
-        if run_dir is None:
+        if run_dir is None and target is not None:
             with contextlib.suppress(OSError):
                 target.rmdir()
         raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if not under_nsys:
         rundir.mark_latest_or_warn(target.parent, target)
         if not quiet:
             _print_summary(target, record)
     sys.exit(0 if record["status"] == "OK" else 1)
+
+
+class Terminated(BaseException):  # (not Exception: the runner records those as ERROR)
+    """SIGTERM arrived during ``capture run``."""
+
+
+def _terminated(signum, frame):
+    raise Terminated()
 
 
 def _run(target: Path, spec, prep, nsys: str | None, nsys_args: str | None, quiet: bool,

@@ -428,6 +428,35 @@ def test_a_run_whose_run_json_cannot_be_written_leaves_no_empty_run_directory(mo
     assert len(err.splitlines()) == 1 and "No space left on device" in err
     assert sorted(p.name for p in out.iterdir()) == ["earlier-run"]
 
+
+def test_a_run_ended_by_sigterm_exits_143_and_leaves_no_run_directory(tmp_path):
+    """SIGTERM (kill, a job's time limit) during the steps ends the run as Ctrl-C does: exit
+    143 with one line, and the unfinished run directory goes (the process died of the signal
+    and left it behind empty)."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "runs"
+    out.mkdir()
+    (out / "earlier-run").mkdir()  # (the user's own: untouched)
+    env = {**os.environ, "LMPROF_INJECT_FAULT": "hang"}  # (forward sleeps: the run is under way)
+    proc = subprocess.Popen([sys.executable, "-m", "lmprof.capture", "run", *TINY,
+                             "--out", str(out), "-q"], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(out.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)  # (until the run directory is there)
+        time.sleep(2)  # (the tiny model built, the first warm-up forward asleep)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines() == ["terminated (SIGTERM)"]
+    assert sorted(p.name for p in out.iterdir()) == ["earlier-run"]
+
 @pytest.mark.parametrize("content", ["my notes about these runs\nsecond line\n", "", "latest\n",
                                      "x" * 300 + "\n"], ids=["notes", "empty", "latest", "long"])
 def test_a_users_file_named_latest_is_left_and_the_markers_text_form_is_replaced(tmp_path,
