@@ -12,13 +12,23 @@ from pathlib import Path
 
 import click
 
-from lmprof import rundir
-from lmprof import nsystool
-from lmprof.capture import nsys as nsys_mod
-from lmprof.capture.attention import attention_cmd
-from lmprof.capture.options import (add_run_options, add_sweep_options, spec_from_kwargs,
-                                    spec_to_argv)
-from lmprof.errors import PathParam, UserError, run_cli
+# torch first (the modules below import it), with Ctrl-C held until it is in: its C extension
+# imports numpy and takes any error there, a Ctrl-C's KeyboardInterrupt too, for numpy being
+# absent, so a Ctrl-C in that moment was lost (the run went on to the end, exit 0) or left numpy
+# half imported (the run then failed, ERROR). Held, it is raised once torch is in.
+_held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+try:
+    import torch  # noqa: F401
+finally:
+    signal.pthread_sigmask(signal.SIG_SETMASK, _held)
+
+from lmprof import rundir  # noqa: E402
+from lmprof import nsystool  # noqa: E402
+from lmprof.capture import nsys as nsys_mod  # noqa: E402
+from lmprof.capture.attention import attention_cmd  # noqa: E402
+from lmprof.capture.options import (add_run_options, add_sweep_options,  # noqa: E402
+                                    spec_from_kwargs, spec_to_argv)
+from lmprof.errors import PathParam, UserError, run_cli  # noqa: E402
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -457,6 +457,38 @@ def test_a_run_ended_by_sigterm_exits_143_and_leaves_no_run_directory(tmp_path):
     assert err.strip().splitlines() == ["terminated (SIGTERM)"]
     assert sorted(p.name for p in out.iterdir()) == ["earlier-run"]
 
+
+# Sends the process a Ctrl-C the moment numpy is first imported (torch's C extension imports it
+# while torch is imported), then runs `capture` with the arguments given.
+_CTRL_C_AT_NUMPY = """
+import os, runpy, signal, sys
+class CtrlCAtNumpy:
+    fired = False
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy" and not CtrlCAtNumpy.fired:
+            CtrlCAtNumpy.fired = True
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, CtrlCAtNumpy())
+sys.argv = ["capture", *sys.argv[1:]]
+runpy.run_module("lmprof.capture", run_name="__main__")
+"""
+
+
+def test_ctrl_c_while_torch_imports_numpy_stops_the_command(tmp_path):
+    """A Ctrl-C that lands while torch's C extension imports numpy stops the command. torch
+    took the KeyboardInterrupt for numpy missing: the run went on to the end, OK, exit 0 (or,
+    numpy left half imported, failed later as ERROR, exit 1), as sending SIGINT 0.3-0.5 s into
+    `capture run` showed."""
+    import signal
+
+    out = tmp_path / "runs"
+    proc = subprocess.run([sys.executable, "-c", _CTRL_C_AT_NUMPY, "run", *TINY, "--out",
+                           str(out), "-q"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.returncode in (-signal.SIGINT, 130), proc.stderr[-2000:]
+    assert not out.exists() or not any(out.iterdir())
+
 @pytest.mark.parametrize("content", ["my notes about these runs\nsecond line\n", "", "latest\n",
                                      "x" * 300 + "\n"], ids=["notes", "empty", "latest", "long"])
 def test_a_users_file_named_latest_is_left_and_the_markers_text_form_is_replaced(tmp_path,
