@@ -155,16 +155,22 @@ def mark_latest(out_root: Path, run_dir: Path) -> str | None:
     Returns why it could not (something else named ``latest`` is there, the folder refuses),
     else None: the run stands either way, so the caller warns and goes on."""
     link = out_root / LATEST
+    # made beside it and renamed over it: two runs ending at once each leave a whole link (an
+    # unlink, then a link made, lost that race now and then: the link of the other run was there
+    # already, and the text form written through it failed)
+    tmp = out_root / f".{LATEST}.tmp-{os.getpid()}"
     try:
-        if link.is_symlink() or _is_marker(link):
-            link.unlink()
-        elif link.exists():
+        if not (link.is_symlink() or _is_marker(link)) and link.exists():
             return f"left {str(link)!r} as it is: not the link to the latest run this tool makes"
+        tmp.unlink(missing_ok=True)
         try:
-            link.symlink_to(run_dir.name, target_is_directory=True)
+            tmp.symlink_to(run_dir.name, target_is_directory=True)
         except OSError:
-            link.write_text(run_dir.name + "\n")
+            tmp.write_text(run_dir.name + "\n")
+        os.replace(tmp, link)
     except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
         return f"cannot point {str(link)!r} at the run: {exc.strerror or exc}"
     return None
 

@@ -489,6 +489,32 @@ def test_ctrl_c_while_torch_imports_numpy_stops_the_command(tmp_path):
     assert proc.returncode in (-signal.SIGINT, 130), proc.stderr[-2000:]
     assert not out.exists() or not any(out.iterdir())
 
+
+def test_latest_is_pointed_at_the_run_when_another_run_marks_it_at_the_same_moment(
+        monkeypatch, tmp_path):
+    """Two runs that end at once: the other run's `latest` appears between this one's check
+    and its link (two processes marking 5000 times each lost that race 4 times: a warning,
+    and `latest` left on the other run). The link this run makes still takes its place."""
+    import pathlib
+
+    from lmprof import rundir
+
+    out = tmp_path / "runs"
+    other, mine = out / "20261206T000000Z-a-0001", out / "20261206T000000Z-b-0002"
+    for d in (other, mine):
+        d.mkdir(parents=True)
+    real_symlink_to = pathlib.Path.symlink_to
+
+    def other_run_first(self, target, target_is_directory=False):
+        if not (out / "latest").is_symlink():  # (the other run's mark_latest, done just now)
+            real_symlink_to(out / "latest", other.name, target_is_directory=True)
+        return real_symlink_to(self, target, target_is_directory)
+
+    monkeypatch.setattr(pathlib.Path, "symlink_to", other_run_first)
+    assert rundir.mark_latest(out, mine) is None
+    assert (out / "latest").resolve() == mine.resolve()
+    assert sorted(p.name for p in out.iterdir()) == sorted([other.name, mine.name, "latest"])
+
 @pytest.mark.parametrize("content", ["my notes about these runs\nsecond line\n", "", "latest\n",
                                      "x" * 300 + "\n"], ids=["notes", "empty", "latest", "long"])
 def test_a_users_file_named_latest_is_left_and_the_markers_text_form_is_replaced(tmp_path,
