@@ -348,7 +348,8 @@ def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, w
 
         check_flash_available(dev)  # before any work: CPU needs TRITON_INTERPRET=1
     out_root = Path(out)
-    run_dir = rundir.create_run_dir(out_root, label or "attention-" + "".join(parts))
+    run_dir = rundir.create_run_dir(
+        out_root, label if label is not None else "attention-" + "".join(parts))
     config = {"parts": list(parts), "impls": list(impls), "seq": list(seqs), "d": list(ds),
               "dtype": list(dtypes), "batch": batch, "heads": heads, "causal": causal,
               "iters": iters, "warmup": warmup, "device": device}

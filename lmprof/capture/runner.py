@@ -94,6 +94,8 @@ def check_spec(spec: RunSpec, device_type: str) -> ModelConfig:
     """
     if spec.mode not in MODES:
         raise UserError(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
+    if spec.label is not None:  # ('' too: an unset shell variable, not the default label)
+        rundir.check_name(spec.label, "--label")
     for f in dataclasses.fields(spec):  # run.json keeps 64-bit integers (and torch takes no more)
         value = getattr(spec, f.name)
         if isinstance(value, int) and not isinstance(value, bool) and \

@@ -58,6 +58,8 @@ def test_parts_a_and_b_write_a_run_directory(tmp_path):
     (["--part", "a", "--impl", "naive", "--seq", str(2**64)], f"--seq {2**64} is too large"),
     (["--part", "b", "--batch", str(2**64)], f"--batch {2**64} is too large"),
     (["--part", "a", "--iters", str(2**70)], f"--iters {2**70} is too large"),
+    # (an unset shell variable: it ran under the default label)
+    (["--part", "a", "--impl", "naive", "--seq", "8", "--d", "8", "--label", ""], "--label ''"),
 ])
 def test_bad_options_exit_2_with_one_line(tmp_path, args, message):
     proc = capture("--device", "cpu", "--out", "runs", *args, cwd=tmp_path)
