@@ -16,11 +16,13 @@ import click
 # imports numpy and takes any error there, a Ctrl-C's KeyboardInterrupt too, for numpy being
 # absent, so a Ctrl-C in that moment was lost (the run went on to the end, exit 0) or left numpy
 # half imported (the run then failed, ERROR). Held, it is raised once torch is in.
-_held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+_mask = getattr(signal, "pthread_sigmask", None)  # (POSIX only)
+_held = _mask(signal.SIG_BLOCK, {signal.SIGINT}) if _mask else None
 try:
     import torch  # noqa: F401
 finally:
-    signal.pthread_sigmask(signal.SIG_SETMASK, _held)
+    if _mask:
+        _mask(signal.SIG_SETMASK, _held)
 
 from lmprof import rundir  # noqa: E402
 from lmprof import nsystool  # noqa: E402
