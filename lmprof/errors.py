@@ -58,6 +58,11 @@ def not_utf8(path: str | os.PathLike) -> str | None:
     return None
 
 
+# What a write fails with that is not the user's input (a full disk, a quota, an I/O error, a
+# file past the size limit): exit 1 with one line, where a UserError is exit 2
+MACHINE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG)
+
+
 def run_cli(group: click.Group, argv: list[str] | None = None) -> None:
     """Run a click group so that user errors print one line and exit 2, never a traceback."""
     try:
@@ -83,7 +88,7 @@ def run_cli(group: click.Group, argv: list[str] | None = None) -> None:
     except OSError as exc:
         # a full disk or an I/O error (stdout's, where no file is named): not the user's
         # input, so exit 1, but one line
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG):
+        if exc.errno not in MACHINE_ERRNOS:
             raise
         where = f": {exc.filename!r}" if exc.filename else " (writing the output)"
         click.echo(f"error: {exc.strerror}{where}", err=True)

@@ -64,7 +64,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from lmprof.errors import UserError
+from lmprof.errors import MACHINE_ERRNOS, UserError
 
 SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
@@ -140,6 +140,8 @@ def write_json(path: Path, obj: Any, indent: int = 1) -> None:
         os.replace(tmp, path)
     except OSError as exc:  # a full disk, a folder gone: one line, no temp file left
         tmp.unlink(missing_ok=True)
+        if exc.errno in MACHINE_ERRNOS:  # (exit 1, naming the file: not the user's input)
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
         raise UserError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
 
 

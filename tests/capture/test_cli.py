@@ -425,9 +425,9 @@ def test_a_run_whose_run_json_cannot_be_written_leaves_no_empty_run_directory(mo
     (out / "earlier-run").mkdir()  # (the user's own: untouched)
     with pytest.raises(SystemExit) as exit_:
         main(["run", *TINY, "--out", str(out), "-q"])
-    assert exit_.value.code != 0
+    assert exit_.value.code == 1  # (the machine's trouble, not the user's input: not 2)
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "No space left on device" in err
+    assert len(err.splitlines()) == 1 and "No space left on device" in err and "run.json" in err
     assert sorted(p.name for p in out.iterdir()) == ["earlier-run"]
 
 
