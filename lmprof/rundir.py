@@ -115,7 +115,7 @@ def check_name(name: str, option: str) -> str:
     digits and ``. _ + -`` only, so that no name points at another folder (``../x``, ``a/b``,
     ``/tmp/x``); else a one-line UserError naming ``option``."""
     if not _LABEL.fullmatch(name):
-        raise UserError(f"{option} {name!r}: use up to 100 letters, digits, '.', '_', '+' or '-' "
+        raise UserError(f"{option} {name!r}: use 1 to 100 letters, digits, '.', '_', '+' or '-' "
                         "(not starting with '.')")
     return name
 

@@ -159,11 +159,11 @@ def test_profiler_flags_without_their_profiler_are_refused(tmp_path, flag, value
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--label", "../outside"], "--label '../outside': use up to 100 letters"),
+    (["--label", "../outside"], "--label '../outside': use 1 to 100 letters"),
     (["--label", "a/b"], "--label 'a/b'"),
     (["--label", ".hidden"], "not starting with '.'"),
     # (an unset shell variable: it ran under the default label, recording label '')
-    (["--label", ""], "--label '': use up to 100 letters"),
+    (["--label", ""], "--label '': use 1 to 100 letters"),
     (["--lr", "-1"], "--lr must be a finite number"),
     (["--lr", "nan"], "--lr must be a finite number"),
     (["--context-length", str(2**40)], "must be below 2^31"),
