@@ -18,7 +18,8 @@ from lmprof.reports.report import ReportContext, build, load_runs
 from lmprof.reports.sections import precision as precision_section
 from lmprof.reports.sections import sweep as sweep_section
 
-DIMS = {"tiny": (64, 256, 2, 4), "small": (768, 3072, 12, 12)}
+DIMS = {"tiny": (64, 256, 2, 4), "small": (768, 3072, 12, 12), "medium": (1024, 4096, 24, 16),
+        "large": (1280, 5120, 36, 20)}
 
 
 def run_record(size="small", ctx=128, mode="train", dtype="fp32", compile=False, warmup=5,
@@ -519,3 +520,42 @@ def test_a_step_recorded_as_taking_no_time_has_no_speedup(tmp_path):
     assert (shown["Compared"], shown["Base step (ms)"], shown["Other step (ms)"],
             shown["Speedup (×)"], shown["Status"]) == (
         "compiled vs eager", eager_ms, "0.00", "", "OK"), lines
+
+
+def test_context_plot_tells_every_configuration_apart_alike_in_every_panel(tmp_path,
+                                                                          monkeypatch):
+    """18 configurations (3 sizes x 3 dtypes x eager/compiled) in two modes: each line has its
+    own look (colour, line style, marker), the same in both panels, and one legend below the
+    panels serves both. The colours cycled through ten in each panel's own order, so lines
+    shared a look and a configuration changed colour from panel to panel."""
+    import matplotlib.pyplot as plt
+
+    recs = [run_record(size=size, ctx=ctx, mode=mode, dtype=dtype, compile=compiled,
+                       step_s=0.001 * ctx / 128 * (i + 1))
+            for i, (size, dtype, compiled) in enumerate(
+                (s, d, c) for s in ("small", "medium", "large") for d in ("fp32", "bf16", "fp16")
+                for c in (False, True))
+            for mode in ("forward", "train") for ctx in (128, 256)]
+    drawn: dict[str, set] = {}
+    legends = []
+    real_plot, real_legend = plt.Axes.plot, plt.Figure.legend
+
+    def plot(self, x, y, *a, **k):
+        if k.get("label"):
+            drawn.setdefault(k["label"], set()).add((id(self), k.get("color"), k.get("ls"),
+                                                     k.get("marker")))
+        return real_plot(self, x, y, *a, **k)
+
+    def legend(self, *a, **k):
+        legends.append(a[1])
+        return real_legend(self, *a, **k)
+
+    monkeypatch.setattr(plt.Axes, "plot", plot)
+    monkeypatch.setattr(plt.Figure, "legend", legend)
+    text = section_text(write_sweep(tmp_path / "s", recs), tmp_path / "r")
+    assert "img/sweep_time_vs_context.png" in text
+    assert len(drawn) == 18 and all(len({axes for axes, *_ in v}) == 2 for v in drawn.values())
+    looks = {label: {tuple(look) for _, *look in v} for label, v in drawn.items()}
+    assert all(len(v) == 1 for v in looks.values())  # one look across the panels
+    assert len({v.pop() for v in looks.values()}) == 18  # and a look of its own
+    assert legends == [list(drawn)]  # one legend, for the figure

@@ -89,6 +89,55 @@ def _speedup(df: pd.DataFrame, column: str, base, what: str) -> str | None:
         "other_peak_bytes": ("Other peak (MiB)", 2**-20, ".0f")})
 
 
+_LINESTYLES = ("-", "--", ":", "-.")
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def _line_styles(keys: list[tuple]) -> dict[tuple, dict[str, Any]]:
+    """A matplotlib style per configuration (a line key), the same in every panel, so that a
+    configuration is told by its look across modes and the legend serves them all: of the key's
+    parts that differ between configurations, the one with the most values picks the colour, the
+    next the line style, the next the marker; any others pick the colour too, with the first."""
+    distinct = [sorted({k[i] for k in keys}, key=_natural) for i in range(len(keys[0]))]
+    varying = sorted((i for i, values in enumerate(distinct) if len(values) > 1),
+                     key=lambda i: -len(distinct[i]))
+    colour_parts = varying[:1] + varying[3:]
+    colours = sorted({tuple(k[i] for i in colour_parts) for k in keys}, key=_natural)
+    palette = [f"C{i}" for i in range(10)] if len(colours) <= 10 else _tab20()
+    styles = {}
+    for k in keys:
+        colour = colours.index(tuple(k[i] for i in colour_parts))
+        styles[k] = {
+            "color": palette[colour % len(palette)],
+            "ls": _LINESTYLES[distinct[varying[1]].index(k[varying[1]]) % len(_LINESTYLES)]
+            if len(varying) > 1 else "-",
+            "marker": _MARKERS[distinct[varying[2]].index(k[varying[2]]) % len(_MARKERS)]
+            if len(varying) > 2 else "o"}
+    return styles
+
+
+def _natural(value: Any) -> tuple:
+    """Sort order of a line key's part (or a tuple of them): model sizes smallest first, numbers
+    by value, the rest by text; None and NaN last."""
+    from lmprof.model.config import SIZES
+
+    if isinstance(value, tuple):
+        return tuple(_natural(v) for v in value)
+    if value is None or (isinstance(value, float) and value != value):
+        return (3, "")
+    if isinstance(value, str) and value in SIZES:
+        return (0, list(SIZES).index(value))
+    if isinstance(value, (bool, int, float)):
+        return (1, float(value))
+    return (2, str(value))
+
+
+def _tab20() -> list[Any]:
+    import matplotlib
+
+    return list(matplotlib.colormaps["tab20"].colors)
+
+
 def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
     line_keys = ["size", "batch", "dtype", "compile", "attention", "warmup", "device", "nsys",
                  "memory"]
@@ -113,16 +162,27 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
     import matplotlib.ticker
 
     log_y = any_failed = False
-    fig, axes = plt.subplots(1, len(lines), figsize=(6 * len(lines), 4.5), squeeze=False)
+    keys = [key for mode_lines in lines.values() for key, _, _ in mode_lines]
+    style = _line_styles(keys)
+    handles: dict[str, Any] = {}  # one legend for every panel, below them: it covers no data
+    ncol = min(4, len(set(keys)))
+    rows = -(-len(set(keys)) // ncol)
+    legend_in = 0.1 + 0.2 * rows  # (inches below the panels)
+    fig, axes = plt.subplots(1, len(lines), figsize=(6 * len(lines), 4.5 + legend_in),
+                             squeeze=False)
     for ax, (mode, mode_lines) in zip(axes[0], lines.items()):
         plotted = pd.concat([lg for _, lg, _ in mode_lines])
         marks: dict = {}  # failure marks per context so far: stacked downwards from the top
         for key, lg, failed in mode_lines:
-            size, _, dtype, compiled, attention, _, _, nsys, memory = key
+            size, batch, dtype, compiled, attention, warmup, device, nsys, memory = key
             label = f"{size} {dtype}" + (" compiled" if compiled else "") + (
                 f" {attention}" if attention != "naive" else "") + (
-                f" ({profiled(nsys, memory)})" if nsys or memory else "")
-            (line,) = ax.plot(lg["context"], lg["step_mean_s"] * 1e3, marker="o", label=label)
+                f" ({profiled(nsys, memory)})" if nsys or memory else "") + (
+                f" batch {batch}" if len({k[1] for k in keys}) > 1 else "") + (
+                f" warm-up {warmup}" if len({k[5] for k in keys}) > 1 else "") + (
+                f" {device}" if len({k[6] for k in keys}) > 1 else "")
+            (line,) = ax.plot(lg["context"], lg["step_mean_s"] * 1e3, label=label, **style[key])
+            handles.setdefault(label, line)
             for c, status in failed.items():  # in a band above the data, in the line's colour
                 any_failed = True
                 y = 0.95 - 0.065 * marks.get(c, 0)
@@ -152,8 +212,9 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
         ax.set_ylabel("step time (ms, mean)")
         ax.set_title(mode)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize="small")
-    fig.tight_layout()
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol,
+               fontsize="small", frameon=False)
+    fig.tight_layout(rect=(0, legend_in / (4.5 + legend_in), 1, 1))
     path, link = ctx.image("sweep_time_vs_context.png")
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -161,7 +222,9 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
     failures = ("contexts where a configuration failed are marked × at the top with its status "
                 "(OOM, ERROR, TIMEOUT)" if any_failed else "failed cells are left out")
     return (f"![step time vs context length]({link})\n\nMean step time against context length "
-            f"({scales}); one line per size, dtype, compile, attention and profiling setting; "
+            f"({scales}); one line per size, dtype, compile, attention and profiling setting, "
+            "drawn alike in every panel (what varies most, the colour; then the line, then "
+            "the marker); "
             f"{failures}; repeated configurations are shown by their median.")
 
 
