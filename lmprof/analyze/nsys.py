@@ -565,6 +565,28 @@ def expand_reports(args) -> list[str | Path]:
         "an nsys export (capture one with 'capture run --nsys')")
 
 
+def run_export(record: dict, nsys_path: str | None = None) -> Path:
+    """The SQLite export that run ``record`` names: its ``.sqlite``, else its ``.nsys-rep``
+    exported (``_sqlite_for_rep``); a one-line UserError where it names none, or only files
+    that are missing or not files."""
+    from lmprof import rundir
+
+    sqlite = rundir.artifact_path(record, "nsys_sqlite")
+    rep = rundir.artifact_path(record, "nsys_rep")
+    if sqlite is not None and sqlite.is_file():
+        return sqlite
+    if rep is not None and rep.is_file():
+        return _sqlite_for_rep(rep, nsys_path)
+    named = [a for a in (sqlite, rep) if a is not None]
+    if not named:
+        raise UserError(f"run directory {record['run_dir']!r} has no nsys export "
+                        "(capture it with 'capture run --nsys')")
+    odd = [a for a in named if a.exists()]
+    raise UserError(f"run directory {record['run_dir']!r} names nsys export "
+                    f"{str((odd or named)[0])!r}, "
+                    f"{'which is not a file' if odd else 'which does not exist'}")
+
+
 def resolve_report(arg: str | Path, nsys_path: str | None = None) -> tuple[Path, dict | None]:
     """A REPORT argument (SQLite export, ``.nsys-rep``, or run directory) -> (SQLite, run.json)."""
     from lmprof import rundir
@@ -576,18 +598,7 @@ def resolve_report(arg: str | Path, nsys_path: str | None = None) -> tuple[Path,
         if p.is_dir() and not (p / rundir.RUN_FILE).is_file():
             raise UserError(f"{str(p)!r} is a directory, not an nsys export or a run directory")
         record = rundir.load_run(p)
-        sqlite = rundir.artifact_path(record, "nsys_sqlite")
-        rep = rundir.artifact_path(record, "nsys_rep")
-        if sqlite is not None and sqlite.is_file():
-            return sqlite, record
-        if rep is not None and rep.is_file():
-            return _sqlite_for_rep(rep, nsys_path), record
-        named = [str(a) for a in (sqlite, rep) if a is not None and a.exists()]
-        if named:
-            raise UserError(f"run directory {record['run_dir']!r} names nsys export "
-                            f"{named[0]!r}, which is not a file")
-        raise UserError(f"run directory {record['run_dir']!r} has no nsys export "
-                        "(capture it with 'capture run --nsys')")
+        return run_export(record, nsys_path), record
     if p.suffix in magic.REP_SUFFIXES:
         if problem := magic.not_a_file(p):  # (nsys would wait on a pipe; SQLite: _check_file)
             raise UserError(problem)

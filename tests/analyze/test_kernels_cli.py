@@ -596,6 +596,21 @@ def test_failed_nsys_export_leaves_nothing_to_trust(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "trace.nsys-rep"]
 
 
+@pytest.mark.parametrize("command", [("kernels",), ("sql", "SELECT 1")])
+def test_a_run_whose_export_is_gone_is_named_as_such(tmp_path, command):
+    """The run.json of an nsys run (the fixture's) without the export and report it names, as a
+    run directory copied without its large files: the error names the missing file; it said
+    the run had no export and to capture it with 'capture run --nsys', which it was."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_bytes((RUN_JSON_REPORT.parent / "run.json").read_bytes())
+    code, _, err = run(command[0], str(run_dir), *command[1:])
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert f"names nsys export {str(run_dir / 'report.sqlite')!r}, which does not exist" in err
+    assert "capture run --nsys" not in err
+    assert [p.name for p in run_dir.iterdir()] == ["run.json"]
+
+
 @pytest.mark.parametrize("nsys, message", [
     # a message that is not UTF-8 (a UnicodeDecodeError traceback before)
     (f"#!{sys.executable}\nimport sys\nsys.stderr.buffer.write(b'Fehler \\xff\\n')\n"
