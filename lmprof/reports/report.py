@@ -33,8 +33,10 @@ class ReportContext:
     # files given without a run that names them: (path, the run.json beside it or None)
     exports: list[tuple[Path, dict[str, Any] | None]] = field(default_factory=list)
     snapshots: list[tuple[Path, dict[str, Any] | None]] = field(default_factory=list)
-    # for the kernel section: lmprof.analyze.trace.Options (None: the defaults)
+    # for the kernel section: lmprof.analyze.trace.Options (None: the defaults), and the nsys
+    # that exports a run's .nsys-rep (--nsys-path; None: $NSYS, else PATH)
     kernel_options: Any = None
+    nsys_path: str | None = None
     # the images' folder in out_dir: "img" for report.md, "<name>_img" for another name, so that
     # two reports written into one folder do not overwrite each other's images (image_folder)
     img_name: str = "img"
@@ -148,7 +150,7 @@ def build(paths: list[str], out: str | Path, kernel_options: Any = None,
     a directory that exists) and return its path; its images go into a folder beside it
     (``image_folder``).
     ``kernel_options`` (``lmprof.analyze.trace.Options``) name the phase and attention ranges of
-    traces from other code; ``nsys_path`` exports a ``.nsys-rep`` given."""
+    traces from other code; ``nsys_path`` exports a ``.nsys-rep`` given or a run's."""
     out = Path(out)
     # (a folder that exists is one, whatever its name: as a file it failed after the plots
     # were drawn, which stayed beside it)
@@ -162,7 +164,8 @@ def build(paths: list[str], out: str | Path, kernel_options: Any = None,
     except OSError as exc:
         raise UserError(f"cannot create {str(target.parent)!r}: {exc.strerror or exc}") from None
     ctx = ReportContext(runs=runs, out_dir=target.parent, exports=exports, snapshots=snapshots,
-                        kernel_options=kernel_options, img_name=image_folder(target))
+                        kernel_options=kernel_options, nsys_path=nsys_path,
+                        img_name=image_folder(target))
     try:
         parts = ["# lmprof report", "", _overview(ctx), ""]
         try:

@@ -513,17 +513,17 @@ def test_pipes_and_devices_are_refused_without_waiting(tmp_path, args):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe.nsys-rep", "pipe.sqlite"]
 
 
-def _fake_nsys(tmp_path: Path, fail: bool = False) -> Path:
-    """A stand-in for 'nsys export --type=sqlite --output=OUT REP': copies the fixture to OUT
-    (half of it, then exit 1, with ``fail``) and counts its calls in bin/calls."""
+def _fake_nsys(tmp_path: Path, fail: bool = False, source: Path = REPORT) -> Path:
+    """A stand-in for 'nsys export --type=sqlite --output=OUT REP': copies ``source`` (a fixture
+    export) to OUT (half of it, then exit 1, with ``fail``) and counts its calls in bin/calls."""
     fake = tmp_path / "bin" / "nsys"
     fake.parent.mkdir(exist_ok=True)
     fake.write_text(f"#!{sys.executable}\nimport shutil, sys\n"
                     "out = [a.split('=', 1)[1] for a in sys.argv if a.startswith('--output=')][0]\n"
                     f"open({str(fake.parent / 'calls')!r}, 'a').write('x')\n"
-                    + (f"open(out, 'wb').write(open({str(REPORT)!r}, 'rb').read()[:4096])\n"
+                    + (f"open(out, 'wb').write(open({str(source)!r}, 'rb').read()[:4096])\n"
                        "sys.exit('export failed: disk full')\n" if fail else
-                       f"shutil.copyfile({str(REPORT)!r}, out)\n"))
+                       f"shutil.copyfile({str(source)!r}, out)\n"))
     fake.chmod(0o755)
     return fake
 

@@ -4,6 +4,7 @@ as files, beside or instead of run directories; and what it refuses."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -248,6 +249,28 @@ def test_nsys_rep_file_is_exported_then_reported(tmp_path):
     assert "Top kernels per phase" in text
     assert (fake.parent / "calls").read_text() == "x"
     assert sha256(tmp_path / "trace.sqlite") == sha256(REPORT)
+
+
+@pytest.mark.parametrize("given", ["run", "rep"])
+def test_a_runs_nsys_rep_without_its_sqlite_is_exported_then_reported(tmp_path, given):
+    """A run directory holding its run.json and report.nsys-rep but not the report.sqlite it
+    names (the fixture run's files): the report exports the .nsys-rep with --nsys-path, as
+    analyze kernels does, whether the run or its .nsys-rep is given; it had no kernel section."""
+    from test_kernels_cli import _fake_nsys
+
+    fixture = ROOT / "tests" / "data" / "h200-lmprof-nsys"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for name in ("run.json", "report.nsys-rep"):
+        shutil.copyfile(fixture / name, run_dir / name)
+    fake = _fake_nsys(tmp_path, source=fixture / "report.sqlite")
+    arg = run_dir if given == "run" else run_dir / "report.nsys-rep"
+    text = _report(tmp_path, str(arg), "--nsys-path", str(fake))
+    run_id = json.loads((fixture / "run.json").read_text())["run_id"]
+    assert f" (`{run_id}`)\n" in text.split("\n## GPU kernels (nsys)\n", 1)[1]
+    assert "Top kernels per phase" in text and "could not be read" not in text
+    assert (fake.parent / "calls").read_text() == "x"
+    assert sha256(run_dir / "report.sqlite") == sha256(fixture / "report.sqlite")
 
 
 def test_exports_without_a_run_are_labelled_by_their_name(tmp_path):

@@ -2,7 +2,8 @@
 export), process timing and communication where an export holds several ranks, and the
 cross-run tables when there are several exports.
 
-Exports come from the report's runs (``artifacts.nsys_sqlite``) and from the files given without
+Exports come from the report's runs (``artifacts.nsys_sqlite``, else ``nsys_rep`` exported with
+``ReportContext.nsys_path``) and from the files given without
 a run (``ReportContext.exports``: traces of other code, named with the context's
 ``kernel_options``). A run's export that cannot be read is listed under the tables; a file the
 user named that cannot be read stops the report (one-line error, as ``analyze kernels``)."""
@@ -38,14 +39,14 @@ _INTRO = (
     "durations; 'all' is the whole report.")
 
 
-def _exports(ctx: ReportContext) -> list[tuple[Path, dict | None, bool]]:
-    """(export, its run.json or None, whether the user named the file) for every export."""
-    out = []
-    for record in ctx.runs:
-        path = rundir.artifact_path(record, "nsys_sqlite")
-        if path is not None and path.is_file():
-            out.append((path, record, False))
-    return out + [(path, record, True) for path, record in ctx.exports]
+def _exports(ctx: ReportContext) -> list[tuple[Path | None, dict | None, bool]]:
+    """(export, its run.json or None, whether the user named the file) for every export; the
+    export of a run is None, found when it is read (``nsys.run_export``: its ``.sqlite``, else
+    its ``.nsys-rep`` exported, as ``analyze kernels`` does), for each run that holds one."""
+    runs = [(None, record, False) for record in ctx.runs
+            if any(path is not None and path.is_file() for path in
+                   (rundir.artifact_path(record, key) for key in ("nsys_sqlite", "nsys_rep")))]
+    return runs + [(path, record, True) for path, record in ctx.exports]
 
 
 def _names(exports: list[tuple[Path, dict | None, bool]]) -> list[str]:
@@ -73,6 +74,8 @@ def section(ctx: ReportContext) -> str | None:
     try:
         for i, ((path, record, named), source) in enumerate(zip(exports, _names(exports)), 1):
             try:
+                if path is None:
+                    path = nsys.run_export(record, ctx.nsys_path)
                 tr = prepare(con, path, options, schema=f"r{i}", record=record)
                 tables, notes = kernels.tables(tr, tuple(name for name, _ in _TABLES), top=_TOP)
             except UserError as exc:  # (an export's numbers that overflow come here too)
