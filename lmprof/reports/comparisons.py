@@ -8,7 +8,7 @@ except the one compared. Torch-free.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -30,8 +30,10 @@ def _first_steps(record: dict[str, Any]) -> tuple[float | None, float | None]:
     return (warm[0] if warm else first_measured), first_measured
 
 
-def runs_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
-    """benchmark_table's row per run, plus first-step times, peak memory and the nsys export."""
+def runs_frame(records: list[dict[str, Any]],
+               export: Callable[[dict[str, Any]], Path | None] | None = None) -> pd.DataFrame:
+    """benchmark_table's row per run, plus first-step times, peak memory and the nsys export
+    (``export(record)``, the report's ``run_export``; by default ``artifacts.nsys_sqlite``)."""
     rows = []
     for r in sorted(records, key=rundir.config_order):  # the benchmark table's order
         row = benchmark_table([r])
@@ -39,7 +41,8 @@ def runs_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
             continue
         first, first_measured = _first_steps(r)
         peak = r.get("peak_memory") or {}
-        sqlite = rundir.artifact_path(r, "nsys_sqlite") if r.get("run_dir") else None
+        sqlite = None if not r.get("run_dir") else (
+            export(r) if export else rundir.artifact_path(r, "nsys_sqlite"))
         rows.append(row.assign(
             run_id=r.get("run_id"), first_step_s=first, first_measured_step_s=first_measured,
             peak_allocated_bytes=peak.get("allocated_bytes"),

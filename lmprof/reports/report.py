@@ -40,6 +40,29 @@ class ReportContext:
     # the images' folder in out_dir: "img" for report.md, "<name>_img" for another name, so that
     # two reports written into one folder do not overwrite each other's images (image_folder)
     img_name: str = "img"
+    # run_dir -> its SQLite export, None (no export file there) or the UserError of its export
+    _run_exports: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def run_export(self, record: dict[str, Any]) -> Path | None:
+        """The SQLite export of run ``record`` (``nsys.run_export``: its ``.sqlite``, else its
+        ``.nsys-rep`` exported, once, with ``nsys_path``), for every section that reads it;
+        None where run.json names no export file that is there. An export that fails raises
+        its UserError, each time it is asked for."""
+        key = record["run_dir"]
+        if key not in self._run_exports:
+            from lmprof.analyze import nsys
+
+            named = (rundir.artifact_path(record, k) for k in ("nsys_sqlite", "nsys_rep"))
+            result = None
+            if any(path is not None and path.is_file() for path in named):
+                try:
+                    result = nsys.run_export(record, self.nsys_path)
+                except UserError as exc:
+                    result = exc
+            self._run_exports[key] = result
+        if isinstance(result := self._run_exports[key], UserError):
+            raise result
+        return result
 
     @property
     def img_dir(self) -> Path:

@@ -273,6 +273,22 @@ def test_a_runs_nsys_rep_without_its_sqlite_is_exported_then_reported(tmp_path, 
     assert sha256(run_dir / "report.sqlite") == sha256(fixture / "report.sqlite")
 
 
+def test_runs_nsys_reps_exported_once_feed_the_sweep_gemm_table_too(tmp_path):
+    """Two such runs: each .nsys-rep is exported once for the whole report, and the sweep
+    section's GEMM table (drawn before the kernel section) has them; it read the .sqlite alone."""
+    from test_kernels_cli import _fake_nsys
+
+    fixture = ROOT / "tests" / "data" / "h200-lmprof-nsys"
+    for name in ("a", "b"):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        for f in ("run.json", "report.nsys-rep"):
+            shutil.copyfile(fixture / f, tmp_path / "runs" / name / f)
+    fake = _fake_nsys(tmp_path, source=fixture / "report.sqlite")
+    text = _report(tmp_path, str(tmp_path / "runs"), "--nsys-path", str(fake))
+    assert "### GEMM fraction by size and context length" in text
+    assert (fake.parent / "calls").read_text() == "xx"
+
+
 def test_exports_without_a_run_are_labelled_by_their_name(tmp_path):
     """By the file's name, or by its folder's for the default names report.sqlite / reportN."""
     for name in ("mytrace.sqlite", "report1.sqlite"):

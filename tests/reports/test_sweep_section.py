@@ -172,6 +172,8 @@ def test_memory_table_only_when_recorded(tmp_path):
 def test_gemm_fraction_goes_through_the_hook(tmp_path, monkeypatch):
     recs = [run_record(ctx=c, sqlite=True) for c in (128, 256)]
     root = write_sweep(tmp_path / "s", recs)
+    for rec in recs:  # (the report reads a run's export that is there; the hook reads nothing)
+        (root / sweepdir.CELLS / rec["run_id"] / "report.sqlite").touch()
     seen = []
 
     def fake(sqlite):

@@ -2,8 +2,8 @@
 export), process timing and communication where an export holds several ranks, and the
 cross-run tables when there are several exports.
 
-Exports come from the report's runs (``artifacts.nsys_sqlite``, else ``nsys_rep`` exported with
-``ReportContext.nsys_path``) and from the files given without
+Exports come from the report's runs (``ReportContext.run_export``: ``artifacts.nsys_sqlite``, else
+``nsys_rep`` exported) and from the files given without
 a run (``ReportContext.exports``: traces of other code, named with the context's
 ``kernel_options``). A run's export that cannot be read is listed under the tables; a file the
 user named that cannot be read stops the report (one-line error, as ``analyze kernels``)."""
@@ -14,7 +14,6 @@ import functools
 import tempfile
 from pathlib import Path
 
-from lmprof import rundir
 from lmprof.analyze import kernel_names
 from lmprof.errors import UserError
 from lmprof.render import md_code, md_text, to_markdown
@@ -40,12 +39,16 @@ _INTRO = (
 
 
 def _exports(ctx: ReportContext) -> list[tuple[Path | None, dict | None, bool]]:
-    """(export, its run.json or None, whether the user named the file) for every export; the
-    export of a run is None, found when it is read (``nsys.run_export``: its ``.sqlite``, else
-    its ``.nsys-rep`` exported, as ``analyze kernels`` does), for each run that holds one."""
-    runs = [(None, record, False) for record in ctx.runs
-            if any(path is not None and path.is_file() for path in
-                   (rundir.artifact_path(record, key) for key in ("nsys_sqlite", "nsys_rep")))]
+    """(export, its run.json or None, whether the user named the file) for every export; a
+    run's is None, found when it is read (``ctx.run_export``)."""
+    runs = []
+    for record in ctx.runs:
+        try:
+            if ctx.run_export(record) is None:
+                continue
+        except UserError:
+            pass  # (listed with its reason when it is read)
+        runs.append((None, record, False))
     return runs + [(path, record, True) for path, record in ctx.exports]
 
 
@@ -75,7 +78,7 @@ def section(ctx: ReportContext) -> str | None:
         for i, ((path, record, named), source) in enumerate(zip(exports, _names(exports)), 1):
             try:
                 if path is None:
-                    path = nsys.run_export(record, ctx.nsys_path)
+                    path = ctx.run_export(record)
                 tr = prepare(con, path, options, schema=f"r{i}", record=record)
                 tables, notes = kernels.tables(tr, tuple(name for name, _ in _TABLES), top=_TOP)
             except UserError as exc:  # (an export's numbers that overflow come here too)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from lmprof.errors import UserError
 from lmprof.render import display_name, escaped, ratio_text, yes_no
 from lmprof.reports import comparisons as cmp
 from lmprof.reports.report import ReportContext
@@ -246,8 +247,17 @@ def _gemm(df: pd.DataFrame) -> str | None:
             + _md(t, {c: (c, 1.0, ".1f") for c in t.columns if str(c).startswith("ctx ")}))
 
 
+def _export(ctx: ReportContext) -> Callable[[dict[str, Any]], Any]:
+    def export(record: dict[str, Any]) -> Any:
+        try:
+            return ctx.run_export(record)
+        except UserError:  # (the GPU kernels section says why)
+            return None
+    return export
+
+
 def section(ctx: ReportContext) -> str | None:
-    df = cmp.runs_frame(ctx.runs)
+    df = cmp.runs_frame(ctx.runs, export=_export(ctx))
     if len(df) < 2:  # one run has nothing to compare across (its tables are the sections')
         return None
     parts = [
