@@ -184,6 +184,9 @@ def _check_file(path: Path) -> None:
     if path.is_dir():
         raise UserError(f"{str(path)!r} is a directory, not an nsys SQLite export")
     head = magic.read_head(path, 100)  # SQLite's header: its magic string, bytes 18-19, size
+    if magic.kind(head) == "duckdb":  # (a --db file, which analyze sql reads)
+        raise UserError(f"{str(path)!r} is a DuckDB database ('analyze sql' queries those), not "
+                        "an nsys SQLite export")
     if magic.kind(head) != "sqlite":
         raise UserError(f"{str(path)!r} is not an SQLite file (export one with "
                         "'nsys export --type=sqlite')")

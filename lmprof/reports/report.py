@@ -123,6 +123,9 @@ def _file_kind(path: Path) -> str:
         return "export"
     if magic.snapshot_like(head) or ".pickle" in path.name:
         return "snapshot"
+    if magic.kind(head) == "duckdb":  # (a --db file)
+        raise UserError(f"{str(path)!r} is a DuckDB database ('analyze sql' queries those), not "
+                        f"{_KINDS_HELP}")
     raise UserError(f"{str(path)!r} is not {_KINDS_HELP}")
 
 

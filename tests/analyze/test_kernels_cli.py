@@ -596,6 +596,21 @@ def test_failed_nsys_export_leaves_nothing_to_trust(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "trace.nsys-rep"]
 
 
+def test_a_db_file_given_as_a_report_says_what_it_is(tmp_path):
+    """The --db file of analyze kernels given back to analyze kernels or analyze report in place
+    of an export: one line saying it is a DuckDB database, which analyze sql queries; it said
+    'not an SQLite file (export one with nsys export ...)', or listed what the report takes."""
+    db = tmp_path / "run.duckdb"
+    code, _, err = run("kernels", str(REPORT), "--table", "gemm_fraction", "--db", str(db))
+    assert code == 0, err
+    before = sha256(db)
+    for argv in (["kernels", str(db)], ["report", str(db), "-o", str(tmp_path / "rep")]):
+        code, _, err = run(*argv)
+        assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+        assert f"{str(db)!r} is a DuckDB database ('analyze sql' queries those)" in err
+    assert sha256(db) == before and sorted(p.name for p in tmp_path.iterdir()) == ["run.duckdb"]
+
+
 @pytest.mark.parametrize("command", [("kernels",), ("sql", "SELECT 1")])
 def test_a_run_whose_export_is_gone_is_named_as_such(tmp_path, command):
     """The run.json of an nsys run (the fixture's) without the export and report it names, as a
