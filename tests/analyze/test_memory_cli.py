@@ -411,3 +411,20 @@ def test_a_run_json_of_another_run_does_not_empty_the_phases(tmp_path):
     assert with_other["peak_phase"] == alone["peak_phase"] == "backward"
     own = peak(str(other))
     assert own["phase_source"] == "run.json phase windows"
+
+
+def test_run_of_another_kind_is_refused(tmp_path):
+    """--run naming a capture attention run (the fixture's) or a capture precision run: one
+    line, exit 2; it was taken as the snapshot's run, with no config or phase windows, and the
+    tables came out as if no run were given."""
+    attention = next((ROOT / "tests" / "data" / "attention-runs").iterdir())
+    made = subprocess.run([sys.executable, "-m", "lmprof.capture", "precision", "--device", "cpu",
+                           "--out", str(tmp_path / "runs"), "--quiet"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    precision = tmp_path / "runs" / "latest"
+    for run_dir, kind in ((attention, "attention"), (precision, "precision")):
+        proc = _run(FIXTURE, "--run", run_dir, "--out", tmp_path / "out")
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert f"is a {kind} run" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
