@@ -120,10 +120,11 @@ def expand(paths: list[str | Path]) -> list[Path]:
     return out
 
 
-def expand_with_artifact(args, keys: tuple[str, ...], what: str) -> list:
+def expand_with_artifact(args, keys: tuple[str, ...], what: str, hint: str) -> list:
     """Input arguments with each sweep directory or directory of runs replaced by those of its
     runs whose run.json names an existing artifact under one of ``keys`` (``what`` says which
-    kind in the error where none does); other arguments stay as given."""
+    kind in the error where none does, with ``hint`` where none names one, else the file that
+    one names and lacks); other arguments stay as given."""
     out: list = []
     for arg in args:
         p = Path(arg)
@@ -134,10 +135,14 @@ def expand_with_artifact(args, keys: tuple[str, ...], what: str) -> list:
         if runs == [p]:  # no runs in it: the caller's resolver says what it is not
             out.append(arg)
             continue
-        kept = [r for r in runs
-                if any(a is not None and a.is_file()
-                       for a in (rundir.artifact_path(rundir.load_run(r), k) for k in keys))]
+        named = {r: [a for a in (rundir.artifact_path(rundir.load_run(r), k) for k in keys)
+                     if a is not None] for r in runs}
+        kept = [r for r in runs if any(a.is_file() for a in named[r])]
         if not kept:
-            raise UserError(f"no run in {str(p)!r} has {what}")
+            lacking = [r for r in runs if named[r]]
+            if not lacking:
+                raise UserError(f"no run in {str(p)!r} has {what} ({hint})")
+            raise UserError(f"no run in {str(p)!r} has {what}: the {len(lacking)} whose run.json "
+                            f"names one lack the file (such as {str(named[lacking[0]][0])!r})")
         out += kept
     return out

@@ -43,7 +43,8 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
     from lmprof import rundir, sweepdir
 
     args = sweepdir.expand_with_artifact(
-        inputs, ("memory_snapshot",), "a memory snapshot (capture one with 'capture run --memory')")
+        inputs, ("memory_snapshot",), "a memory snapshot",
+        "capture one with 'capture run --memory'")
     refs, seen, read = [], set(), []  # read: the files the command reads, which it never writes
     for arg in args:  # one snapshot named twice (its run and its file) is loaded once
         ref = memory.resolve(arg, run_dir)

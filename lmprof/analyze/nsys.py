@@ -564,8 +564,8 @@ def expand_reports(args) -> list[str | Path]:
     from lmprof import sweepdir
 
     return sweepdir.expand_with_artifact(
-        args, ("nsys_sqlite", "nsys_rep"),
-        "an nsys export (capture one with 'capture run --nsys')")
+        args, ("nsys_sqlite", "nsys_rep"), "an nsys export",
+        "capture one with 'capture run --nsys'")
 
 
 def run_export(record: dict, nsys_path: str | None = None) -> Path:

@@ -596,6 +596,22 @@ def test_failed_nsys_export_leaves_nothing_to_trust(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "trace.nsys-rep"]
 
 
+def test_a_folder_of_runs_whose_exports_are_gone_names_one(tmp_path):
+    """A copy of the sweep committed in docs/reports (its cells' run.json, without the exports
+    they name): the error says the runs name exports they lack, and which; it said no run had
+    one and to capture with 'capture run --nsys', as for runs captured without nsys."""
+    import shutil
+
+    sweep = ROOT / "docs" / "reports" / "h100-2026-12-06" / "nsys-sweep" / "runs" / "nsys"
+    copy = tmp_path / "nsys"
+    shutil.copytree(sweep, copy)
+    cells = sorted((copy / "cells").iterdir())
+    code, _, err = run("kernels", str(copy))
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert f"the {len(cells)} whose run.json names one lack the file (such as " in err
+    assert str(cells[0] / "report.sqlite") in err and "capture run --nsys" not in err
+
+
 def test_a_db_file_given_as_a_report_says_what_it_is(tmp_path):
     """The --db file of analyze kernels given back to analyze kernels or analyze report in place
     of an export: one line saying it is a DuckDB database, which analyze sql queries; it said
