@@ -79,6 +79,8 @@ _INT_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT
               "UBIGINT"}
 _TO_FLOAT = re.compile(r"^(HUGEINT|DECIMAL\(\d+,\d+\))$")
 _PLAIN_TYPES = _INT_TYPES | {"DOUBLE", "VARCHAR", "BOOLEAN"}
+
+
 def _printable_type(t: Any, real: str = "DOUBLE") -> str:
     """The SQL type a user's result column of DuckDB type ``t`` (a ``DuckDBPyType``) is cast to
     before printing (``printable``): itself where a Table or pandas prints it as DuckDB would;

@@ -413,7 +413,7 @@ def sql_cmd(file, query, show_schema, attribution, phase_ranges, skip_steps, nsy
             if not show_schema:
                 _check_reads_only(con, query)
             # a relation: its columns' types are known before it runs, so that those pandas
-            # prints badly are cast to text in the same run (render.text_casts)
+            # prints badly are cast to text in the same run (render.printable)
             result = printable(con.sql(SCHEMA_SQL if show_schema else query))
             # csv and json go out batch by batch (a whole export's kernels are gigabytes as
             # Python rows); markdown needs the whole table

@@ -561,3 +561,17 @@ def test_context_plot_tells_every_configuration_apart_alike_in_every_panel(tmp_p
     assert all(len(v) == 1 for v in looks.values())  # one look across the panels
     assert len({v.pop() for v in looks.values()}) == 18  # and a look of its own
     assert legends == [list(drawn)]  # one legend, for the figure
+
+
+def test_line_looks_take_a_setting_some_runs_lack():
+    """A setting a run.json lacks is NaN in the line key, and no NaN equals another: two runs
+    lacking it counted as two values of it, which then took the colour from the model size
+    (what varies most), so the two small runs got two colours."""
+    from lmprof.reports.sections.sweep import _line_styles
+
+    keys = [("small", 4, dtype, False, float("nan"), 5, "cuda", False, False)
+            for dtype in ("fp32", "bf16")] + [("medium", 4, "fp32", True, "naive", 5, "cuda",
+                                                False, False)]
+    looks = _line_styles(keys)
+    assert len({tuple(sorted(v.items())) for v in looks.values()}) == 3
+    assert looks[keys[0]]["color"] == looks[keys[1]]["color"] != looks[keys[2]]["color"]

@@ -99,22 +99,23 @@ def _line_styles(keys: list[tuple]) -> dict[tuple, dict[str, Any]]:
     configuration is told by its look across modes and the legend serves them all: of the key's
     parts that differ between configurations, the one with the most values picks the colour, the
     next the line style, the next the marker; any others pick the colour too, with the first."""
-    distinct = [sorted({k[i] for k in keys}, key=_natural) for i in range(len(keys[0]))]
+    # (values by their sort key: a setting some runs lack is NaN, which equals no other NaN)
+    distinct = [sorted({_natural(k[i]) for k in keys}) for i in range(len(keys[0]))]
     varying = sorted((i for i, values in enumerate(distinct) if len(values) > 1),
                      key=lambda i: -len(distinct[i]))
     colour_parts = varying[:1] + varying[3:]
-    colours = sorted({tuple(k[i] for i in colour_parts) for k in keys}, key=_natural)
+    colours = sorted({_natural(tuple(k[i] for i in colour_parts)) for k in keys})
     palette = [f"C{i}" for i in range(10)] if len(colours) <= 10 else _tab20()
-    styles = {}
-    for k in keys:
-        colour = colours.index(tuple(k[i] for i in colour_parts))
-        styles[k] = {
-            "color": palette[colour % len(palette)],
-            "ls": _LINESTYLES[distinct[varying[1]].index(k[varying[1]]) % len(_LINESTYLES)]
-            if len(varying) > 1 else "-",
-            "marker": _MARKERS[distinct[varying[2]].index(k[varying[2]]) % len(_MARKERS)]
-            if len(varying) > 2 else "o"}
-    return styles
+
+    def pick(k: tuple, part: int | None, choices: tuple) -> Any:
+        return choices[0] if part is None else \
+            choices[distinct[part].index(_natural(k[part])) % len(choices)]
+
+    return {k: {"color": palette[colours.index(_natural(tuple(k[i] for i in colour_parts)))
+                                 % len(palette)],
+                "ls": pick(k, varying[1] if len(varying) > 1 else None, _LINESTYLES),
+                "marker": pick(k, varying[2] if len(varying) > 2 else None, _MARKERS)}
+            for k in keys}
 
 
 def _natural(value: Any) -> tuple:
