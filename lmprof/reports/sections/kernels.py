@@ -52,7 +52,7 @@ def _exports(ctx: ReportContext) -> list[tuple[Path | None, dict | None, bool]]:
     return runs + [(path, record, True) for path, record in ctx.exports]
 
 
-def _names(exports: list[tuple[Path, dict | None, bool]]) -> list[str]:
+def _names(exports: list[tuple[Path | None, dict | None, bool]]) -> list[str]:
     """What each export's heading names it by, as markdown: the file the user named, else its
     run's id, else (a run id that another run of the report repeats: a run directory copied)
     its run directory."""
