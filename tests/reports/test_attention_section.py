@@ -368,3 +368,35 @@ def test_times_and_rates_keep_their_decimals_in_every_row():
                 assert len({_decimals(c) for c in numbers}) <= 1, (name, numbers)
     flash = [row[part_c[0].index("flash (ms)")] for row in part_c[1]]
     assert [float(c) for c in flash] == [1.0, 2.25]
+
+
+def _drawn(monkeypatch) -> list:
+    """The figures plot_tflops saves, kept open to be read."""
+    import matplotlib.figure
+    import matplotlib.pyplot as plt
+
+    figures = []
+    real = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **k: (figures.append(fig), real(fig, *a, **k))[1])
+    monkeypatch.setattr(plt, "close", lambda fig=None: None)
+    return figures
+
+
+def test_an_implementation_has_one_colour_in_every_panel_and_plot(tmp_path, monkeypatch):
+    figures = _drawn(monkeypatch)
+    fp32 = dict(dtype="float32", d=32)
+    assert section.plot_tflops([_row("flash", 1024, 1.0), _row("sdpa-cudnn", 1024, 1.2),
+                                _row("flash", 1024, 9.0, **fp32),
+                                _row("sdpa-efficient", 1024, 3.0, **fp32)], tmp_path / "a.png")
+    assert section.plot_tflops([_row("sdpa-efficient", 1024, 3.0)], tmp_path / "b.png")
+    colours = {}
+    for fig in figures:
+        for ax in fig.axes:
+            assert ax.get_legend() is None  # (one legend for the figure, over no panel's data)
+            for line in ax.get_lines():
+                colours.setdefault(line.get_label(), set()).add(line.get_color())
+    assert all(len(c) == 1 for c in colours.values()), colours
+    assert len({c for cs in colours.values() for c in cs}) == len(colours) == 3
+    (legend,) = figures[0].legends
+    assert [t.get_text() for t in legend.get_texts()] == ["flash", "sdpa-cudnn", "sdpa-efficient"]

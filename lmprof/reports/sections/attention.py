@@ -179,8 +179,19 @@ def render_tables(results: dict[str, Any]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+# part c's implementations, one colour each in every panel and every plot of a report; any other
+# takes the next free colour in name order
+_IMPL_COLORS = {"flash": "C0", "sdpa-cudnn": "C1", "sdpa-efficient": "C2", "sdpa-flash": "C3"}
+
+
+def _impl_colors(impls) -> dict[str, str]:
+    free = iter(c for c in (f"C{i}" for i in range(10)) if c not in _IMPL_COLORS.values())
+    return {impl: _IMPL_COLORS.get(impl) or next(free, "C7") for impl in sorted(impls)}
+
+
 def plot_tflops(rows: list[dict], path) -> bool:
-    """Fwd+bwd TFLOP/s against seq, one panel per (dtype, d), one line per implementation."""
+    """Fwd+bwd TFLOP/s against seq, one panel per (dtype, d), one line per implementation (its
+    colour the same in every panel; one legend, right of the panels, for them all)."""
     df = pd.DataFrame(rows)
     if df.empty or "e2e_tflops" not in df:
         return False
@@ -196,15 +207,19 @@ def plot_tflops(rows: list[dict], path) -> bool:
     import matplotlib.pyplot as plt
 
     panels = sorted(df.groupby(["dtype", "d"]).groups)
+    colors = _impl_colors(df["impl"].unique())
     cols = min(4, len(panels))
     rows_n = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows_n, cols, figsize=(4 * cols, 3.2 * rows_n), squeeze=False)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4 * cols + 1.4, 3.2 * rows_n), squeeze=False,
+                             layout="constrained")
+    handles = {}
     for ax, (dtype, d) in zip(axes.flat, panels):
         sub = df[(df["dtype"] == dtype) & (df["d"] == d)]
         for impl, g in sub.groupby("impl"):
             g = g.sort_values("seq")
-            ax.plot(g["seq"], g["e2e_tflops"], marker="o", label=impl,
-                    linewidth=2.5 if impl.startswith("flash") else 1.2)
+            (line,) = ax.plot(g["seq"], g["e2e_tflops"], marker="o", label=impl,
+                              color=colors[impl], linewidth=2.5 if impl.startswith("flash") else 1.2)
+            handles.setdefault(impl, line)
         ax.set_xscale("log", base=2)
         ax.set_title(f"{dtype}, d_head {d}")
         ax.set_xlabel("sequence length")
@@ -212,8 +227,7 @@ def plot_tflops(rows: list[dict], path) -> bool:
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
-    fig.tight_layout()
+    fig.legend([handles[i] for i in colors], list(colors), loc="outside right upper", fontsize=8)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
