@@ -69,12 +69,7 @@ def timeline_png(con: duckdb.DuckDBPyConnection, sid: int, device: int, path: Pa
     fig = Figure(figsize=(11, 4.8))
     ax = fig.add_subplot()
     _bands(ax, con, sid, device, scale)
-    x0 = tl["since_start_us"] * scale
-    x1 = tl["since_start_end_us"] * scale
-    xs = [v for pair in zip(x0, x1) for v in pair]
-    lo = [v / MIB for v in tl["min_allocated_bytes"] for _ in (0, 1)]
-    hi = [v / MIB for v in tl["max_allocated_bytes"] for _ in (0, 1)]
-    res = [v / MIB for v in tl["max_reserved_bytes"] for _ in (0, 1)]
+    xs, lo, hi, res = _steps(tl, scale)
     ax.fill_between(xs, 0, lo, color="#4e79a7", alpha=0.55, lw=0)
     ax.fill_between(xs, lo, hi, color="#4e79a7", alpha=0.9, lw=0, label="allocated")
     ax.plot(xs, res, color="#333333", lw=1.0, ls="--", label="reserved")
@@ -96,6 +91,28 @@ def timeline_png(con: duckdb.DuckDBPyConnection, sid: int, device: int, path: Pa
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def _steps(tl: pd.DataFrame, scale: float) -> tuple[list, list, list, list]:
+    """x, low and high allocated, reserved (MiB) of the timeline's outline: each bucket spans its
+    entries at its lowest and highest level; from its last entry to the next bucket's first the
+    level is the one its last entry left (memory changes only at an entry: a line straight from
+    one bucket to the next would draw a slope where nothing was allocated or freed)."""
+    xs, lo, hi, res = [], [], [], []
+    b = list(tl.itertuples())
+    for i, r in enumerate(b):
+        pts = [(r.since_start_us, r.min_allocated_bytes, r.max_allocated_bytes,
+                r.max_reserved_bytes), (r.since_start_end_us, r.min_allocated_bytes,
+                                        r.max_allocated_bytes, r.max_reserved_bytes)]
+        if i + 1 < len(b):
+            held = (r.last_allocated_bytes, r.last_allocated_bytes, r.last_reserved_bytes)
+            pts += [(r.since_start_end_us, *held), (b[i + 1].since_start_us, *held)]
+        for x, low, high, reserved in pts:
+            xs.append(x * scale)
+            lo.append(low / MIB)
+            hi.append(high / MIB)
+            res.append(reserved / MIB)
+    return xs, lo, hi, res
 
 
 def _mark_ooms(ax, con: duckdb.DuckDBPyConnection, sid: int, device: int, has_time: bool,
@@ -132,8 +149,10 @@ def categories_png(con: duckdb.DuckDBPyConnection, sid: int, device: int, path: 
     fig = Figure(figsize=(11, 4.8))
     ax = fig.add_subplot()
     _bands(ax, con, sid, device, scale)
+    # (each level held until the next point, as the allocator's memory is between entries)
     ax.stackplot(wide.index * scale, *[wide[c] / MIB for c in cats], labels=cats,
-                 colors=[CATEGORY_COLORS.get(c, "#999999") for c in cats], alpha=0.9, lw=0)
+                 colors=[CATEGORY_COLORS.get(c, "#999999") for c in cats], alpha=0.9, lw=0,
+                 step="post")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("MiB")
     ax.set_title(title, fontsize=10)

@@ -9,6 +9,9 @@
 --   min_allocated_bytes    BIGINT  lowest allocated level in the bucket
 --   max_allocated_bytes    BIGINT  highest allocated level in the bucket
 --   max_reserved_bytes     BIGINT  highest reserved level in the bucket
+--   last_allocated_bytes   BIGINT  allocated level after the bucket's last entry (held until
+--                                  the next bucket's first)
+--   last_reserved_bytes    BIGINT  reserved level after the bucket's last entry
 --   has_time               BOOLEAN false: the x unit is the entry index, not µs
 WITH ev AS (
     SELECT seq, time_us, allocated_bytes, reserved_bytes FROM memory_events
@@ -23,6 +26,8 @@ SELECT seq // greatest(1, ceil(n / $buckets))::BIGINT AS bucket,
     min(allocated_bytes) AS min_allocated_bytes,
     max(allocated_bytes) AS max_allocated_bytes,
     max(reserved_bytes) AS max_reserved_bytes,
+    arg_max(allocated_bytes, seq) AS last_allocated_bytes,
+    arg_max(reserved_bytes, seq) AS last_reserved_bytes,
     any_value(has_time) AS has_time
 FROM ev, span
 GROUP BY bucket ORDER BY bucket

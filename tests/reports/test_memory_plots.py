@@ -1,0 +1,52 @@
+"""What the memory plots draw, read from their matplotlib figures (real snapshots)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lmprof.analyze import memory
+from lmprof.analyze.db import connect
+from lmprof.reports import memory_plots
+
+OOM = Path(__file__).resolve().parents[1] / "data" / "h200-oom" / "warmup0" / "memory.pickle.xz"
+
+
+@pytest.fixture
+def drawn(monkeypatch) -> list:
+    """The figures the plots save."""
+    figures = []
+    real = memory_plots._save
+    monkeypatch.setattr(memory_plots, "_save", lambda fig, path: (figures.append(fig),
+                                                                  real(fig, path))[1])
+    return figures
+
+
+@pytest.fixture(scope="module")
+def oom_con():
+    con = connect()
+    memory.load_memory(con, OOM, None)
+    return con
+
+
+def _slopes(ax) -> int:
+    """Edges of the axes' filled areas that are neither level nor upright."""
+    n = 0
+    for coll in ax.collections:
+        for path in coll.get_paths():
+            v = path.vertices
+            dx, dy = np.diff(v[:, 0]), np.diff(v[:, 1])
+            n += int(((np.abs(dx) > 1e-9) & (np.abs(dy) > 1e-9)).sum())
+    return n
+
+
+@pytest.mark.parametrize("plot", [memory_plots.timeline_png, memory_plots.categories_png])
+def test_memory_is_level_between_entries(tmp_path, drawn, oom_con, plot):
+    """Memory changes only at a trace entry: the OOM run's trace has entries 60 ms apart (the
+    48 GiB score tensors), and a line straight from one to the next drew a slope from 103 GB
+    down to 54 GB where nothing was freed."""
+    assert plot(oom_con, 0, 0, tmp_path / "p.png", "oom") is not None
+    (fig,) = drawn
+    assert _slopes(fig.axes[0]) == 0
