@@ -155,6 +155,8 @@ def categories_png(con: duckdb.DuckDBPyConnection, sid: int, device: int, path: 
                  step="post")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("MiB")
+    if wide.index[-1] > wide.index[0]:  # (the timeline's range: the two read side by side)
+        ax.set_xlim(wide.index[0] * scale, wide.index[-1] * scale)
     ax.set_title(title, fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.grid(axis="y", alpha=0.3)

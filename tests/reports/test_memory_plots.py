@@ -50,3 +50,12 @@ def test_memory_is_level_between_entries(tmp_path, drawn, oom_con, plot):
     assert plot(oom_con, 0, 0, tmp_path / "p.png", "oom") is not None
     (fig,) = drawn
     assert _slopes(fig.axes[0]) == 0
+
+
+def test_both_plots_of_a_snapshot_span_the_same_time(tmp_path, drawn, oom_con):
+    """The category plot was left matplotlib's margins (−30 to 624 ms against the timeline's
+    0 to 595): the same moment sat at different places in the two plots."""
+    memory_plots.timeline_png(oom_con, 0, 0, tmp_path / "t.png", "oom")
+    memory_plots.categories_png(oom_con, 0, 0, tmp_path / "c.png", "oom")
+    timeline, categories = (fig.axes[0].get_xlim() for fig in drawn)
+    assert categories == pytest.approx(timeline)
