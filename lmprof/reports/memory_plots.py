@@ -122,7 +122,8 @@ def _mark_ooms(ax, con: duckdb.DuckDBPyConnection, sid: int, device: int, has_ti
     for i, r in enumerate(ooms.itertuples()):
         x = (r.at_us if has_time and not pd.isna(r.at_us) else max(r.seq, 0)) * scale
         y = (0 if pd.isna(r.allocated_bytes) else r.allocated_bytes) / MIB
-        ax.plot([x], [y], marker="X", ls="none", color="#000000", ms=9, zorder=6,
+        # (not clipped: the failure is often the trace's last entry, on the axes' right edge)
+        ax.plot([x], [y], marker="X", ls="none", color="#000000", ms=9, zorder=6, clip_on=False,
                 label="out of memory" if i == 0 else None)
         requested = 0 if pd.isna(r.requested_bytes) else r.requested_bytes
         phase, free = r.phase, None if pd.isna(r.device_free_bytes) else r.device_free_bytes

@@ -59,3 +59,13 @@ def test_both_plots_of_a_snapshot_span_the_same_time(tmp_path, drawn, oom_con):
     memory_plots.categories_png(oom_con, 0, 0, tmp_path / "c.png", "oom")
     timeline, categories = (fig.axes[0].get_xlim() for fig in drawn)
     assert categories == pytest.approx(timeline)
+
+
+def test_the_out_of_memory_mark_at_the_edge_is_drawn_whole(tmp_path, drawn, oom_con):
+    """The OOM is the trace's last entry, on the right edge of the axes: clipped, half the
+    cross was cut off."""
+    memory_plots.timeline_png(oom_con, 0, 0, tmp_path / "t.png", "oom")
+    ax = drawn[0].axes[0]
+    (mark,) = [line for line in ax.get_lines() if line.get_label() == "out of memory"]
+    assert mark.get_xdata()[0] == pytest.approx(ax.get_xlim()[1])
+    assert not mark.get_clip_on()
