@@ -575,3 +575,30 @@ def test_line_looks_take_a_setting_some_runs_lack():
     looks = _line_styles(keys)
     assert len({tuple(sorted(v.items())) for v in looks.values()}) == 3
     assert looks[keys[0]]["color"] == looks[keys[1]]["color"] != looks[keys[2]]["color"]
+
+
+def _time_vs_context_figure(tmp_path, monkeypatch, recs):
+    """The time-vs-context figure the sweep section saves, drawn."""
+    import matplotlib.pyplot as plt
+
+    saved = []
+    real = plt.Figure.savefig
+    monkeypatch.setattr(plt.Figure, "savefig",
+                        lambda fig, *a, **k: (saved.append(fig), real(fig, *a, **k))[1])
+    monkeypatch.setattr(plt, "close", lambda fig=None: None)
+    assert "img/sweep_time_vs_context.png" in section_text(write_sweep(tmp_path / "s", recs),
+                                                           tmp_path / "r")
+    (fig,) = saved
+    return fig
+
+
+def test_context_plot_log_axis_labels_only_some_minor_ticks(tmp_path, monkeypatch):
+    """Step times over three decades: every minor tick (2..9 times a power of ten) had a label,
+    and those below each power of ten ran into each other ("1000" over "900" over "800")."""
+    recs = [run_record(size=size, ctx=ctx, step_s=step * ctx / 128)
+            for size, step in (("small", 0.002), ("large", 2.0)) for ctx in (128, 256)]
+    fig = _time_vs_context_figure(tmp_path, monkeypatch, recs)
+    (ax,) = fig.axes
+    assert ax.get_yscale() == "log"
+    labels = [t.get_text() for t in ax.yaxis.get_minorticklabels() if t.get_text()]
+    assert labels and {label.lstrip("0.")[0] for label in labels} <= {"2", "5"}

@@ -134,6 +134,18 @@ def _natural(value: Any) -> tuple:
     return (2, str(value))
 
 
+def _minor_label(ax) -> Callable[[float, Any], str]:
+    """Labels of a log axis's minor ticks: at 2, 3 and 5 times a power of ten, only 2 and 5 past
+    two decades (the labels of all of 2..9 ran into each other below each power of ten)."""
+    import math
+
+    def label(value: float, _pos: Any) -> str:
+        low, high = ax.get_ylim()
+        keep = (2, 3, 5) if high <= 100 * low else (2, 5)
+        return f"{value:g}" if round(value / 10 ** math.floor(math.log10(value))) in keep else ""
+    return label
+
+
 def _tab20() -> list[Any]:
     import matplotlib
 
@@ -202,7 +214,7 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
             ax.set_yscale("log")
             log_y = True
             ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-            ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+            ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_minor_label(ax)))
         if marks:  # room above the highest point for the failure marks
             low, high = ax.get_ylim()
             band = 0.065 * max(marks.values()) + 0.08
