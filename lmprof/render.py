@@ -89,7 +89,8 @@ def _printable_type(t: Any, real: str = "DOUBLE") -> str:
     day, 'infinity' of a DATE or TIMESTAMP as year 294247, an integer, or not at all, and refused
     BIGNUM), and UHUGEINT becomes DOUBLE, as HUGEINT prints (pandas refused it too). A FLOAT
     becomes ``real``: DOUBLE through VARCHAR (its shortest text, 0.1 where the float32 widened is
-    0.10000000149011612, which json printed beside csv's 0.1)."""
+    0.10000000149011612, which json printed beside csv's 0.1). An unnamed STRUCT (``(1, 2)``,
+    ``row(...)``) becomes VARCHAR whole, ``(1, 2)``: as a dict its fields, all named '', were one."""
     kids = list(getattr(t, "children", None) or ()) if t.id in (
         "list", "array", "struct", "map", "union") else []
     if t.id == "list":
@@ -98,6 +99,8 @@ def _printable_type(t: Any, real: str = "DOUBLE") -> str:
         return f"{_printable_type(kids[0][1], real)}[{kids[1][1]}]"
     if t.id in ("struct", "union"):  # (a union's first child is its tag)
         fields = kids[1:] if t.id == "union" else kids
+        if any(not name for name, _ in fields):  # row(1, 2) or (1, 2): a type SQL cannot name
+            return "VARCHAR"
         inner = ", ".join('"' + name.replace('"', '""') + '" ' + _printable_type(kid, real)
                           for name, kid in fields)
         return f"{t.id.upper()}({inner})"

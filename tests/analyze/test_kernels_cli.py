@@ -986,6 +986,27 @@ def test_nested_values_of_such_types_hold_duckdb_text(tmp_path):
     assert out.splitlines()[1].startswith('"[""infinity"", null]",')
 
 
+@pytest.mark.parametrize("fmt", ["md", "csv", "json"])
+def test_an_unnamed_struct_prints_as_duckdb_text(fmt):
+    """A STRUCT made by (1, 2) or row(...) has fields all named '': the cast to printable types
+    spelled them "" (a parser error, 'query failed', for any query holding one), and as a dict
+    before that its fields were one, {"": 2}. It prints as DuckDB's text of it, alone and in a
+    list."""
+    import duckdb
+
+    from lmprof.rundir import parse_json
+
+    query = "SELECT (1, 2) AS p, [row(3, DATE '2020-01-02'), NULL] AS l"
+    code, out, err = run("sql", str(REPORT), query, "--format", fmt)
+    assert code == 0 and err == "", err
+    con = duckdb.connect()
+    p, l_text = con.sql(f"SELECT p::VARCHAR, l[1]::VARCHAR FROM ({query})").fetchone()
+    if fmt == "json":
+        assert parse_json(out) == [{"p": p, "l": [l_text, None]}]
+    else:
+        assert p in out and json.dumps([l_text, None]) in out.replace('""', '"')
+
+
 def test_a_float_prints_its_shortest_text_in_json_as_in_csv(tmp_path):
     """A FLOAT (float32) printed in json as widened to a double, 0.10000000149011612, where csv
     printed 0.1 (DuckDB's text of it)."""
