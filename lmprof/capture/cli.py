@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import shutil
 import signal
 import subprocess
@@ -58,6 +59,8 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
     """
     from lmprof.capture import runner
 
+    if under_nsys:
+        nsys_mod.exit_with_owner()
     spec = spec_from_kwargs(kwargs)
     if (nsys_path or nsys_args) and not spec.nsys:
         flag = "--nsys-path" if nsys_path else "--nsys-args"
@@ -227,7 +230,10 @@ def _run_under_nsys(nsys: str, target: Path, spec, nsys_args: str | None, quiet:
     if quiet:
         child.append("--quiet")
     cmd = nsys_mod.profile_command(nsys, target, child, nsys_args)
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True)
+    # (the child ends itself once this process is gone: nsys starts it in a session of its own,
+    # out of reach of a kill of this process group)
+    env = {**os.environ, nsys_mod.OWNER_ENV: str(os.getpid())}
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True, env=env)
     try:
         record = rundir.load_run(target)
     except UserError:

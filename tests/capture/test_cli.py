@@ -1,5 +1,6 @@
 """`capture` and `analyze` as a user runs them: help, a real run, bad options (exit 2)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -552,3 +553,55 @@ def test_a_run_out_in_a_sweep_directory_is_refused(tmp_path, command, where):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "the sweep directory" in proc.stderr and "Traceback" not in proc.stderr
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+_OWNER = """
+import os, subprocess, sys, time
+child = subprocess.Popen(
+    [sys.executable, "-m", "lmprof.capture", "run", "--model", "tiny", "--context-length", "16",
+     "--warmup", "100000", "--steps", "1", "--run-dir", sys.argv[1], "--under-nsys", "-q"],
+    start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    env={**os.environ, "LMPROF_NSYS_OWNER": str(os.getpid())})
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, exited but not reaped by a container's init,
+    does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_the_run_nsys_profiles_ends_when_the_run_that_started_nsys_is_killed(tmp_path):
+    """nsys starts the profiled run in a session of its own, so capture sweep's kill of a
+    timed-out cell's process group (and a Ctrl-C of capture run --nsys) left it running: on an
+    H100 a cell's training went on on the GPU 30 s after its TIMEOUT, beside the next cells.
+    Here a stand-in for capture run --nsys starts the profiled run as nsys does, in a new
+    session, and is killed: the run ends within seconds (it ran its 100000 warm-up steps on)."""
+    import signal
+    import time
+
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER, str(tmp_path / "run")], cwd=ROOT,
+                             stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    child = int(owner.stdout.readline())
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "run").is_dir() and time.monotonic() < deadline:
+            time.sleep(0.2)  # (the run has imported torch and begun)
+        assert _alive(child)
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        deadline = time.monotonic() + 20
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(child), "the profiled run outlived the run that started nsys"
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
