@@ -109,6 +109,9 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
         rundir.mark_latest_or_warn(target.parent, target)
         if not quiet:
             _print_summary(target, record)
+        elif record["status"] != "OK":  # (quiet, a failed run still says why: exit 1 alone does not)
+            click.echo(f"{record['status']}: {record.get('error') or 'no error recorded'} "
+                       f"({target})", err=True)
     sys.exit(0 if record["status"] == "OK" else 1)
 
 

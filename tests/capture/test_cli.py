@@ -74,6 +74,18 @@ def test_oom_run_exits_1_and_records(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_a_quiet_run_that_fails_says_why_in_one_line(tmp_path):
+    """--quiet leaves out the progress bar and summary; a run that fails still names its
+    status and error on stderr (it printed nothing: exit 1 alone)."""
+    out = tmp_path / "runs"
+    env = {**os.environ, "LMPROF_INJECT_FAULT": "oom"}
+    proc = subprocess.run([sys.executable, "-m", "lmprof.capture", "run", *TINY, "--out", str(out),
+                           "-q"], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("OOM: "), proc.stderr
+    assert str(out) in proc.stderr
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--model", "huge"], "unknown model size"),
     (["--model", "tiny", "--d-model", "0"], "positive"),
