@@ -91,8 +91,7 @@ def _printable_type(t: Any, real: str = "DOUBLE") -> str:
     becomes ``real``: DOUBLE through VARCHAR (its shortest text, 0.1 where the float32 widened is
     0.10000000149011612, which json printed beside csv's 0.1). An unnamed STRUCT (``(1, 2)``,
     ``row(...)``) becomes VARCHAR whole, ``(1, 2)``: as a dict its fields, all named '', were one."""
-    kids = list(getattr(t, "children", None) or ()) if t.id in (
-        "list", "array", "struct", "map", "union") else []
+    kids = t.children if t.id in ("list", "array", "struct", "map", "union") else []
     if t.id == "list":
         return f"{_printable_type(kids[0][1], real)}[]"
     if t.id == "array":
@@ -437,13 +436,8 @@ def _json_rows(df: pd.DataFrame | Table) -> list[dict[str, Any]]:
     """A table's rows as JSON objects (NaN and infinities as null)."""
     if isinstance(df, Table):
         return [{k: _json_safe(v) for k, v in zip(df.columns, row)} for row in df.rows]
-    import pandas as pd  # (imported already: df is a DataFrame)
-
-    # pandas' NaT (a NULL date, timestamp or interval of a DataFrame) as null, not "NaT"; only
-    # a DataFrame holds one, so the streamed rows' values are not checked for it
-    nat = pd.NaT
-    return [{k: None if v is nat else _json_safe(v) for k, v in row.items()}
-            for row in df.to_dict(orient="records")]
+    # (no date reaches a DataFrame here: analyze sql casts them to text, render.printable)
+    return [{k: _json_safe(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
 
 
 def for_display(df: pd.DataFrame, shorten: Shorten | None = None) -> pd.DataFrame:
@@ -560,9 +554,7 @@ def render(df: pd.DataFrame | Table | str, fmt: str, shorten: Shorten | None = N
            raw: bool = False) -> str:
     """``df`` as md, csv or json; ``raw`` keeps markdown's column names and values as they are
     (a user's own query), else unit columns are scaled and named for people. A ``str`` is a
-    table its caller already rendered as markdown (md only). A DataFrame holding a value pandas
-    cannot print (DuckDB's 'infinity' timestamp with a time zone, beyond Python's dates) is a
-    one-line UserError."""
+    table its caller already rendered as markdown (md only)."""
     _check(df, fmt)
     if isinstance(df, str):
         return df
@@ -572,15 +564,11 @@ def render(df: pd.DataFrame | Table | str, fmt: str, shorten: Shorten | None = N
         if fmt == "csv":
             return _table_csv(df)
         return json.dumps(_json_rows(df), indent=1, default=str)
-    try:
-        if fmt == "md":
-            return to_markdown(_nested_text(df), shorten, raw=raw)
-        if fmt == "csv":
-            return _nested_text(df).to_csv(index=False)
-        return json.dumps(_json_rows(df), indent=1, default=str)
-    except (NotImplementedError, OverflowError) as exc:
-        raise UserError(f"cannot print the result ({' '.join(str(exc).split())}): CAST such a "
-                        "column AS VARCHAR") from None
+    if fmt == "md":
+        return to_markdown(_nested_text(df), shorten, raw=raw)
+    if fmt == "csv":
+        return _nested_text(df).to_csv(index=False)
+    return json.dumps(_json_rows(df), indent=1, default=str)
 
 
 def emit(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: str | Path | None,

@@ -10,9 +10,9 @@ failure of one, so only measured steps land in the report. The parent then expor
 from __future__ import annotations
 
 import os
+import select
 import shlex
 import threading
-import time
 from pathlib import Path
 
 from lmprof.errors import UserError
@@ -30,34 +30,24 @@ def exit_with_owner() -> None:
     nsys starts the profiled program in a session of its own, so killing the owner's process
     group (``capture sweep`` at a cell's timeout, or at Ctrl-C) or the owner alone leaves that
     program running: on an H100 a timed-out cell's training run went on on the GPU beside the
-    next cells. A thread waits on the owner's pidfd (polls its pid once a second where there
-    is none) and exits the process at once: the measured steps of a run whose owner is gone
-    reach no run.json."""
+    next cells. A thread waits on the owner's pidfd and exits the process at once: the measured
+    steps of a run whose owner is gone reach no run.json. (Without pidfd, not Linux 5.3+, it
+    does nothing: polling the pid could meet another process given it.)"""
     try:
         owner = int(os.environ.get(OWNER_ENV, ""))
     except ValueError:
         return
 
-    def watch() -> None:
-        try:
-            fd = os.pidfd_open(owner)
-        except ProcessLookupError:
-            os._exit(1)
-        except (AttributeError, OSError):  # (no pidfd: not Linux, or a kernel before 5.3)
-            fd = None
-        if fd is not None:
-            import select
+    try:
+        fd = os.pidfd_open(owner)
+    except ProcessLookupError:  # gone already
+        os._exit(1)
+    except (AttributeError, OSError):  # (no pidfd: not Linux, or a kernel before 5.3)
+        return
 
-            select.select([fd], [], [])  # readable once the owner has exited
-            os._exit(1)
-        while True:
-            time.sleep(1.0)
-            try:
-                os.kill(owner, 0)
-            except ProcessLookupError:
-                os._exit(1)
-            except PermissionError:
-                pass
+    def watch() -> None:
+        select.select([fd], [], [])  # readable once the owner has exited
+        os._exit(1)
 
     threading.Thread(target=watch, name="lmprof-nsys-owner", daemon=True).start()
 

@@ -43,11 +43,11 @@ class ReportContext:
     # run_dir -> its SQLite export, None (no export file there) or the UserError of its export
     _run_exports: dict[str, Any] = field(default_factory=dict, repr=False)
 
-    def run_export(self, record: dict[str, Any]) -> Path | None:
+    def run_export(self, record: dict[str, Any]) -> Path | UserError | None:
         """The SQLite export of run ``record`` (``nsys.run_export``: its ``.sqlite``, else its
         ``.nsys-rep`` exported, once, with ``nsys_path``), for every section that reads it;
-        None where run.json names no export file that is there. An export that fails raises
-        its UserError, each time it is asked for."""
+        None where run.json names no export file that is there; the UserError of an export
+        that failed, for the section to list."""
         key = record["run_dir"]
         if key not in self._run_exports:
             from lmprof.analyze import nsys
@@ -60,9 +60,7 @@ class ReportContext:
                 except UserError as exc:
                     result = exc
             self._run_exports[key] = result
-        if isinstance(result := self._run_exports[key], UserError):
-            raise result
-        return result
+        return self._run_exports[key]
 
     @property
     def img_dir(self) -> Path:

@@ -38,21 +38,15 @@ _INTRO = (
     "durations; 'all' is the whole report.")
 
 
-def _exports(ctx: ReportContext) -> list[tuple[Path | None, dict | None, bool]]:
+def _exports(ctx: ReportContext) -> list[tuple[Path | UserError, dict | None, bool]]:
     """(export, its run.json or None, whether the user named the file) for every export; a
-    run's is None, found when it is read (``ctx.run_export``)."""
-    runs = []
-    for record in ctx.runs:
-        try:
-            if ctx.run_export(record) is None:
-                continue
-        except UserError:
-            pass  # (listed with its reason when it is read)
-        runs.append((None, record, False))
+    run's export that failed is its UserError (``ctx.run_export``), listed when it is read."""
+    runs = [(found, record, False) for record in ctx.runs
+            if (found := ctx.run_export(record)) is not None]
     return runs + [(path, record, True) for path, record in ctx.exports]
 
 
-def _names(exports: list[tuple[Path | None, dict | None, bool]]) -> list[str]:
+def _names(exports: list[tuple[Path | UserError, dict | None, bool]]) -> list[str]:
     """What each export's heading names it by, as markdown: the file the user named, else its
     run's id, else (a run id that another run of the report repeats: a run directory copied)
     its run directory."""
@@ -77,8 +71,8 @@ def section(ctx: ReportContext) -> str | None:
     try:
         for i, ((path, record, named), source) in enumerate(zip(exports, _names(exports)), 1):
             try:
-                if path is None:
-                    path = ctx.run_export(record)
+                if isinstance(path, UserError):
+                    raise path
                 tr = prepare(con, path, options, schema=f"r{i}", record=record)
                 tables, notes = kernels.tables(tr, tuple(name for name, _ in _TABLES), top=_TOP)
             except UserError as exc:  # (an export's numbers that overflow come here too)

@@ -5,11 +5,11 @@ length. Each part appears only when the runs hold the pairs it compares."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from lmprof.errors import UserError
 from lmprof.render import display_name, escaped, ratio_text, yes_no
 from lmprof.reports import comparisons as cmp
 from lmprof.reports.report import ReportContext
@@ -178,6 +178,8 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
     log_y = any_failed = False
     keys = [key for mode_lines in lines.values() for key, _, _ in mode_lines]
     style = _line_styles(keys)
+    # batch, warm-up and device join the label where configurations differ in them
+    named = [i for i in (1, 5, 6) if len({k[i] for k in keys}) > 1]
     handles: dict[str, Any] = {}  # one legend for every panel, below them: it covers no data
     ncol = min(4, len(set(keys)))
     rows = -(-len(set(keys)) // ncol)
@@ -192,9 +194,8 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
             label = f"{size} {dtype}" + (" compiled" if compiled else "") + (
                 f" {attention}" if attention != "naive" else "") + (
                 f" ({profiled(nsys, memory)})" if nsys or memory else "") + (
-                f" batch {batch}" if len({k[1] for k in keys}) > 1 else "") + (
-                f" warm-up {warmup}" if len({k[5] for k in keys}) > 1 else "") + (
-                f" {device}" if len({k[6] for k in keys}) > 1 else "")
+                f" batch {batch}" if 1 in named else "") + (
+                f" warm-up {warmup}" if 5 in named else "") + (f" {device}" if 6 in named else "")
             (line,) = ax.plot(lg["context"], lg["step_mean_s"] * 1e3, label=label, **style[key])
             handles.setdefault(label, line)
             for c, status in failed.items():  # in a band above the data, in the line's colour
@@ -260,17 +261,10 @@ def _gemm(df: pd.DataFrame) -> str | None:
             + _md(t, {c: (c, 1.0, ".1f") for c in t.columns if str(c).startswith("ctx ")}))
 
 
-def _export(ctx: ReportContext) -> Callable[[dict[str, Any]], Any]:
-    def export(record: dict[str, Any]) -> Any:
-        try:
-            return ctx.run_export(record)
-        except UserError:  # (the GPU kernels section says why)
-            return None
-    return export
-
-
 def section(ctx: ReportContext) -> str | None:
-    df = cmp.runs_frame(ctx.runs, export=_export(ctx))
+    # (an export that failed is none here: the GPU kernels section says why)
+    df = cmp.runs_frame(ctx.runs, export=lambda r: p if isinstance(
+        p := ctx.run_export(r), Path) else None)
     if len(df) < 2:  # one run has nothing to compare across (its tables are the sections')
         return None
     parts = [
