@@ -1153,6 +1153,27 @@ def test_a_range_never_closed_ends_at_the_trace_end(tmp_path):
     assert out_text.splitlines()[1] == f"0,{duration}"
 
 
+@pytest.mark.parametrize("end", [-1, 1000])
+def test_a_range_that_ends_before_it_starts_ends_at_the_trace_end(tmp_path, end):
+    """An end before the range's start (-1, as for a range never closed, or a damaged value)
+    reads as no end, as NULL does: it ended at -1 ns, so inference_0 ran -120 ms (phase timing's
+    CPU mean -55.8 ms, launches -7165/s) and, nested by that end in nothing, pushed the ranges
+    after it a level down."""
+    path = edit(writable_copy(tmp_path),
+                f"UPDATE NVTX_EVENTS SET end = {end} WHERE text = 'inference_0'")
+    (start,) = _export_row(path, "SELECT start FROM NVTX_EVENTS WHERE text = 'inference_0'")
+    (duration,) = _export_row(path, "SELECT duration FROM ANALYSIS_DETAILS")
+    out = tmp_path / "out"
+    code, _, err = run("kernels", str(path), "--table", "ranges", "--table", "phase_timing",
+                       "--format", "csv", "--out", str(out))
+    assert code == 0, err
+    ranges = table(out, "ranges").set_index("range")
+    assert ranges.loc[":inference_0", "cpu_total_ns"] == duration - start
+    assert ranges.loc[":inference_1", "avg_level"] == 1  # inside the unclosed inference_0
+    timing = table(out, "phase_timing").set_index("phase")
+    assert (timing["cpu_mean_ns"] > 0).all() and (timing["launches_per_s"] > 0).all()
+
+
 def _export_row(path: Path, query: str) -> tuple:
     import sqlite3
 

@@ -5,7 +5,8 @@
 --   domain        VARCHAR  NVTX domain ('' for the default domain)
 --   style         VARCHAR  'PushPop' | 'StartEnd' (as nsys prints it)
 --   start_ns      BIGINT   range start, nsys session clock (ns)
---   end_ns        BIGINT   range end (ns); an unterminated range ends at the trace end
+--   end_ns        BIGINT   range end (ns); an unterminated range (no end, or an end before its
+--                          start) ends at the trace end
 --   dur_ns        BIGINT   end_ns - start_ns
 --   global_tid    BIGINT   nsys serialized thread id of the push/start
 --   pid, tid      INTEGER  OS process and thread id
@@ -37,7 +38,9 @@ WITH types AS (
 )
 SELECT *
 FROM (SELECT e.rowid AS event_row, e.event_type = types.pp AS push_pop, e.start_ns,
-             coalesce(e.end_ns, greatest(types.trace_end_ns, e.start_ns)) AS end_ns, e.global_tid
+             -- no end, or one before the start (-1): never closed, open to the trace end
+             CASE WHEN e.end_ns >= e.start_ns THEN e.end_ns
+                  ELSE greatest(types.trace_end_ns, e.start_ns) END AS end_ns, e.global_tid
       FROM _nvtx_events e CROSS JOIN types
       WHERE e.event_type IN (types.pp, types.se))
 ORDER BY start_ns, global_tid, end_ns DESC;
