@@ -1174,6 +1174,27 @@ def test_a_range_that_ends_before_it_starts_ends_at_the_trace_end(tmp_path, end)
     assert (timing["cpu_mean_ns"] > 0).all() and (timing["launches_per_s"] > 0).all()
 
 
+def test_the_gpu_span_mean_counts_every_instance_as_the_other_means_do(tmp_path):
+    """An instance that ran no GPU op (here a zero-length optimizer range: its kernels go to no
+    phase) has no span; the span mean was over the other instances while the CPU and kernel
+    means were over all three: optimizer's span mean read 2.944 ms beside gpu_idle's 5.887 ms
+    over 3 instances (1.962 each) and a kernel mean of 1.900 ms (64% of the span, at 96.8%
+    busy)."""
+    path = edit(writable_copy(tmp_path), "UPDATE NVTX_EVENTS SET end = start WHERE rowid = "
+                "(SELECT min(rowid) FROM NVTX_EVENTS WHERE text = 'optimizer')")
+    out = tmp_path / "out"
+    code, _, err = run("kernels", str(path), "--table", "phase_timing", "--table", "gpu_idle",
+                       "--format", "csv", "--out", str(out))
+    assert code == 0, err
+    timing = table(out, "phase_timing").set_index("phase")
+    idle = table(out, "gpu_idle").set_index("phase")
+    assert timing.loc["optimizer", "instances"] == idle.loc["optimizer", "instances"] == 3
+    for phase in timing.index:
+        assert timing.loc[phase, "gpu_span_mean_ns"] * timing.loc[phase, "instances"] == \
+            pytest.approx(idle.loc[phase, "gpu_span_ns"], abs=1)
+        assert timing.loc[phase, "gpu_kernel_mean_ns"] <= timing.loc[phase, "gpu_span_mean_ns"]
+
+
 def _export_row(path: Path, query: str) -> tuple:
     import sqlite3
 

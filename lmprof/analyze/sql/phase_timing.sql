@@ -5,7 +5,8 @@
 --   instances             BIGINT   NVTX range instances of the phase
 --   cpu_mean_ns           DOUBLE   mean wall-clock duration of the range (ns)
 --   gpu_kernel_mean_ns    DOUBLE   mean summed kernel time per instance (ns)
---   gpu_span_mean_ns      DOUBLE   mean first-op-start to last-op-end per instance (ns)
+--   gpu_span_mean_ns      DOUBLE   mean first-op-start to last-op-end per instance (ns; 0 for an
+--                                  instance without GPU ops)
 --   gpu_busy_pct          DOUBLE   union of GPU op intervals / GPU span, over all instances (%)
 --   kernels_per_instance  DOUBLE   kernels launched per instance
 --   launches_per_s        DOUBLE   CUDA calls that launched the instances' kernels, per second
@@ -43,7 +44,9 @@ SELECT phase,
        count(*) AS instances,
        avg(cpu_ns) AS cpu_mean_ns,
        avg(kernel_ns) AS gpu_kernel_mean_ns,
-       avg(gpu_span_ns) AS gpu_span_mean_ns,
+       -- over every instance, as the other means (one without GPU ops spans nothing); NULL
+       -- where none has any
+       sum(gpu_span_ns) / count(*) AS gpu_span_mean_ns,
        100.0 * sum(gpu_busy_ns) / nullif(sum(gpu_span_ns), 0) AS gpu_busy_pct,
        avg(kernels) AS kernels_per_instance,
        sum(kernels - coalesce(l.graph_kernels, 0) + coalesce(l.calls, 0))
