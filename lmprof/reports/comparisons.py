@@ -172,16 +172,17 @@ def peak_memory_grid(df: pd.DataFrame) -> pd.DataFrame:
     return _grid(df, MEMORY_KEYS, "peak_allocated_bytes")
 
 
-def gemm_fraction_by_phase(sqlite: str | Path) -> dict[str, float] | None:
+def gemm_fraction_by_phase(sqlite: str | Path, options: Any = None) -> dict[str, float] | None:
     """GEMM share of GPU kernel time (percent) per phase of one nsys SQLite export, from the
-    kernel analysis; None when the export cannot be read (the GPU kernels section says why)."""
+    kernel analysis with ``options`` (``trace.Options``, the report's range options; None: the
+    defaults); None when the export cannot be read (the GPU kernels section says why)."""
     from lmprof.analyze import kernels, trace
     from lmprof.analyze.db import connect
     from lmprof.errors import UserError
 
     con = connect()
     try:  # (a damaged export's numbers that overflow: a UserError too)
-        df = kernels.gemm_fraction(trace.prepare(con, Path(sqlite), trace.Options()))
+        df = kernels.gemm_fraction(trace.prepare(con, Path(sqlite), options or trace.Options()))
     except UserError:
         return None
     finally:
@@ -189,15 +190,16 @@ def gemm_fraction_by_phase(sqlite: str | Path) -> dict[str, float] | None:
     return {str(p): float(v) for p, v in zip(df["phase"], df["gemm_pct"]) if pd.notna(v)}
 
 
-def gemm_grid(df: pd.DataFrame) -> pd.DataFrame:
+def gemm_grid(df: pd.DataFrame, options: Any = None) -> pd.DataFrame:
     """GEMM fraction (%) per configuration, phase and context for runs captured under nsys (the
-    median over a configuration's runs where there are several)."""
+    median over a configuration's runs where there are several), read with ``options`` as the
+    kernel section reads the same exports."""
     if df.empty:
         return pd.DataFrame()
     keys = [k for k in MEMORY_KEYS if k != "nsys"]  # every run here was captured under nsys
     rows = []
     for _, r in df[df["nsys_sqlite"].notna()].iterrows():
-        fractions = gemm_fraction_by_phase(r["nsys_sqlite"])
+        fractions = gemm_fraction_by_phase(r["nsys_sqlite"], options)
         for phase, pct in (fractions or {}).items():
             rows.append({**{k: r[k] for k in keys}, "phase": phase,
                          "context": r["context"], "status": "OK", "gemm_pct": pct})

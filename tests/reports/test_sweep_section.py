@@ -176,7 +176,7 @@ def test_gemm_fraction_goes_through_the_hook(tmp_path, monkeypatch):
         (root / sweepdir.CELLS / rec["run_id"] / "report.sqlite").touch()
     seen = []
 
-    def fake(sqlite):
+    def fake(sqlite, options=None):
         seen.append(Path(sqlite).name)
         return {"forward": 80.0, "backward": 70.0}
 
@@ -214,6 +214,27 @@ def test_gemm_fraction_from_real_exports_matches_analyze_kernels(tmp_path, capsy
         for _, r in ours[ours["phase"].isin(["forward", "backward"])].iterrows():
             shown = float(rows[r["phase"]][f"ctx {ctx} (%)"])
             assert shown == pytest.approx(r["gemm_pct"], abs=0.06), (ctx, r["phase"])
+
+
+def test_gemm_fraction_grid_follows_the_reports_range_options(tmp_path):
+    """The range options apply to every export of the report: with --attribution thread the
+    sweep's GEMM grid shows the shares the kernel section shows for the same export (backward
+    launched from autograd's thread holds almost nothing), not the default rule's."""
+    from lmprof.analyze.trace import Options
+
+    data = Path(__file__).resolve().parents[1] / "data"
+    root = write_sweep(tmp_path / "s", [run_record(ctx=c, sqlite=True) for c in (128, 256)])
+    for cell in (root / sweepdir.CELLS).iterdir():
+        shutil.copyfile(data / "h200-lmprof-nsys" / "report.sqlite", cell / "report.sqlite")
+    text = build([str(root)], tmp_path / "r", kernel_options=Options(attribution="thread")
+                 ).read_text()
+    grid = text[text.index("### GEMM fraction by size"):text.index("## GPU kernels")]
+    (backward,) = [line for line in grid.splitlines() if "| backward " in line]
+    kernels = text[text.index("**GEMM fraction of kernel time"):]
+    (shown,) = [line for line in kernels.splitlines()[:12] if line.startswith("| backward ")]
+    share = shown.split("|")[-2].strip()
+    assert share == "0.0" and [c.strip() for c in backward.split("|")[-3:-1]] == [share] * 2, \
+        (backward, shown)
 
 
 def test_single_run_has_no_sweep_section(tmp_path):
@@ -401,7 +422,7 @@ def test_gemm_grid_keeps_configurations_apart(tmp_path, monkeypatch):
     root = write_sweep(tmp_path / "s", recs)
     share = {"naive": 80.0, "flash": 90.0}
 
-    def fake(sqlite):
+    def fake(sqlite, options=None):
         attention = "flash" if "flash" in str(sqlite) else "naive"
         return {"forward": share[attention]}
 
