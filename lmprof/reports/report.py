@@ -68,12 +68,17 @@ class ReportContext:
         d.mkdir(parents=True, exist_ok=True)
         return d
 
-    def image(self, name: str) -> tuple[Path, str]:
-        """A path to save a figure to, and the relative link to put in the markdown (percent-
-        encoded: a space, from ``-o "my report.md"``, would end the link)."""
+    def image(self, name: str, draw: Callable[[Path], Any]) -> str | None:
+        """Save a figure as ``name`` in the image folder with ``draw(path)``, which returns
+        something false where it has nothing to draw; the relative link to put in the markdown
+        (percent-encoded: a space, from ``-o "my report.md"``, would end the link), or None where
+        nothing was drawn. Only drawn images are the report's: an earlier report's image of that
+        name is removed (``build``)."""
         path = self.img_dir / name
+        if not draw(path):
+            return None
         self.images.append(path)
-        return path, quote(f"{self.img_name}/{name}")
+        return quote(f"{self.img_name}/{name}")
 
 
 def image_folder(target: Path) -> str:

@@ -169,3 +169,27 @@ def test_an_out_folder_named_like_a_markdown_file_gets_the_report_inside(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.md"]
     links = re.findall(r"\]\((img/[^)]+)\)", md)
     assert links and all((out / link).is_file() for link in links)
+
+
+def test_a_report_again_in_its_folder_leaves_no_plot_it_did_not_draw(tmp_path):
+    # a plot of the earlier report whose name the new one takes but does not draw (part c rows
+    # that all failed: no point to plot) stayed in img/, linked from nothing, as if drawn
+    out = tmp_path / "rep"
+    _report([str(ATTENTION)], out)
+    assert (out / "img" / "attention_tflops_0.png").is_file()
+
+    def all_unsupported(run: Path) -> None:
+        results = json.loads((run / "attention.json").read_text())
+        for row in results["part_c"]:
+            for key in [k for k in row if k.endswith(("_ms", "_tflops"))]:
+                del row[key]
+            row.update(status="UNSUPPORTED", error="no kernel for these inputs")
+        (run / "attention.json").write_text(json.dumps(results))
+
+    run = tmp_path / "failed"
+    shutil.copytree(ATTENTION, run)
+    all_unsupported(run)
+    md = _report([str(run)], out)
+    links = set(re.findall(r"!\[[^\]]*\]\(([^()\s]+)\)", md))
+    written = {p.relative_to(out).as_posix() for p in out.rglob("*.png")}
+    assert "UNSUPPORTED" in md and written == links == set()

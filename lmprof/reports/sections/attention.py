@@ -301,8 +301,8 @@ def _combined_body(ctx: ReportContext, runs: list[tuple[dict, dict]]) -> list[st
                 "id part; where two runs timed the same cell and implementation, the later one)."
                 + caveat,
                 escaped(table).to_markdown(index=False, disable_numparse=True)]
-        path, link = ctx.image(f"attention_tflops_combined_{i}.png")
-        if plot_tflops(rows, path):
+        link = ctx.image(f"attention_tflops_combined_{i}.png", lambda path: plot_tflops(rows, path))
+        if link:
             body.append(f"![fwd+bwd TFLOP/s against sequence length, all runs]({link})")
         bodies.append("\n\n".join(body))
     return bodies
@@ -365,8 +365,9 @@ def section(ctx: ReportContext) -> str | None:
                 render_tables(results).rstrip()]
         if results.get("part_c"):
             # named by position: a run id may hold what a file name or a link cannot (' ', '/')
-            path, link = ctx.image(f"attention_tflops_{len(read) - 1}.png")
-            if plot_tflops(results["part_c"], path):
+            link = ctx.image(f"attention_tflops_{len(read) - 1}.png",
+                             lambda path: plot_tflops(results["part_c"], path))
+            if link:
                 body.append(f"![fwd+bwd TFLOP/s against sequence length]({link})")
         bodies.append("\n\n".join(body))
     bodies += _combined_body(ctx, read)

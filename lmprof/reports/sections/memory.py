@@ -77,8 +77,8 @@ def section(ctx: ReportContext) -> str | None:
         title = f"{label} — cuda:{device}"
         links = []
         for kind, fn in (("timeline", timeline_png), ("categories", categories_png)):
-            path, link = ctx.image(f"{slug}_{kind}.png")
-            if fn(con, sid, device, path, title) is not None:
+            link = ctx.image(f"{slug}_{kind}.png", lambda path: fn(con, sid, device, path, title))
+            if link:
                 alt = md_text(label).replace("[", "\\[").replace("]", "\\]")  # (a file name's)
                 links.append(f"![{kind} of {alt}]({link})")
         if links:
