@@ -192,8 +192,12 @@ def test_real_results_pass_the_shape_check():
     (lambda r: r["part_a"][0].pop("status"), "part_a[0] has no 'status'"),
     (lambda r: r["part_b"][1].pop("causal"), "part_b[1] has no 'causal'"),
     (lambda r: r["part_c"][2].pop("seq"), "part_c[2] has no 'seq'"),
+    # a file of another format version (a later lmprof's, whose fields may mean other things)
+    (lambda r: r.update(version=2), "'version' is 2; this lmprof reads 1"),
+    (lambda r: r.update(version="1"), "'version' is '1'; this lmprof reads 1"),
+    (lambda r: r.pop("version"), "'version' is None; this lmprof reads 1"),
 ], ids=["matmul", "part-bool", "row-bool", "impl-float", "seq-str", "ms-dict", "tflops-str",
-        "env-list", "no-status", "no-causal", "no-seq"])
+        "env-list", "no-status", "no-causal", "no-seq", "version-2", "version-str", "no-version"])
 def test_malformed_results_are_named_in_the_report(tmp_path, edit, message):
     # (found by mutating a real attention.json: each of these failed the whole report before)
     results = _results()

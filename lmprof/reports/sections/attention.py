@@ -309,6 +309,8 @@ def _combined_body(ctx: ReportContext, runs: list[tuple[dict, dict]]) -> list[st
 
 
 _NUMBER = (int, float)
+# the attention.json format versions this reads ("version": capture.attention.RESULTS_VERSION)
+_VERSIONS = (1,)
 _ROW_TYPES = {**dict.fromkeys(("impl", "dtype", "status", "error", "forward", "backward"), str),
               **dict.fromkeys(("batch", "heads", "seq", "d"), int), "causal": bool}
 
@@ -324,6 +326,10 @@ def _shape_problem(results) -> str | None:
     hand-edited or damaged file is named in the report instead of failing it)."""
     if not isinstance(results, dict):
         return "not an object"
+    version = results.get("version")
+    if isinstance(version, bool) or version not in _VERSIONS:
+        return (f"'version' is {version!r}; this lmprof reads "
+                f"{', '.join(str(v) for v in _VERSIONS)}")
     if not isinstance(results.get("environment", {}), dict) or not all(
             rundir.json_is(v, (str, int, float, bool))
             for v in results.get("environment", {}).values()):
