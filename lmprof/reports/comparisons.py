@@ -32,8 +32,9 @@ def _first_steps(record: dict[str, Any]) -> tuple[float | None, float | None]:
 
 def runs_frame(records: list[dict[str, Any]],
                export: Callable[[dict[str, Any]], Path | None] | None = None) -> pd.DataFrame:
-    """benchmark_table's row per run, plus first-step times, peak memory and the nsys export
-    (``export(record)``, the report's ``run_export``; by default ``artifacts.nsys_sqlite``)."""
+    """benchmark_table's row per run, plus its run_dir, first-step times, peak memory and the
+    nsys export (``export(record)``, the report's ``run_export``; by default
+    ``artifacts.nsys_sqlite``)."""
     rows = []
     for r in sorted(records, key=rundir.config_order):  # the benchmark table's order
         row = benchmark_table([r])
@@ -44,7 +45,8 @@ def runs_frame(records: list[dict[str, Any]],
         sqlite = None if not r.get("run_dir") else (
             export(r) if export else rundir.artifact_path(r, "nsys_sqlite"))
         rows.append(row.assign(
-            run_id=r.get("run_id"), first_step_s=first, first_measured_step_s=first_measured,
+            run_id=r.get("run_id"), run_dir=r.get("run_dir"), first_step_s=first,
+            first_measured_step_s=first_measured,
             peak_allocated_bytes=peak.get("allocated_bytes"),
             nsys_sqlite=str(sqlite) if sqlite else None,
         ))
@@ -172,17 +174,20 @@ def peak_memory_grid(df: pd.DataFrame) -> pd.DataFrame:
     return _grid(df, MEMORY_KEYS, "peak_allocated_bytes")
 
 
-def gemm_fraction_by_phase(sqlite: str | Path, options: Any = None) -> dict[str, float] | None:
+def gemm_fraction_by_phase(sqlite: str | Path, options: Any = None,
+                           record: dict[str, Any] | None = None) -> dict[str, float] | None:
     """GEMM share of GPU kernel time (percent) per phase of one nsys SQLite export, from the
     kernel analysis with ``options`` (``trace.Options``, the report's range options; None: the
-    defaults); None when the export cannot be read (the GPU kernels section says why)."""
+    defaults) and the run.json of its run (None: the one beside it, if any); None when the
+    export cannot be read (the GPU kernels section says why)."""
     from lmprof.analyze import kernels, trace
     from lmprof.analyze.db import connect
     from lmprof.errors import UserError
 
     con = connect()
     try:  # (a damaged export's numbers that overflow: a UserError too)
-        df = kernels.gemm_fraction(trace.prepare(con, Path(sqlite), options or trace.Options()))
+        df = kernels.gemm_fraction(trace.prepare(con, Path(sqlite), options or trace.Options(),
+                                                  record=record))
     except UserError:
         return None
     finally:
@@ -190,16 +195,18 @@ def gemm_fraction_by_phase(sqlite: str | Path, options: Any = None) -> dict[str,
     return {str(p): float(v) for p, v in zip(df["phase"], df["gemm_pct"]) if pd.notna(v)}
 
 
-def gemm_grid(df: pd.DataFrame, options: Any = None) -> pd.DataFrame:
+def gemm_grid(df: pd.DataFrame, options: Any = None,
+              records: dict[str, dict[str, Any]] | None = None) -> pd.DataFrame:
     """GEMM fraction (%) per configuration, phase and context for runs captured under nsys (the
-    median over a configuration's runs where there are several), read with ``options`` as the
-    kernel section reads the same exports."""
+    median over a configuration's runs where there are several), read with ``options`` and
+    each run's record (``records``: by run_dir) as the kernel section reads the same exports."""
     if df.empty:
         return pd.DataFrame()
     keys = [k for k in MEMORY_KEYS if k != "nsys"]  # every run here was captured under nsys
     rows = []
     for _, r in df[df["nsys_sqlite"].notna()].iterrows():
-        fractions = gemm_fraction_by_phase(r["nsys_sqlite"], options)
+        fractions = gemm_fraction_by_phase(r["nsys_sqlite"], options,
+                                           (records or {}).get(r["run_dir"]))
         for phase, pct in (fractions or {}).items():
             rows.append({**{k: r[k] for k in keys}, "phase": phase,
                          "context": r["context"], "status": "OK", "gemm_pct": pct})

@@ -176,7 +176,7 @@ def test_gemm_fraction_goes_through_the_hook(tmp_path, monkeypatch):
         (root / sweepdir.CELLS / rec["run_id"] / "report.sqlite").touch()
     seen = []
 
-    def fake(sqlite, options=None):
+    def fake(sqlite, options=None, record=None):
         seen.append(Path(sqlite).name)
         return {"forward": 80.0, "backward": 70.0}
 
@@ -235,6 +235,30 @@ def test_gemm_fraction_grid_follows_the_reports_range_options(tmp_path):
     share = shown.split("|")[-2].strip()
     assert share == "0.0" and [c.strip() for c in backward.split("|")[-3:-1]] == [share] * 2, \
         (backward, shown)
+
+
+def test_gemm_fraction_grid_keeps_the_runners_ranges_of_an_export_kept_elsewhere(tmp_path,
+                                                                                  monkeypatch):
+    """A run's export kept outside its folder (a .nsys-rep exported into the user's cache, its
+    folder read-only) is still that run's: with other code's range names given, the grid keeps
+    lmprof's phases, as the kernel section does, rather than only the names given."""
+    from lmprof.analyze import nsys
+    from lmprof.analyze.kernels_cli import trace_options
+
+    data = Path(__file__).resolve().parents[1] / "data"
+    root = write_sweep(tmp_path / "s", [run_record(ctx=c, sqlite=True) for c in (128, 256)])
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for cell in (root / sweepdir.CELLS).iterdir():
+        shutil.copyfile(data / "h200-lmprof-nsys" / "report.sqlite", cache / f"{cell.name}.sqlite")
+        (cell / "report.sqlite").touch()  # (the file run.json names, which the hook replaces)
+    monkeypatch.setattr(nsys, "run_export", lambda record, nsys_path=None:
+                        cache / f"{Path(record['run_dir']).name}.sqlite")
+    options = trace_options("process", ("step=iter", "forward=fwd", "backward=bwd"), (), ())
+    text = build([str(root)], tmp_path / "r", kernel_options=options).read_text()
+    grid = text[text.index("### GEMM fraction by size"):text.index("## GPU kernels")]
+    phases = [line.split("|")[-4].strip() for line in grid.splitlines() if line.startswith("| ")]
+    assert {"forward", "backward", "step"} <= set(phases), phases
 
 
 def test_single_run_has_no_sweep_section(tmp_path):
@@ -422,7 +446,7 @@ def test_gemm_grid_keeps_configurations_apart(tmp_path, monkeypatch):
     root = write_sweep(tmp_path / "s", recs)
     share = {"naive": 80.0, "flash": 90.0}
 
-    def fake(sqlite, options=None):
+    def fake(sqlite, options=None, record=None):
         attention = "flash" if "flash" in str(sqlite) else "naive"
         return {"forward": share[attention]}
 

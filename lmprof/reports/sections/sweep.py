@@ -251,8 +251,8 @@ def _memory(df: pd.DataFrame) -> str | None:
             + _md(t, _ctx_cols(t, "MiB", 1 / 2**20, ".0f")))
 
 
-def _gemm(df: pd.DataFrame, options) -> str | None:
-    t = cmp.gemm_grid(df, options)
+def _gemm(ctx: ReportContext, df: pd.DataFrame) -> str | None:
+    t = cmp.gemm_grid(df, ctx.kernel_options, {r["run_dir"]: r for r in ctx.runs})
     if t.empty:
         return None
     return ("Share of GPU kernel time spent in GEMM kernels per phase, for runs captured under "
@@ -276,7 +276,7 @@ def section(ctx: ReportContext) -> str | None:
             "attention; flash: lmprof's Triton kernel) vs naive")),
         ("Time vs context length", _time_vs_context(ctx, df)),
         ("Peak memory by context length", _memory(df)),
-        ("GEMM fraction by size and context length", _gemm(df, ctx.kernel_options)),
+        ("GEMM fraction by size and context length", _gemm(ctx, df)),
     ]
     body = [f"### {title}\n\n{text}" for title, text in parts if text]
     if not body:
