@@ -184,6 +184,9 @@ def build(paths: list[str], out: str | Path, kernel_options: Any = None,
     # (a folder that exists is one, whatever its name: as a file it failed after the plots
     # were drawn, which stayed beside it)
     target = out if out.suffix.lower() == ".md" and not out.is_dir() else out / "report.md"
+    if target.is_dir():  # (found when writing it, after the plots were drawn: they stayed)
+        raise UserError(f"cannot write the report {str(target)!r}: a folder of that name is "
+                        "in the way")
     runs, exports, snapshots = collect_inputs(paths, nsys_path)
     _refuse_overwrite(target, paths, runs, exports + snapshots)
     created = next((d for d in reversed([target.parent, *target.parent.parents])

@@ -193,3 +193,17 @@ def test_a_report_again_in_its_folder_leaves_no_plot_it_did_not_draw(tmp_path):
     links = set(re.findall(r"!\[[^\]]*\]\(([^()\s]+)\)", md))
     written = {p.relative_to(out).as_posix() for p in out.rglob("*.png")}
     assert "UNSUPPORTED" in md and written == links == set()
+
+
+def test_a_folder_where_the_report_file_goes_is_refused_before_any_plot(tmp_path, capsys):
+    # `-o DIR` whose DIR/report.md is a folder: the plots were drawn into DIR/img/, then the
+    # report could not be written (exit 2), and they stayed there with no report linking them
+    out = tmp_path / "rep"
+    (out / "report.md").mkdir(parents=True)
+    try:
+        analyze_main(["report", str(OOM), "-o", str(out)])
+    except SystemExit as exc:
+        assert exc.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(out / "report.md") in err and "folder" in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["report.md"]
