@@ -46,15 +46,15 @@ class ReportContext:
     def run_export(self, record: dict[str, Any]) -> Path | UserError | None:
         """The SQLite export of run ``record`` (``nsys.run_export``: its ``.sqlite``, else its
         ``.nsys-rep`` exported, once, with ``nsys_path``), for every section that reads it;
-        None where run.json names no export file that is there; the UserError of an export
-        that failed, for the section to list."""
+        None where run.json names no export; the UserError of an export that failed or is
+        gone, for the section to list."""
         key = record["run_dir"]
         if key not in self._run_exports:
             from lmprof.analyze import nsys
 
             named = (rundir.artifact_path(record, k) for k in ("nsys_sqlite", "nsys_rep"))
             result = None
-            if any(path is not None and path.is_file() for path in named):
+            if any(path is not None for path in named):
                 try:
                     result = nsys.run_export(record, self.nsys_path)
                 except UserError as exc:

@@ -33,9 +33,25 @@ def test_report_has_kernel_tables_and_cross_run(tmp_path):
 def test_no_section_without_nsys(tmp_path):
     d = tmp_path / "run"
     d.mkdir()
-    write_run_json(d, sqlite_name="absent.sqlite")
+    write_run_json(d)
+    record = json.loads((d / "run.json").read_text())
+    del record["artifacts"]["nsys_sqlite"]
+    (d / "run.json").write_text(json.dumps(record))
     text = build([str(d)], tmp_path / "out").read_text()
     assert "GPU kernels (nsys)" not in text
+
+
+def test_run_whose_export_is_gone_is_listed_not_left_out(tmp_path):
+    """A run captured under nsys whose export is no longer in its folder: the report says so
+    (as analyze kernels does, in one line), beside the run whose export is there."""
+    good = _run_dir(tmp_path, "small", 128)
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    write_run_json(gone, sqlite_name="absent.sqlite")
+    text = build([str(good), str(gone)], tmp_path / "out").read_text()
+    unreadable = text[text.index("could not be read"):]
+    assert f"names nsys export '{gone / 'absent.sqlite'}', which does not exist" in unreadable
+    assert "Top kernels per phase" in text
 
 
 def test_unreadable_export_is_reported_not_raised(tmp_path):
