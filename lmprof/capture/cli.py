@@ -219,7 +219,17 @@ def precision_cmd(device: str, out: str, quiet: bool) -> None:
     from lmprof.capture import devices, precision
     from lmprof.reports.sections.precision import tables
 
-    target = precision.run(devices.resolve_device(device), Path(out))
+    dev = devices.resolve_device(device)
+    # SIGTERM ends the run as Ctrl-C does (precision.run removes its folder), as in `capture run`:
+    # the process died of it and left a folder holding precision.json without run.json
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        target = precision.run(dev, Path(out))
+    except Terminated:
+        click.echo("terminated (SIGTERM)", err=True)
+        sys.exit(128 + signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     rundir.mark_latest_or_warn(target.parent, target)
     click.echo(f"run: {target}")
     if not quiet:

@@ -106,3 +106,37 @@ def test_an_interrupted_or_failed_run_leaves_no_folder(tmp_path, monkeypatch, fa
     with pytest.raises(fault):
         precision.run(torch.device("cpu"), tmp_path / "runs")
     assert list((tmp_path / "runs").iterdir()) == []
+
+
+# Sends the process SIGTERM while it sums (a job's time limit mid-run), then runs `capture`
+_SIGTERM_MID_RUN = """
+import os, signal, sys, time
+from lmprof.capture import precision
+from lmprof.capture.cli import main
+
+summing = precision.accumulation
+def accumulation(device):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)  # (the signal's handler runs here)
+    return summing(device)
+precision.accumulation = accumulation
+main(sys.argv[1:])
+"""
+
+
+def test_sigterm_mid_run_exits_143_and_leaves_no_folder(tmp_path):
+    """SIGTERM (kill, a job's time limit) as `capture run` takes it: exit 143 with one line and
+    no run folder; the process died of the signal and left one holding precision.json alone."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "runs"
+    proc = subprocess.run([sys.executable, "-c", _SIGTERM_MID_RUN, "precision", "--device", "cpu",
+                           "--out", str(out)], env={**os.environ, "PYTHONPATH": str(root)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 143, proc.stderr
+    assert proc.stderr.strip().splitlines() == ["terminated (SIGTERM)"]
+    assert list(out.iterdir()) == []
