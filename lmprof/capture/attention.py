@@ -347,6 +347,9 @@ def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, w
         from lmprof.kernels import check_flash_available
 
         check_flash_available(dev)  # before any work: CPU needs TRITON_INTERPRET=1
+    # (before the run directory: git and the GPU's properties take a while, and a Ctrl-C or
+    # SIGTERM in them left the directory behind empty)
+    env = _environment(dev)
     out_root = Path(out)
     run_dir = rundir.create_run_dir(
         out_root, label if label is not None else "attention-" + "".join(parts))
@@ -356,7 +359,7 @@ def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, w
     record: dict[str, Any] = {
         "run_id": run_dir.name, "kind": "attention",
         "created_utc": rundir.utc_now(),
-        "status": "OK", "error": None, "config": config, "environment": _environment(dev),
+        "status": "OK", "error": None, "config": config, "environment": env,
         "artifacts": {"attention": RESULTS_FILE},
     }
     results: dict[str, Any] = {"version": RESULTS_VERSION, "environment": record["environment"],

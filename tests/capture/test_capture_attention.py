@@ -155,3 +155,21 @@ def test_values_given_twice_are_timed_once(tmp_path):
     assert record["config"]["impls"] == ["naive"] and record["config"]["seq"] == [16]
     results = json.loads((run_dir / record["artifacts"]["attention"]).read_text())
     assert len(results["part_a"]) == 1
+
+
+def test_ctrl_c_before_the_first_row_is_saved_leaves_no_folder(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while the environment is collected (git, the GPU's properties: the slow start):
+    no run folder, where one stayed behind empty (no run.json, no rows)."""
+    from lmprof.capture import attention
+    from lmprof.capture.cli import main
+
+    def interrupted(device):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(attention, "_environment", interrupted)
+    with pytest.raises(SystemExit) as exit_:
+        main(["attention", "--part", "a", "--impl", "naive", "--seq", "8", "--d", "16",
+              "--device", "cpu", "--out", str(tmp_path / "runs")])
+    assert exit_.value.code == 130
+    assert capsys.readouterr().err.strip() == "aborted"
+    assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
