@@ -131,7 +131,8 @@ def attention_flops(batch: int, heads: int, seq_q: int, seq_k: int, d: int,
 
 
 def bench_ms(fn: Callable[[], Any], device: torch.device, grad_to_none=None) -> float:
-    """Median milliseconds of fn: ``triton.testing.do_bench`` on CUDA, a plain loop elsewhere."""
+    """Median milliseconds of fn: ``triton.testing.do_bench`` on CUDA, elsewhere a plain loop
+    timing each call between two synchronizations (MPS runs its kernels asynchronously)."""
     if device.type == "cuda":
         import triton.testing
 
@@ -140,8 +141,10 @@ def bench_ms(fn: Callable[[], Any], device: torch.device, grad_to_none=None) -> 
     fn()
     times = []
     for _ in range(3):
+        devices.synchronize(device)
         t0 = time.perf_counter()
         fn()
+        devices.synchronize(device)
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 

@@ -173,3 +173,20 @@ def test_ctrl_c_before_the_first_row_is_saved_leaves_no_folder(tmp_path, monkeyp
     assert exit_.value.code == 130
     assert capsys.readouterr().err.strip() == "aborted"
     assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
+
+
+def test_parts_b_and_c_wait_for_the_device_off_cuda(monkeypatch):
+    """bench_ms without do_bench (MPS, CPU) times each call between two synchronizations, as
+    part a does: on MPS, whose kernels run asynchronously, it timed the launches alone."""
+    import torch
+
+    from lmprof.capture import attention
+
+    events = []
+    monkeypatch.setattr(attention.devices, "synchronize", lambda device: events.append("sync"))
+    attention.bench_ms(lambda: events.append("call"), torch.device("mps"))
+    timed = events[events.index("call") + 1:]  # (after the untimed first call)
+    assert timed.count("call") == 3
+    for i, event in enumerate(timed):
+        if event == "call":
+            assert timed[i - 1] == "sync" and timed[i + 1] == "sync", events
