@@ -404,3 +404,12 @@ def test_an_implementation_has_one_colour_in_every_panel_and_plot(tmp_path, monk
     assert len({c for cs in colours.values() for c in cs}) == len(colours) == 3
     (legend,) = figures[0].legends
     assert [t.get_text() for t in legend.get_texts()] == ["flash", "sdpa-cudnn", "sdpa-efficient"]
+
+
+def test_an_mps_run_is_not_said_to_be_timed_by_do_bench():
+    # (an MPS run records gpu_name "Apple MPS"; bench_ms uses do_bench on CUDA only)
+    results = _results()
+    results["environment"] = {"device": "mps", "gpu_name": "Apple MPS", "torch": "2.13"}
+    text = section.render_tables(results)
+    assert "do_bench medians" not in text
+    assert text.count("medians of 3 timed calls after an untimed one (do_bench needs CUDA)") == 2

@@ -137,7 +137,8 @@ def part_c_table(rows: list[dict], keys: tuple[str, ...] = ("dtype", "d", "seq")
 
 def _timer(env: dict[str, Any]) -> str:
     """How parts b and c were timed (``capture.attention.bench_ms``): do_bench on CUDA."""
-    if env.get("gpu_name") or env.get("device") == "cuda":
+    # (an MPS run names its GPU too; a results file without "device" is a CUDA one by its GPU)
+    if env.get("device", "cuda" if env.get("gpu_name") else None) == "cuda":
         return "`triton.testing.do_bench` medians"
     return "medians of 3 timed calls after an untimed one (do_bench needs CUDA)"
 
