@@ -413,3 +413,16 @@ def test_an_mps_run_is_not_said_to_be_timed_by_do_bench():
     text = section.render_tables(results)
     assert "do_bench medians" not in text
     assert text.count("medians of 3 timed calls after an untimed one (do_bench needs CUDA)") == 2
+
+
+def test_a_part_c_run_names_the_shape_and_mask_it_timed():
+    """--batch/--heads/--no-causal (or a d_head that does not divide 2048): the run's part c
+    table names each cell's (B, H) and an unmasked run as such, as the table of runs together
+    does; it said only "heads·d = 2048 unless overridden", so a reader could not tell."""
+    results = _results()
+    text = section.render_tables(results)
+    assert "Shape (B, H)" in text and text.count("| 1, 16 ") == 2  # (the cells 1024 and 4096)
+    for row in results["part_c"]:
+        row.update(batch=2, heads=4, causal=False)
+    text = section.render_tables(results)
+    assert text.count("| 2, 4, not causal ") == 2 and "Shape (B, H)" in text

@@ -135,6 +135,12 @@ def part_c_table(rows: list[dict], keys: tuple[str, ...] = ("dtype", "d", "seq")
     return view
 
 
+def with_shape(rows: list[dict]) -> list[dict]:
+    """Part c rows with ``shape``, their cell's "B, H" (", not causal" where unmasked)."""
+    return [{**row, "shape": f"{row.get('batch')}, {row.get('heads')}"
+                             + ("" if row.get("causal", True) else ", not causal")} for row in rows]
+
+
 def _timer(env: dict[str, Any]) -> str:
     """How parts b and c were timed (``capture.attention.bench_ms``): do_bench on CUDA."""
     # (an MPS run names its GPU too; a results file without "device" is a CUDA one by its GPU)
@@ -176,7 +182,8 @@ def render_tables(results: dict[str, Any]) -> str:
         parts += ["### Sweep against SDPA (part c)",
                   f"Forward + backward (`o.sum().backward()`), {_timer(env)}, in ms; "
                   "batch·seq = 16384 tokens and heads·d = 2048 unless overridden.",
-                  formatted_markdown(part_c_table(results["part_c"]))]
+                  formatted_markdown(part_c_table(with_shape(results["part_c"]),
+                                                  keys=("dtype", "d", "seq", "shape")))]
     return "\n\n".join(parts) + "\n"
 
 
@@ -277,10 +284,8 @@ def combined_part_c(runs: list[tuple[dict, dict]]) -> list[tuple[tuple, list[str
         by_cell: dict[tuple, set] = {}
         for key, row in kept.items():
             by_cell.setdefault(key[:-1], set()).add(row["run"])
-        rows = [{**row, "runs": ", ".join(sorted(by_cell[key[:-1]])),
-                 "shape": f"{row.get('batch')}, {row.get('heads')}"
-                          + ("" if row.get("causal", True) else ", not causal")}
-                for key, row in kept.items()]
+        rows = with_shape([{**row, "runs": ", ".join(sorted(by_cell[key[:-1]]))}
+                           for key, row in kept.items()])
         out.append((setup, [str(r.get("run_id")) for r, _ in members], rows))
     return out
 
