@@ -426,3 +426,14 @@ def test_a_part_c_run_names_the_shape_and_mask_it_timed():
         row.update(batch=2, heads=4, causal=False)
     text = section.render_tables(results)
     assert text.count("| 2, 4, not causal ") == 2 and "Shape (B, H)" in text
+
+
+def test_part_a_caption_names_the_batch_and_mask_it_timed():
+    """--batch / --causal part a: the caption says what ran (nothing in the table did: a causal
+    run read as CS336's unmasked benchmark at batch 8)."""
+    results = _results()
+    assert "Batch 8, not causal." in section.render_tables(results)
+    for row in results["part_a"]:
+        row.update(batch=2, causal=True)
+    text = section.render_tables(results)
+    assert "Batch 2, causal." in text and "not causal" not in text

@@ -149,6 +149,14 @@ def _timer(env: dict[str, Any]) -> str:
     return "medians of 3 timed calls after an untimed one (do_bench needs CUDA)"
 
 
+def _part_a_setup(rows: list[dict]) -> str:
+    """Part a's batch and mask, by its rows (--batch, --causal)."""
+    batches = ", ".join(str(b) for b in dict.fromkeys(r.get("batch") for r in rows))
+    masks = " and ".join("causal" if c else "not causal"
+                         for c in sorted({bool(r.get("causal")) for r in rows}, reverse=True))
+    return f"Batch {batches}, {masks}."
+
+
 def _part_b_call(rows: list[dict], timer: str) -> str:
     """What part b timed and how its FLOPs count, by the rows' causal flag (--no-causal)."""
     flags = sorted({bool(r.get("causal", True)) for r in rows}, reverse=True)
@@ -169,8 +177,8 @@ def render_tables(results: dict[str, Any]) -> str:
              f"{_fmt(mm, '.0f') or 'n/a'} TFLOP/s."]
     if results.get("part_a"):
         parts += ["### CS336 attention benchmark (part a)",
-                  "Mean of the timed passes, each between two synchronizations; memory allocated "
-                  "after the forward, before the backward.",
+                  f"{_part_a_setup(results['part_a'])} Mean of the timed passes, each between "
+                  "two synchronizations; memory allocated after the forward, before the backward.",
                   formatted_markdown(part_a_table(results["part_a"]))]
     if results.get("part_b"):
         best = results.get("leaderboard_best_ms")
