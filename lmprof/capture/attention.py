@@ -400,7 +400,9 @@ def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, w
                     causal, dev, finished)
         record["status"], record["error"] = "OK", None
     except BaseException as exc:  # recorded, then raised: the run directory says what happened
-        record["status"], record["error"] = "ERROR", f"{type(exc).__name__}: {exc}"[:300]
+        # (a Ctrl-C's KeyboardInterrupt has no message: its name alone)
+        record["status"] = "ERROR"
+        record["error"] = (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)[:300]
         if not isinstance(exc, Terminated):
             raise
     finally:

@@ -190,3 +190,24 @@ def test_parts_b_and_c_wait_for_the_device_off_cuda(monkeypatch):
     for i, event in enumerate(timed):
         if event == "call":
             assert timed[i - 1] == "sync" and timed[i + 1] == "sync", events
+
+
+def test_ctrl_c_mid_run_is_recorded_without_an_empty_message(tmp_path, monkeypatch, capsys):
+    """Ctrl-C mid-part: the run keeps its rows and says ERROR "KeyboardInterrupt" (it said
+    "KeyboardInterrupt: ", and the report's line read "KeyboardInterrupt: ; the results...")."""
+    from lmprof import rundir
+    from lmprof.capture import attention
+    from lmprof.capture.cli import main
+
+    def interrupted(rows, *args):
+        rows.append({"impl": "naive", "batch": 1, "seq": 8, "d": 16, "dtype": "float32",
+                     "causal": False, "status": "OK", "error": None, "fwd_ms": 1.0, "bwd_ms": 1.0})
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(attention, "_part_a", interrupted)
+    with pytest.raises(SystemExit) as exit_:
+        main(["attention", "--part", "a", "--impl", "naive", "--seq", "8", "--d", "16",
+              "--device", "cpu", "--out", str(tmp_path / "runs")])
+    assert exit_.value.code == 130
+    record = rundir.load_run(tmp_path / "runs" / "latest")
+    assert record["status"] == "ERROR" and record["error"] == "KeyboardInterrupt"
