@@ -341,6 +341,13 @@ def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, w
     parts = tuple(dict.fromkeys(parts or ("a", "b", "c")))
     impls, seqs, ds, dtypes = (tuple(dict.fromkeys(v)) for v in (impls, seqs, ds, dtypes))
     _check_options(parts, impls, ds, seqs, dtypes, iters, warmup, batch, heads)
+    # (an option of a part not run was ignored: do_bench times parts b and c its own way)
+    given = click.get_current_context().get_parameter_source
+    for name in ("iters", "warmup"):
+        if "a" not in parts and given(name) is click.core.ParameterSource.COMMANDLINE:
+            raise UserError(f"--{name} applies to part a (add --part a)")
+    if heads is not None and parts == ("a",):
+        raise UserError("--heads applies to parts b and c (add --part b or c)")
     dev = devices.resolve_device(device)
     for dt in dtypes:
         devices.check_dtype(dt, dev)

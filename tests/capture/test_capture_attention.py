@@ -211,3 +211,18 @@ def test_ctrl_c_mid_run_is_recorded_without_an_empty_message(tmp_path, monkeypat
     assert exit_.value.code == 130
     record = rundir.load_run(tmp_path / "runs" / "latest")
     assert record["status"] == "ERROR" and record["error"] == "KeyboardInterrupt"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--part", "c", "--iters", "5"], "--iters applies to part a (add --part a)"),
+    (["--part", "b", "--part", "c", "--warmup", "0"], "--warmup applies to part a (add --part a)"),
+    (["--part", "a", "--heads", "4"], "--heads applies to parts b and c (add --part b or c)"),
+])
+def test_an_option_for_a_part_not_run_is_refused(tmp_path, args, message):
+    # (as capture run refuses --memory-steps without --memory: the run went on without it, and
+    # do_bench timed parts b and c however many --iters were asked for)
+    proc = capture("--device", "cpu", "--out", "runs", "--impl", "naive", "--seq", "8",
+                   "--d", "16", *args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"error: {message}"]
+    assert not (tmp_path / "runs").exists()
