@@ -297,7 +297,10 @@ def _check_options(parts, impls, ds, seqs, dtypes, iters, warmup, batch, heads) 
             raise UserError(f"unknown --dtype {dt!r}; choose from {', '.join(devices.DTYPES)}")
     uses_flash = any(i.startswith("flash") for i in impls) or not impls
     if uses_flash:
-        from lmprof.kernels.flash import MAX_HEAD_DIM, MIN_HEAD_DIM
+        try:
+            from lmprof.kernels.flash import MAX_HEAD_DIM, MIN_HEAD_DIM
+        except ImportError as exc:  # (triton is a dependency on Linux only)
+            raise UserError(f"--impl flash is not available: {exc}") from None
 
         bad = [d for d in ds if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM]
         if bad:

@@ -226,3 +226,24 @@ def test_an_option_for_a_part_not_run_is_refused(tmp_path, args, message):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [f"error: {message}"]
     assert not (tmp_path / "runs").exists()
+
+
+_WITHOUT_TRITON = """
+import sys
+sys.modules["triton"] = None  # (as on macOS, where the package does not install triton)
+from lmprof.capture.cli import main
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("impls", [[], ["--impl", "flash"]], ids=["default", "flash"])
+def test_flash_without_triton_exits_2_with_one_line(tmp_path, impls):
+    # (an ImportError's traceback: triton is a dependency on Linux only, and MPS is a device)
+    proc = subprocess.run([sys.executable, "-c", _WITHOUT_TRITON, "attention", "--part", "a",
+                           "--seq", "8", "--d", "16", *impls, "--device", "cpu", "--out", "runs"],
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: --impl flash is not available: import of triton halted; None in sys.modules"]
+    assert not (tmp_path / "runs").exists()
