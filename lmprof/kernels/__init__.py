@@ -1,7 +1,8 @@
 """Triton kernels with PyTorch references.
 
 - ``flash`` — FlashAttention-2 forward and backward in Triton; ``flash_attention(q, k, v,
-  is_causal=False, scale=None)`` is re-exported here (imported on first use: triton is optional).
+  is_causal=False, scale=None, backward="auto", forward="auto")`` is re-exported here (imported
+  on first use: triton is optional).
 - ``attention_ref`` — the naive formula and the same algorithm tile by tile in plain PyTorch.
 """
 
@@ -24,7 +25,8 @@ class ForwardUnavailable(KernelUnavailable):
 
 
 def check_flash_available(device, d_head: int | None = None) -> None:
-    """Raise UserError when ``--attention flash`` cannot run on ``device`` (with this d_head)."""
+    """Raise UserError when ``--attention flash`` (``capture run``) or the flash rows of ``capture
+    attention`` cannot run on ``device`` (with this d_head)."""
     try:
         from lmprof.kernels import flash
     except ImportError as exc:
