@@ -156,8 +156,21 @@ def test_an_attention_run_that_failed_says_so_in_its_section_not_under_the_bench
     train = tmp_path / "runs" / "train"
     shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "h200-lmprof-nsys", train)
     text = report.build([str(run), str(train)], tmp_path / "report").read_text()
-    assert f"Run `{run.name}`: ERROR — Terminated; the results it wrote before." in text
+    assert (f"Run `{run.name}`: ERROR — Terminated. The tables hold what it finished before it "
+            "ended.") in text
     assert "Failed runs:" not in text
+
+
+def test_a_failed_attention_run_without_an_error_text_says_none_was_recorded(tmp_path):
+    # (it printed "ERROR — None")
+    run = tmp_path / "runs" / "20260101T000000Z-attention-abc-0002"
+    run.mkdir(parents=True)
+    (run / "attention.json").write_text(json.dumps(_results()))
+    rundir.write_run(run, {"run_id": run.name, "kind": "attention", "status": "ERROR",
+                           "error": None, "config": {}, "environment": {},
+                           "artifacts": {"attention": "attention.json"}})
+    text = report.build([str(run)], tmp_path / "report").read_text()
+    assert f"Run `{run.name}`: ERROR — no error recorded." in text
 
 
 def test_the_timing_named_is_the_one_the_device_used():

@@ -378,9 +378,10 @@ def section(ctx: ReportContext) -> str | None:
                           f"read ({md_text(str(exc))}).")
             continue
         read.append((record, results))
+        error = record.get("error")
         ended = "" if record.get("status") == "OK" else \
-            f": {record.get('status')} — {md_text(str(record.get('error')))}; the results it " \
-            "wrote before"
+            f": {record.get('status')} — {md_text(str(error)) if error else 'no error recorded'}" \
+            ". The tables hold what it finished before it ended"
         body = [f"Run {md_code(str(record.get('run_id')))}{ended}.",
                 render_tables(results).rstrip()]
         if results.get("part_c"):
