@@ -222,6 +222,11 @@ def events(trace: pa.Table, blocks: dict[str, list], segments: dict[str, list],
     d_req = np.where(is_alloc, nbytes, np.where(release, -nbytes, 0))
     d_res = np.where(_is(action, _SEGMENT_UP), nbytes,
                      np.where(_is(action, _SEGMENT_DOWN), -nbytes, 0))
+    # a real trace's changes and dump levels add up to far below 2^62 bytes; past it (a damaged
+    # or hand-edited file) the int64 running sums below would wrap silently
+    dump_max = max((v for lv in dump.values() for v in lv), default=0)
+    if any(np.abs(d).sum(dtype=np.float64) + dump_max >= 2**62 for d in (d_alloc, d_req, d_res)):
+        raise ValueError("sizes that add up past 2^62 bytes")
     # after entry i: dump level - (sum of the device's deltas) + (its deltas up to i)
     starts = np.flatnonzero(np.r_[True, np.diff(device) != 0]) if n else np.zeros(0, np.int64)
     ends = np.r_[starts[1:], n] if n else starts

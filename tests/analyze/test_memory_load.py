@@ -149,8 +149,12 @@ def _first_with(items, key):
     lambda s: s["device_traces"][0][5].update(size=-10**12),
     lambda s: s["segments"][0]["blocks"][0].update(size=-512),
     lambda s: s["segments"][0].update(total_size=-1),
+    # (sizes whose sum passes 2^63 wrapped numpy's running sums: two traced segments of 2^62
+    # bytes loaded as a reserved peak of 406 MiB)
+    lambda s: [e.update(action="segment_alloc", size=2**62)
+               for e in s["device_traces"][0][10:12]],
 ], ids=["blocks-none", "time-str", "size-bool", "stream-list", "size-2^70", "line-bool",
-        "size-negative", "block-negative", "segment-negative"])
+        "size-negative", "block-negative", "segment-negative", "segments-2^62"])
 def test_wrong_values_inside_a_snapshot_are_one_line_errors(tmp_path, edit):
     from lmprof.analyze import memory
     from lmprof.analyze.db import connect
