@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 
 from lmprof.analyze import memory
 from lmprof.analyze.db import connect
+from lmprof.analyze.snapshot import read_snapshot
 from lmprof.reports import memory_plots
 
 OOM = Path(__file__).resolve().parents[1] / "data" / "h200-oom" / "warmup0" / "memory.pickle.xz"
@@ -69,3 +71,26 @@ def test_the_out_of_memory_mark_at_the_edge_is_drawn_whole(tmp_path, drawn, oom_
     (mark,) = [line for line in ax.get_lines() if line.get_label() == "out of memory"]
     assert mark.get_xdata()[0] == pytest.approx(ax.get_xlim()[1])
     assert not mark.get_clip_on()
+
+
+def test_dollar_signs_in_labels_and_phases_are_drawn_as_text(tmp_path, drawn):
+    """A snapshot's label (its file name) and phases (its user_metadata tags) are the user's
+    text: matplotlib read a pair of '$' in them as mathtext, so a file named 'a$\\frac$.pickle'
+    ended 'analyze memory --out' in a ParseSyntaxException traceback (exit 1), and 'm$_x$'
+    was drawn as m with a subscript x."""
+    snap = read_snapshot(OOM)
+    for entry in snap["device_traces"][0]:
+        if entry.get("user_metadata") == "forward":
+            entry["user_metadata"] = "fwd $\\frac$"
+    path = tmp_path / "a$\\frac$.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    con = connect()
+    memory.load_memory(con, path, None)
+    written = memory_plots.write_plots(con, tmp_path / "plots")
+    assert [p.name for p in written] == ["memory_timeline.png", "memory_categories.png"]
+    # what each text draws: (its characters, whether as mathtext)
+    shown = [t._preprocess_math(t.get_text()) for fig in drawn for ax in fig.axes
+             for t in (ax.title, *ax.texts, *ax.get_legend().get_texts())]
+    assert (f"{path.parent.name}/a$\\frac$.pickle — cuda:0", False) in shown
+    assert ("fwd $\\frac$", False) in shown  # (the forward band's legend entry)
+    assert not any(math for _, math in shown)
