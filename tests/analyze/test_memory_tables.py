@@ -220,3 +220,40 @@ def test_stack_inference_makes_no_inference_phase_of_frees_alone(tmp_path):
     assert {"forward", "backward", "optimizer"} <= set(phases)
     steps = c.execute("SELECT count(*) FROM memory_phase_windows WHERE phase = 'step'")
     assert steps.fetchall()[0][0] == 3
+
+
+def test_by_phase_counts_a_free_where_torch_releases_it(tmp_path):
+    """A block another stream still uses (record_stream) is freed at free_requested, where
+    torch lowers memory_allocated and the timeline falls, and goes back to the pool at
+    free_completed, later. by_phase counted the free at free_completed: a forward tensor so
+    held into the backward was freed, by its Frees and Net, in the backward."""
+    from lmprof import rundir
+
+    run_dir = ROOT / "tests" / "data" / "h200-lmprof-memory"
+    record = rundir.load_run(run_dir)
+    snap = pickle.loads(lzma.decompress((run_dir / "memory.pickle.xz").read_bytes()))
+    trace = snap["device_traces"][0]
+    forward = next((w["start_ns"] // 1000, w["end_ns"] // 1000) for w in record["phase_windows"]
+                   if w["phase"] == "forward")
+    backward = next(w["start_ns"] // 1000 for w in record["phase_windows"]
+                    if w["phase"] == "backward")
+    first_backward = next(i for i, e in enumerate(trace) if e["time_us"] >= backward)
+    # a forward free whose address is not used again until the backward has begun: its
+    # free_completed moves there, as a side stream's use would put it
+    i = next(i for i, e in enumerate(trace) if e["action"] == "free_requested"
+             and forward[0] <= e["time_us"] <= forward[1]
+             and trace[i + 1]["action"] == "free_completed"
+             and all(x["addr"] != e["addr"] for x in trace[i + 2:first_backward + 10]))
+    completed = trace.pop(i + 1)
+    completed["time_us"] = trace[first_backward + 4]["time_us"]
+    trace.insert(first_backward + 5, completed)
+    path = tmp_path / "memory.pickle"
+    path.write_bytes(pickle.dumps(snap))
+
+    def phases(snapshot):
+        c = connect()
+        memory.load_memory(c, snapshot, record)
+        return memory.by_phase(c).set_index("phase")[["frees", "freed_bytes", "net_bytes"]]
+
+    held, plain = phases(path), phases(run_dir / "memory.pickle.xz")
+    assert held.equals(plain)

@@ -10,24 +10,26 @@
 --   peak_reserved_bytes   BIGINT  highest reserved bytes in the phase
 --   allocs                BIGINT  alloc entries
 --   alloc_bytes           BIGINT  bytes requested by those allocs (churn)
---   frees                 BIGINT  free_completed entries
+--   frees                 BIGINT  entries that release an allocation (memory_snapshots.release_action:
+--                                 free_requested, where torch lowers memory_allocated, even for a
+--                                 block another stream holds until its free_completed)
 --   freed_bytes           BIGINT  bytes freed
 --   net_bytes             BIGINT  alloc_bytes - freed_bytes (growth over the phase, all steps)
 --   allocs_per_step       DOUBLE  allocs / steps (NULL when steps are unknown)
-SELECT snapshot_id, device, phase,
+SELECT e.snapshot_id, e.device, e.phase,
     count(DISTINCT step) AS steps,
     max(allocated_bytes) AS peak_allocated_bytes,
     arg_min(step, (-allocated_bytes, seq)) AS peak_step,
     max(reserved_bytes) AS peak_reserved_bytes,
     count(*) FILTER (WHERE action = 'alloc') AS allocs,
     coalesce(sum(bytes) FILTER (WHERE action = 'alloc'), 0)::BIGINT AS alloc_bytes,
-    count(*) FILTER (WHERE action = 'free_completed') AS frees,
-    coalesce(sum(bytes) FILTER (WHERE action = 'free_completed'), 0)::BIGINT AS freed_bytes,
+    count(*) FILTER (WHERE action = s.release_action) AS frees,
+    coalesce(sum(bytes) FILTER (WHERE action = s.release_action), 0)::BIGINT AS freed_bytes,
     (coalesce(sum(bytes) FILTER (WHERE action = 'alloc'), 0)
-     - coalesce(sum(bytes) FILTER (WHERE action = 'free_completed'), 0))::BIGINT AS net_bytes,
+     - coalesce(sum(bytes) FILTER (WHERE action = s.release_action), 0))::BIGINT AS net_bytes,
     count(*) FILTER (WHERE action = 'alloc') / nullif(count(DISTINCT step), 0) AS allocs_per_step
-FROM memory_events
-GROUP BY snapshot_id, device, phase
-ORDER BY snapshot_id, device,
+FROM memory_events e JOIN memory_snapshots s USING (snapshot_id)
+GROUP BY e.snapshot_id, e.device, e.phase
+ORDER BY e.snapshot_id, e.device,
     list_position(['forward', 'inference', 'backward', 'optimizer', 'step', 'other', 'unknown'],
                   phase) NULLS LAST, phase
