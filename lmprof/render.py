@@ -346,6 +346,13 @@ def md_text(text: str) -> str:
     return _one_line(text).replace("<", "\\<")
 
 
+def plot_text(text: str) -> str:
+    """Text from the inputs (a label, a phase tag, an implementation's name) as matplotlib draws
+    it, character for character: a pair of '$' in it would be mathtext (a traceback where that
+    does not parse)."""
+    return str(text).replace("$", r"\$")
+
+
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 

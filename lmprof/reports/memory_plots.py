@@ -17,6 +17,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from lmprof.analyze import memory
+from lmprof.render import plot_text
 
 MIB = 2**20
 PHASE_COLORS = {
@@ -38,12 +39,6 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
-def _plain(text: str) -> str:
-    """The user's text (a label, a phase tag) as matplotlib draws it, character for character:
-    a pair of '$' in it would be mathtext (a traceback where that does not parse)."""
-    return text.replace("$", r"\$")
-
-
 def _x_label(has_time: bool) -> tuple[str, float]:
     return ("time since first recorded entry (ms)", 1e-3) if has_time else ("trace entry", 1.0)
 
@@ -55,7 +50,7 @@ def _bands(ax, con, sid: int, device: int, scale: float) -> None:
         if b.phase in ("unknown",):
             continue
         color = PHASE_COLORS.get(b.phase, "#cccccc")
-        label = _plain(b.phase) if b.phase not in seen else None
+        label = plot_text(b.phase) if b.phase not in seen else None
         seen.add(b.phase)
         ax.axvspan(b.start_us * scale, max(b.end_us, b.start_us + 1) * scale, color=color,
                    alpha=0.18, lw=0, label=label)
@@ -82,7 +77,7 @@ def timeline_png(con: duckdb.DuckDBPyConnection, sid: int, device: int, path: Pa
     peak_bytes, peak_at, peak_seq, phase, step = peak
     if peak_at is not None or not has_time:
         px = (peak_at if has_time else max(peak_seq, 0)) * scale
-        where = _plain(phase) + (f", step {step}" if step is not None else "")
+        where = plot_text(phase) + (f", step {step}" if step is not None else "")
         ax.plot([px], [peak_bytes / MIB], marker="v", color="#e15759", ms=9, zorder=5)
         ax.annotate(f"peak {peak_bytes / MIB:,.1f} MiB ({where})", (px, peak_bytes / MIB),
                     xytext=(8, 6), textcoords="offset points", color="#b0303a", fontsize=9)
@@ -92,7 +87,7 @@ def timeline_png(con: duckdb.DuckDBPyConnection, sid: int, device: int, path: Pa
     ax.set_ylim(0, max(max(res, default=0), peak_bytes / MIB) * 1.12 or 1)
     if xs[-1] > xs[0]:  # (one entry, or all at one instant: matplotlib picks a range itself,
         ax.set_xlim(xs[0], xs[-1])  # where equal limits warned on stderr)
-    ax.set_title(_plain(title), fontsize=10)
+    ax.set_title(plot_text(title), fontsize=10)
     ax.legend(loc="lower right", fontsize=8, ncol=4, framealpha=0.9)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -133,7 +128,7 @@ def _mark_ooms(ax, con: duckdb.DuckDBPyConnection, sid: int, device: int, has_ti
                 label="out of memory" if i == 0 else None)
         requested = 0 if pd.isna(r.requested_bytes) else r.requested_bytes
         phase, free = r.phase, None if pd.isna(r.device_free_bytes) else r.device_free_bytes
-        text = f"out of memory in {_plain(phase)}: asked {requested / MIB:,.0f} MiB"
+        text = f"out of memory in {plot_text(phase)}: asked {requested / MIB:,.0f} MiB"
         if free is not None:
             text += f", {free / MIB:,.0f} MiB free"
         ax.annotate(text, (x, y), xytext=(-8, -14), textcoords="offset points", ha="right",
@@ -164,7 +159,7 @@ def categories_png(con: duckdb.DuckDBPyConnection, sid: int, device: int, path: 
     ax.set_ylabel("MiB")
     if wide.index[-1] > wide.index[0]:  # (the timeline's range: the two read side by side)
         ax.set_xlim(wide.index[0] * scale, wide.index[-1] * scale)
-    ax.set_title(_plain(title), fontsize=10)
+    ax.set_title(plot_text(title), fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()

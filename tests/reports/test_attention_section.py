@@ -419,6 +419,19 @@ def test_an_implementation_has_one_colour_in_every_panel_and_plot(tmp_path, monk
     assert [t.get_text() for t in legend.get_texts()] == ["flash", "sdpa-cudnn", "sdpa-efficient"]
 
 
+def test_dollar_signs_in_an_implementations_name_are_drawn_as_text(tmp_path, monkeypatch):
+    """An attention.json's names are the file's text: matplotlib read a pair of '$' in them as
+    mathtext, so an implementation named 'a$\\frac$' ended the report in a ParseSyntaxException
+    traceback."""
+    figures = _drawn(monkeypatch)
+    assert section.plot_tflops([_row("a$\\frac$", 1024, 1.0), _row("flash", 1024, 2.0)],
+                               tmp_path / "a.png")
+    (fig,) = figures
+    shown = [t._preprocess_math(t.get_text()) for t in (
+        *fig.legends[0].get_texts(), *(ax.title for ax in fig.axes))]
+    assert ("a$\\frac$", False) in shown and not any(math for _, math in shown)
+
+
 def test_an_mps_run_is_not_said_to_be_timed_by_do_bench():
     # (an MPS run records gpu_name "Apple MPS"; bench_ms uses do_bench on CUDA only)
     results = _results()

@@ -15,7 +15,8 @@ import pandas as pd
 
 from lmprof import rundir
 from lmprof.errors import UserError
-from lmprof.render import escaped, formatted_markdown, md_code, md_text, ratio_text
+from lmprof.render import (escaped, formatted_markdown, md_code, md_text, plot_text,
+                           ratio_text)
 from lmprof.reports.report import ReportContext
 
 SDPA_PREFIX = "sdpa-"
@@ -233,17 +234,18 @@ def plot_tflops(rows: list[dict], path) -> bool:
         sub = df[(df["dtype"] == dtype) & (df["d"] == d)]
         for impl, g in sub.groupby("impl"):
             g = g.sort_values("seq")
-            (line,) = ax.plot(g["seq"], g["e2e_tflops"], marker="o", label=impl,
+            (line,) = ax.plot(g["seq"], g["e2e_tflops"], marker="o", label=plot_text(impl),
                               color=colors[impl], linewidth=2.5 if impl.startswith("flash") else 1.2)
             handles.setdefault(impl, line)
         ax.set_xscale("log", base=2)
-        ax.set_title(f"{dtype}, d_head {d}")
+        ax.set_title(plot_text(f"{dtype}, d_head {d}"))
         ax.set_xlabel("sequence length")
         ax.set_ylabel("fwd+bwd TFLOP/s")
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.legend([handles[i] for i in colors], list(colors), loc="outside right upper", fontsize=8)
+    fig.legend([handles[i] for i in colors], [plot_text(i) for i in colors],
+               loc="outside right upper", fontsize=8)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from lmprof.render import display_name, escaped, ratio_text, yes_no
+from lmprof.render import display_name, escaped, plot_text, ratio_text, yes_no
 from lmprof.reports import comparisons as cmp
 from lmprof.reports.report import ReportContext
 from lmprof.reports.tables import profiled
@@ -196,6 +196,7 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
                 f" ({profiled(nsys, memory)})" if nsys or memory else "") + (
                 f" batch {batch}" if 1 in named else "") + (
                 f" warm-up {warmup}" if 5 in named else "") + (f" {device}" if 6 in named else "")
+            label = plot_text(label)  # (a size or dtype of a hand-edited run.json)
             (line,) = ax.plot(lg["context"], lg["step_mean_s"] * 1e3, label=label, **style[key])
             handles.setdefault(label, line)
             for c, status in failed.items():  # in a band above the data, in the line's colour
@@ -204,7 +205,7 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
                 marks[c] = marks.get(c, 0) + 1
                 ax.plot([c], [y], transform=ax.get_xaxis_transform(), marker="x", ms=8,
                         mew=2, ls="none", color=line.get_color())
-                ax.annotate(status, (c, y), xycoords=ax.get_xaxis_transform(),
+                ax.annotate(plot_text(status), (c, y), xycoords=ax.get_xaxis_transform(),
                             xytext=(6, -3), textcoords="offset points", fontsize=8,
                             color=line.get_color())
         ax.set_xscale("log", base=2)
@@ -225,7 +226,7 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
                 ax.set_ylim(low, high + (high - low) * band / (1 - band))
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel("step time (ms, mean)")
-        ax.set_title(mode)
+        ax.set_title(plot_text(mode))
         ax.grid(True, which="both", alpha=0.3)
     fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol,
                fontsize="small", frameon=False)
