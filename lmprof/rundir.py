@@ -403,8 +403,9 @@ _POSITIVE_CONFIG = ("batch_size", "context_length", "steps", "d_model", "d_ff", 
 def _value_problem(record: dict[str, Any]) -> str | None:
     """What a well-typed run.json holds that no run measures: a negative duration, FLOP count or
     peak (the tables showed a negative TFLOP/s and MFU as a result) or a size or count below what
-    capture accepts (a context length of 0 sat at the edge of the log-scale plot). Types are
-    checked first (``_shape_problem``)."""
+    capture accepts (a context length of 0 sat at the edge of the log-scale plot; a model's
+    n_params of -5 made the memory table expect -0.000 MiB of parameters). Types are checked
+    first (``_shape_problem``)."""
     timings = record.get("timings", {})
     values = [(f"timings.{k}", timings.get(k)) for k in ("total_s", "warmup_s")]
     values += [("timings.warmup_steps_s", v) for v in timings.get("warmup_steps_s", [])]
@@ -423,6 +424,10 @@ def _value_problem(record: dict[str, Any]) -> str | None:
             value, least = config.get(name), 0 if name == "warmup" else 1
             if value is not None and value < least:
                 return f"'config.{name}' is {value!r}; capture runs take {least} or more"
+    model = record.get("model", {})
+    for name in (k for k, kind in _MODEL.items() if kind is int):
+        if (value := model.get(name)) is not None and value < 1:
+            return f"'model.{name}' is {value!r}; a model's sizes are 1 or more"
     return None
 
 

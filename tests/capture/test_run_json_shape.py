@@ -78,6 +78,9 @@ def _edit(path: list, value):
     (["config", "context_length"], 0, "'config.context_length' is 0; capture runs take 1"),
     (["config", "batch_size"], -4, "'config.batch_size' is -4; capture runs take 1"),
     (["config", "warmup"], -1, "'config.warmup' is -1; capture runs take 0"),
+    # (an n_params of -5 made the memory table expect -0.000 MiB of parameters)
+    (["model", "n_params"], -5, "'model.n_params' is -5; a model's sizes are 1 or more"),
+    (["model", "num_layers"], 0, "'model.num_layers' is 0; a model's sizes are 1 or more"),
 ])
 def test_wrong_shapes_are_one_line_errors(tmp_path, path, value, message):
     run_dir = tmp_path / "r"
