@@ -32,8 +32,9 @@ def analyze() -> None:
 def runs_cmd(run_dirs: tuple[str, ...], fmt: str, out: str | None) -> None:
     """The end-to-end benchmark table of RUN_DIRS (run directories, their run.json, sweep
     directories, which stand for their finished cells, or a directory of runs such as
-    capture's --out, which stands for the runs in it). Markdown shows each phase as mean ± std
-    in ms and leaves out what no run measured; csv and json keep every raw column."""
+    capture's --out, which stands for the runs in it and the finished cells of its sweeps).
+    Markdown shows each phase as mean ± std in ms and leaves out what no run measured; csv and
+    json keep every raw column."""
     from lmprof import rundir
     from lmprof.render import emit
     from lmprof.reports.report import load_runs
