@@ -426,5 +426,5 @@ def test_run_of_another_kind_is_refused(tmp_path):
     for run_dir, kind in ((attention, "attention"), (precision, "precision")):
         proc = _run(FIXTURE, "--run", run_dir, "--out", tmp_path / "out")
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-        assert f"is a {kind} run" in proc.stderr and "Traceback" not in proc.stderr
+        assert f"is a run of kind {kind}," in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
