@@ -128,8 +128,9 @@ def resolve(arg: str, run_dir: str | None = None) -> SnapshotRef:
         raise UserError(f"no such file or run directory: {arg!r}")
     record = rundir.load_run(run_dir) if run_dir else rundir.find_run_for(p)
     if run_dir and not rundir.is_model_run(record):
-        raise UserError(f"--run {run_dir!r} is a run of kind {record['kind']}, which has no steps for a "
-                        "memory snapshot: give the capture run that recorded the snapshot")
+        raise UserError(f"--run {run_dir!r} is a run of kind {record['kind']}, which has no "
+                        "steps for a memory snapshot: give the capture run that recorded the "
+                        "snapshot")
     return SnapshotRef(p, record)
 
 

@@ -235,7 +235,8 @@ def plot_tflops(rows: list[dict], path) -> bool:
         for impl, g in sub.groupby("impl"):
             g = g.sort_values("seq")
             (line,) = ax.plot(g["seq"], g["e2e_tflops"], marker="o", label=plot_text(impl),
-                              color=colors[impl], linewidth=2.5 if impl.startswith("flash") else 1.2)
+                              color=colors[impl],
+                              linewidth=2.5 if impl.startswith("flash") else 1.2)
             handles.setdefault(impl, line)
         ax.set_xscale("log", base=2)
         ax.set_title(plot_text(f"{dtype}, d_head {d}"))
