@@ -30,6 +30,8 @@ from lmprof import rundir
 from lmprof.capture import environment
 
 RESULT_FILE = "precision.json"
+# precision.json's format ("version"; a file written before it had one is read as 1)
+RESULTS_VERSION = 1
 N_ADDS = 1000
 ADDEND = "0.01"
 
@@ -138,6 +140,7 @@ def run(device: torch.device, out_root: Path) -> Path:
     try:
         created = rundir.utc_now()
         results = {
+            "version": RESULTS_VERSION,
             "device": device.type,
             "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
             "n_adds": N_ADDS,

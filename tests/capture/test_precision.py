@@ -63,6 +63,7 @@ def test_cli_writes_a_precision_run_the_report_reads(tmp_path, capsys):
     record = rundir.load_run(tmp_path / "latest")
     assert record["kind"] == "precision" and record["status"] == "OK"
     results = json.loads(rundir.artifact_path(record, "precision").read_text())
+    assert results["version"] == 1
     assert len(results["accumulation"]) == 4 and set(results["autocast"]) == {"fp16", "bf16"}
     assert benchmark_table([record]).empty  # not a benchmark run
 
@@ -79,7 +80,9 @@ def test_cli_writes_a_precision_run_the_report_reads(tmp_path, capsys):
     (lambda r: r["accumulation"].__setitem__(0, {}), "accumulation[0].case is None"),
     (lambda r: r["autocast"]["fp16"].update(rows=None), "autocast.fp16 is not"),
     (lambda r: r.update(device=1e308), "'device' / 'gpu_name' are not strings"),
-], ids=["error-str", "row-empty", "rows-none", "device-float"])
+    # (a later lmprof's file, whose fields may mean other things, read as this one's)
+    (lambda r: r.update(version=2), "'version' is 2; this lmprof reads 1"),
+], ids=["error-str", "row-empty", "rows-none", "device-float", "version-2"])
 def test_malformed_results_are_named_in_the_report(tmp_path, capsys, edit, message):
     # (found by mutating a real precision.json: each of these was a traceback before)
     capture_main(["precision", "--device", "cpu", "--out", str(tmp_path)])

@@ -48,6 +48,10 @@ def autocast_table(results: dict[str, Any]) -> tuple[pd.DataFrame, list[str]]:
     return df, errors
 
 
+# the precision.json format versions this reads ("version": capture.precision.RESULTS_VERSION)
+_VERSIONS = (1,)
+
+
 def _number(value) -> bool:
     return value is not None and rundir.json_is(value, (int, float))
 
@@ -56,6 +60,10 @@ def _shape_problem(res) -> str | None:
     """What in a precision.json is not of the type ``capture precision`` writes, or None."""
     if not isinstance(res, dict):
         return "not an object"
+    version = res.get("version", 1)  # (absent: written before the field, the first format)
+    if isinstance(version, bool) or version not in _VERSIONS:
+        return (f"'version' is {version!r}; this lmprof reads "
+                f"{', '.join(str(v) for v in _VERSIONS)}")
     if not isinstance(res.get("device"), str) or \
             not isinstance(res.get("gpu_name"), (str, type(None))):
         return "'device' / 'gpu_name' are not strings"
