@@ -414,6 +414,8 @@ def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, w
         record["status"] = "ERROR"
         record["error"] = (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)[:300]
         if not isinstance(exc, Terminated):
+            if isinstance(exc, KeyboardInterrupt):  # (the CLI then says "aborted", exit 130)
+                click.echo(f"interrupted: partial results in {run_dir}", err=True)
             raise
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -211,6 +211,9 @@ def test_ctrl_c_mid_run_is_recorded_without_an_empty_message(tmp_path, monkeypat
     assert exit_.value.code == 130
     record = rundir.load_run(tmp_path / "runs" / "latest")
     assert record["status"] == "ERROR" and record["error"] == "KeyboardInterrupt"
+    # (it said "aborted" alone, where a SIGTERM names the folder that keeps the rows)
+    run_dir = rundir.resolve_run_dir(tmp_path / "runs" / "latest")
+    assert f"partial results in {run_dir}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args,message", [
