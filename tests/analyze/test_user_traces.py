@@ -9,6 +9,8 @@ exports (nsys-stats/, nsys 2025.3.1) and against interval arithmetic done here i
 from __future__ import annotations
 
 import io
+import shutil
+import sqlite3
 from pathlib import Path
 
 import duckdb
@@ -435,6 +437,28 @@ def test_skip_steps_cli(exports):
     code, out, err = run("sql", plain, *PHASE_ARGS, "--skip-steps", "1", "--format", "csv",
                          "SELECT count(*) AS n FROM phase_instances WHERE phase = 'step'")
     assert code == 0 and out.split() == ["n", "2"], err  # of 3 steps
+
+
+def test_skip_steps_refuses_a_process_whose_steps_are_not_marked(exports, tmp_path):
+    """--skip-steps in a trace of several processes, one of which marks phases but no step (its
+    'iter' ranges gone, as where a rank's code opens the step range on another condition):
+    that process's first steps cannot be told, so it is refused in one line naming it. Its
+    warm-up forward counted as a measured one before (4 instances of forward against the other
+    rank's 3, and the k-th instances of the ranks paired a step apart: start lags of 22 ms)."""
+    path = tmp_path / "ddp.sqlite"
+    shutil.copyfile(exports / "ddp" / "report.sqlite", path)
+    con = sqlite3.connect(path)
+    with con:
+        gone = con.execute("DELETE FROM NVTX_EVENTS WHERE text = 'iter' "
+                           "AND (globalTid >> 24) & 16777215 = 908").rowcount
+    con.close()
+    assert gone == 4
+    code, out, err = run("kernels", str(path), *PHASE_ARGS, "--skip-steps", "1",
+                         "--table", "process_timing")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (out, err)
+    assert "908" in err and "'iter'" in err and "907" not in err
+    code, out, err = run("kernels", str(path), *PHASE_ARGS, "--table", "process_timing")
+    assert code == 0, err  # without --skip-steps nothing is asked of the step ranges
 
 
 @pytest.mark.parametrize("seed", range(5))
