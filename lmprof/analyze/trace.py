@@ -204,16 +204,17 @@ def skip_steps(con: duckdb.DuckDBPyConnection, n: int) -> None:
     """Unmark the phases of each process's first ``n`` steps (``sql/skip_steps.sql``). A process
     whose ranges mark phases but no step (another rank's do) is refused: its warm-up cannot be
     told from its measured steps, and its phases would keep it."""
+    names = ", ".join(repr(name) for (name,) in con.execute(
+        "SELECT range_name FROM _phase_names WHERE phase = 'step'").fetchall())
     steps = con.execute("SELECT count(*) FROM nvtx_ranges WHERE phase = 'step'").fetchall()[0][0]
     if not steps:
-        raise UserError("--skip-steps needs ranges that mark the step phase; none is named "
-                        "'step' here (name yours with --phase-range step=NAME)")
+        raise UserError("--skip-steps needs ranges that mark the step phase; "
+                        + (f"none is named {names} here" if names else "no name is given for it")
+                        + " (name yours with --phase-range step=NAME)")
     stepless = [pid for (pid,) in con.execute(
         "SELECT pid FROM nvtx_ranges WHERE phase IS NOT NULL GROUP BY pid "
         "HAVING count(*) FILTER (WHERE phase = 'step') = 0 ORDER BY pid").fetchall()]
     if stepless:
-        names = ", ".join(repr(name) for (name,) in con.execute(
-            "SELECT range_name FROM _phase_names WHERE phase = 'step'").fetchall())
         who = (f"process {stepless[0]} marks" if len(stepless) == 1 else
                f"processes {', '.join(map(str, stepless))} mark")
         raise UserError(f"--skip-steps: {who} phases but no step (no range named {names}), "

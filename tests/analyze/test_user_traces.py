@@ -439,6 +439,16 @@ def test_skip_steps_cli(exports):
     assert code == 0 and out.split() == ["n", "2"], err  # of 3 steps
 
 
+def test_skip_steps_without_steps_names_the_step_ranges_looked_for(exports):
+    """--skip-steps where no range marks the step phase names the step range names it looked
+    for: with --phase-range step=ITER (the trace's are 'iter') it said that none is named
+    'step', a name the user had replaced."""
+    code, out, err = run("kernels", str(exports / "ddp" / "report.sqlite"),
+                         "--phase-range", "step=ITER", "--skip-steps", "1")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (out, err)
+    assert "'ITER'" in err and "'step'" not in err
+
+
 def test_skip_steps_refuses_a_process_whose_steps_are_not_marked(exports, tmp_path):
     """--skip-steps in a trace of several processes, one of which marks phases but no step (its
     'iter' ranges gone, as where a rank's code opens the step range on another condition):
