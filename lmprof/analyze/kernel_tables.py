@@ -371,12 +371,17 @@ def _graphs_note(trace: Trace) -> str | None:
 
 def _no_phase_ranges(trace: Trace) -> str:
     """What to do when no range of a trace with ranges marks a phase (a trace of other code):
-    the names looked for, and the most frequent outer ranges to name with --phase-range."""
+    the names looked for, and the most frequent outer ranges to name with --phase-range: push/pop
+    ranges of level 0 or 1 and start/end ranges (no level), of the default domain, else (the
+    user's ranges in a domain of their own) of any."""
     looked_for = ", ".join(dict.fromkeys(name for name, _ in trace.options.phase_ranges))
     # the pattern as a literal: a bound parameter makes DuckDB import pandas
     rows = trace.use().execute(
-        "SELECT name, count(*) AS n FROM nvtx_ranges WHERE domain = '' AND level <= 1 "
-        f"AND NOT regexp_matches(name, {sqlfile.literal(CALL_SUFFIX)}) "
+        "WITH outer_ranges AS (SELECT name, domain, start_ns FROM nvtx_ranges "
+        "WHERE coalesce(level, 0) <= 1 "
+        f"AND NOT regexp_matches(name, {sqlfile.literal(CALL_SUFFIX)})) "
+        "SELECT name, count(*) AS n FROM outer_ranges WHERE domain = '' "
+        "OR NOT EXISTS (SELECT 1 FROM outer_ranges WHERE domain = '') "
         "GROUP BY name ORDER BY n DESC, min(start_ns) LIMIT 6").fetchall()
     found = ", ".join(f"{name!r} ({n})" for name, n in rows)
     return (f"No NVTX range marks a phase: none is named {looked_for} (each optionally with a "

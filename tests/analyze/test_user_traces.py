@@ -304,6 +304,32 @@ def test_phase_tables_say_which_ranges_to_name(exports):
     assert code == 0 and "No NVTX range marks a phase" not in out and "| backward" in out
 
 
+@pytest.mark.parametrize("edit", [
+    # the user's ranges in a domain of their own (the nvtx package's @annotate(domain=...))
+    "INSERT INTO NVTX_EVENTS (start, eventType, globalTid, text, domainId) SELECT start, 75, "
+    "globalTid, 'train', 9 FROM NVTX_EVENTS WHERE eventType = 75 AND text = 'NCCL'; "
+    "UPDATE NVTX_EVENTS SET domainId = 9 WHERE text IN ('iter', 'fwd', 'bwd', 'opt')",
+    # start/end ranges (torch.cuda.nvtx.range_start / range_end), which have no nesting level
+    "UPDATE NVTX_EVENTS SET eventType = 60 WHERE text IN ('iter', 'fwd', 'bwd', 'opt')"])
+def test_phase_tables_name_outer_ranges_of_any_domain_and_style(exports, tmp_path, edit):
+    """The note of a trace whose ranges mark no phase lists the user's ranges to name also where
+    they are in a domain of their own or start/end ranges: it listed none ('... _N suffix). name
+    the phases ...'), while --phase-range step=iter marks them (a range's domain does not matter
+    to its phase)."""
+    path = tmp_path / "ddp.sqlite"
+    shutil.copyfile(exports / "ddp" / "report.sqlite", path)
+    con = sqlite3.connect(path)
+    with con:
+        con.executescript(edit)
+    con.close()
+    code, out, err = run("kernels", str(path), "--table", "phase_timing")
+    assert code == 0, err
+    assert "No NVTX range marks a phase" in out and "'iter' (8)" in out, out
+    assert "; name the phases with --phase-range PHASE=NAME" in out
+    code, out, err = run("kernels", str(path), *PHASE_ARGS, "--table", "phase_timing")
+    assert code == 0 and "No NVTX range marks a phase" not in out and "| backward" in out
+
+
 def test_several_reports_keep_the_note_of_the_one_with_rows(exports):
     """A report with NCCL kernels beside one without: the stacked communication table has the
     first one's rows, and its note describes them rather than saying there are none."""
