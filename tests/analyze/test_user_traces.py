@@ -497,6 +497,39 @@ def test_skip_steps_refuses_a_process_whose_steps_are_not_marked(exports, tmp_pa
     assert code == 0, err  # without --skip-steps nothing is asked of the step ranges
 
 
+def test_a_phase_range_on_another_thread_inside_one_of_its_phase_is_part_of_it(exports,
+                                                                                tmp_path):
+    """Under the process rule, a 'bwd' range that the autograd thread opens inside the main
+    thread's 'bwd' (a backward hook's range around the all-reduces) is part of that instance, as
+    one nested on the main thread is: the backward counted 8 instances per rank, the kernel mean
+    halved (907: 8.628 ms against 17.255) and the busy time split. Under the thread rule the
+    autograd thread's range is its ops' only phase range, an instance of its own."""
+    path = tmp_path / "ddp.sqlite"
+    shutil.copyfile(exports / "ddp" / "report.sqlite", path)
+    con = sqlite3.connect(path)
+    with con:  # per backward and autograd thread, a 'bwd' range around its NCCL ranges
+        added = con.execute(
+            "INSERT INTO NVTX_EVENTS (start, end, eventType, globalTid, text, domainId) "
+            "SELECT min(n.start) - 1000, max(n.end) + 1000, 59, n.globalTid, 'bwd', 0 "
+            "FROM NVTX_EVENTS n JOIN NVTX_EVENTS b ON b.text = 'bwd' "
+            "AND b.globalTid >> 24 = n.globalTid >> 24 AND n.start BETWEEN b.start AND b.end "
+            "WHERE n.domainId = 1 AND n.globalTid <> b.globalTid "
+            "GROUP BY b.start, n.globalTid").rowcount
+    con.close()
+    assert added == 8
+    original = kernels.process_timing(_trace(exports, "ddp")).set_index(["phase", "pid"])
+    edited = kernels.process_timing(
+        trace.prepare(duckdb.connect(), path, trace.Options(phase_ranges=USER_PHASES))
+    ).set_index(["phase", "pid"])
+    cols = ["instances", "cpu_mean_ns", "gpu_kernel_mean_ns", "gpu_busy_pct"]
+    pd.testing.assert_frame_equal(edited[cols], original[cols])
+    threads = kernels.process_timing(
+        trace.prepare(duckdb.connect(), path,
+                      trace.Options(phase_ranges=USER_PHASES, attribution="thread"))
+    ).set_index(["phase", "pid"])
+    assert (threads.loc["backward", "instances"] == 8).all()
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_communication_overlap_random_intervals(seed):
     """communication.sql on random kernels of two devices and three streams each: compute

@@ -15,8 +15,9 @@
 --   phase         VARCHAR  the phase this range marks (its name, or else its name less a
 --                          _<digits> suffix, is in _phase_names), or NULL (also where
 --                          --skip-steps unmarked it: skip_steps.sql, and for a push/pop range
---                          inside one of its thread that marks the same phase: the outer range
---                          is the phase instance)
+--                          inside one of its thread, or process under the process rule
+--                          ($key_shift 24), that marks the same phase: the outer range is the
+--                          phase instance)
 --
 -- Nesting comes from counting opens and closes per thread (push/pop ranges on one thread form a
 -- stack: a push's level is the pushes before it less the pops before it), and the parent from an
@@ -128,20 +129,22 @@ LEFT JOIN domains d ON d.gpid = (e.global_tid >> 24) AND d.domain_id = e.domain_
 LEFT JOIN _nvtx_parents pa ON pa.range_id = o.rowid
 LEFT JOIN phased ph ON ph.event_row = o.event_row;
 
--- A phase range inside a push/pop range of its thread that marks the same phase (a step inside
--- a step, 'forward' named for a range that nests in itself or in another forward range) is part
--- of that outer instance, not an instance of its own: marked, it would take the ops launched
--- inside it from the outer instance (attribution gives each op its nearest phase range), leaving
--- the outer one's span with idle holes and the phase's instances counted twice. Push/pop ranges
--- of one thread nest, so containment on the thread is ancestry. A join of the few phase ranges
--- alone (x100: 1,400 of 31,400 ranges).
+-- A phase range inside a push/pop range of its attribution key (global_tid >> $key_shift: its
+-- thread, or under the process rule its process) that marks the same phase (a step inside a
+-- step, 'forward' named for a range that nests in itself or in another forward range, a 'bwd'
+-- that a backward hook opens on the autograd thread inside the main thread's) is part of that
+-- outer instance, not an instance of its own: marked, it would take the ops launched inside it
+-- from the outer instance (attribution gives each op its nearest phase range), leaving the outer
+-- one's span with idle holes and the phase's instances counted twice. Push/pop ranges of one
+-- thread nest, so containment on the thread is ancestry; across threads it is containment in
+-- time. A join of the few phase ranges alone (x100: 1,400 of 31,400 ranges).
 UPDATE nvtx_ranges SET phase = NULL
 WHERE range_id IN (
     SELECT r.range_id
     FROM (SELECT * FROM nvtx_ranges WHERE phase IS NOT NULL AND style = 'PushPop') r
     JOIN (SELECT * FROM nvtx_ranges WHERE phase IS NOT NULL AND style = 'PushPop') o
-      ON o.global_tid = r.global_tid AND o.phase = r.phase AND o.range_id < r.range_id
-     AND o.start_ns <= r.start_ns AND o.end_ns >= r.end_ns
+      ON o.global_tid >> $key_shift = r.global_tid >> $key_shift AND o.phase = r.phase
+     AND o.range_id < r.range_id AND o.start_ns <= r.start_ns AND o.end_ns >= r.end_ns
 );
 
 DROP TABLE _nvtx_parents;
