@@ -337,7 +337,8 @@ def _prepare(con: duckdb.DuckDBPyConnection, path: Path, options: Options, schem
         # loads first
         with db.cursor(con, schema) as cur:
             _phase_table(cur, options)
-            sqlfile.run(cur, "ranges", key_shift=_key_shift(thread_rule))
+            sqlfile.run(cur, "ranges", key_shift=_key_shift(thread_rule),
+                        call_suffix=None if options.full_range_names else CALL_SUFFIX)
             if options.skip_steps:
                 skip_steps(cur, options.skip_steps)
             one_member.append(timeline(cur, thread_rule, gpu_ops=export.gpu_op_rows))

@@ -189,7 +189,7 @@ def test_attribution_matches_containment_on_random_nesting(seed, max_bucket_rows
     con.execute("CREATE TABLE _phase_names (range_name VARCHAR, phase VARCHAR)")
     con.executemany("INSERT INTO _phase_names VALUES (?, ?)",
                     [(p, p) for p in ("step", "forward", "backward", "optimizer")])
-    sqlfile.run(con, "ranges", key_shift=0)
+    sqlfile.run(con, "ranges", key_shift=0, call_suffix=None)
     ranges = con.execute("SELECT * FROM nvtx_ranges").df().replace({np.nan: None})
     ranges = ranges.to_dict("records")
     assert all(r["level"] is None and r["parent_id"] is None

@@ -168,6 +168,30 @@ def test_attention_parts_named_by_op_in_emit_nvtx(exports):
     assert kernels.softmax_vs_matmul(full).empty
 
 
+def test_phase_ranges_named_by_op_in_emit_nvtx(exports):
+    """--phase-range names emit_nvtx's per-call ranges by op, as --softmax-range does: under
+    emit_nvtx a record_function scope is a range 'Optimizer.step#AdamW.step, op_id = 3290' (and
+    a user's record_function('fwd') one 'fwd, op_id = N'), which --phase-range
+    optimizer=Optimizer.step#AdamW.step did not mark: no optimizer phase at all. Its instances
+    and wall time are those of the raw export's ranges of that op; none with --full-range-names,
+    which keeps whole texts."""
+    path = exports / "emit" / "report.sqlite"
+    raw = _raw_ranges(path)
+    mine = raw[raw["name"].str.startswith("Optimizer.step#AdamW.step, op_id = ")]
+    assert len(mine) == 4
+    names = (("iter", "step"), ("fwd", "forward"), ("bwd", "backward"),
+             ("Optimizer.step#AdamW.step", "optimizer"))
+    tr = trace.prepare(duckdb.connect(), path, trace.Options(phase_ranges=names))
+    timing = kernels.phase_timing(tr).set_index("phase")
+    assert timing.loc["optimizer", "instances"] == 4
+    assert timing.loc["optimizer", "cpu_mean_ns"] == pytest.approx(
+        (mine["end"] - mine["start"]).mean())
+    assert timing.loc["optimizer", "kernels_per_instance"] > 0
+    full = trace.prepare(duckdb.connect(), path,
+                         trace.Options(phase_ranges=names, full_range_names=True))
+    assert "optimizer" not in kernels.phase_timing(full)["phase"].tolist()
+
+
 @pytest.mark.parametrize("suffix", [", seq = 12, op_id = 40", ", op_id = 7",
                                     ", seq = -1, op_id = 3, sizes = [[8, 512], []]",
                                     ", sizes = [[2, 3]], input_op_ids = [(5, 0)]"])

@@ -13,7 +13,8 @@
 --   level         INTEGER  push/pop nesting depth on its thread, 0 = outermost; NULL for start/end
 --   parent_id     BIGINT   range_id of the enclosing push/pop range on the same thread, or NULL
 --   phase         VARCHAR  the phase this range marks (its name, or else its name less a
---                          _<digits> suffix, is in _phase_names), or NULL (also where
+--                          _<digits> suffix, is in _phase_names; emit_nvtx's per-call suffix
+--                          $call_suffix cut first), or NULL (also where
 --                          --skip-steps unmarked it: skip_steps.sql, and for a push/pop range
 --                          inside one of its thread, or process under the process rule
 --                          ($key_shift 24), that marks the same phase: the outer range is the
@@ -98,20 +99,25 @@ WITH types AS (
     WHERE e.event_type = types.dc
 ), phased AS (
     -- the phase of each range whose name, or else its name less a _<digits> suffix, is a phase
-    -- range's name (a name given with its own _<digits> matches itself): the suffix cut (a
-    -- regular expression) only from names whose first characters are a phase name's (a regular
-    -- expression on every name cost 0.2 s of CPU at emit_nvtx x100's 1.5M)
+    -- range's name (a name given with its own _<digits> matches itself), the name first cut of
+    -- emit_nvtx's per-call suffix ($call_suffix, as the per-range tables cut it; NULL with
+    -- --full-range-names: a record_function('fwd') scope is 'fwd, op_id = 12' there): the
+    -- suffixes cut (regular expressions) only from names whose first characters are a phase
+    -- name's (a regular expression on every name cost 0.2 s of CPU at emit_nvtx x100's 1.5M)
     SELECT c.event_row, ph.phase
-    FROM (SELECT e.rowid AS event_row,
-                 CASE WHEN coalesce(e.text, s.value, '') IN (SELECT range_name FROM _phase_names)
-                      THEN coalesce(e.text, s.value, '')
-                      ELSE regexp_replace(coalesce(e.text, s.value, ''), '_[0-9]+$', '')
+    FROM (SELECT event_row,
+                 CASE WHEN called IN (SELECT range_name FROM _phase_names) THEN called
+                      ELSE regexp_replace(called, '_[0-9]+$', '')
                  END AS base
-          FROM _nvtx_events e LEFT JOIN _strings s ON s.id = e.text_id
-          WHERE left(coalesce(e.text, s.value, ''),
-                     (SELECT min(length(range_name)) FROM _phase_names))
-                IN (SELECT left(range_name, (SELECT min(length(range_name)) FROM _phase_names))
-                    FROM _phase_names)) c
+          FROM (SELECT e.rowid AS event_row,
+                       coalesce(regexp_replace(coalesce(e.text, s.value, ''), $call_suffix, ''),
+                                coalesce(e.text, s.value, '')) AS called
+                FROM _nvtx_events e LEFT JOIN _strings s ON s.id = e.text_id
+                WHERE left(coalesce(e.text, s.value, ''),
+                           (SELECT min(length(range_name)) FROM _phase_names))
+                      IN (SELECT left(range_name,
+                                      (SELECT min(length(range_name)) FROM _phase_names))
+                          FROM _phase_names))) c
     JOIN _phase_names ph ON ph.range_name = c.base
 )
 -- (no ORDER BY: the queries that read it order by range_id where order matters; sorting 1.5M
