@@ -471,6 +471,22 @@ def test_skip_steps(exports, name, skip):
             "phase").loc["step", "cpu_mean_ns"]
 
 
+def test_communication_of_skipped_steps_is_a_none_row(exports):
+    """--skip-steps: the skipped steps' communication is a '(none)' row per device, as in the
+    other per-phase tables, so that the phases and it add up to 'all' per device (kernels, time,
+    overlap, compute); the row was missing, a quarter of the DDP trace's all-reduces in no row."""
+    comm = kernels.communication(_trace(exports, "ddp", skip_steps=1))
+    assert set(comm.loc[comm["phase"] == "(none)", "device_id"]) == {0, 1}
+    for device, rows in comm.groupby("device_id"):
+        rows = rows.set_index("phase")
+        parts = rows.drop(index=["step", "all"])
+        for col in ("comm_kernels", "comm_ns", "overlapped_ns", "compute_ns"):
+            assert parts[col].sum() == rows.loc["all", col], (device, col)
+        assert rows.loc["(none)", "comm_kernels"] == 5  # one step: 4 all-reduces, a broadcast
+    every = kernels.communication(_trace(exports, "ddp"))
+    assert "(none)" not in every["phase"].tolist()  # every kernel of it is in a phase
+
+
 def test_skip_steps_cli(exports):
     plain = str(exports / "plain" / "report.sqlite")
     code, out, err = run("kernels", plain, *PHASE_ARGS, "--skip-steps", "1",

@@ -3,7 +3,9 @@
 -- data-parallel training each rank has its own device, so the rows of one phase compare the
 -- ranks: a rank whose all-reduce is long and exposed waits for the others.
 --
---   phase             VARCHAR  forward | backward | optimizer | inference | step | all
+--   phase             VARCHAR  inference | forward | backward | optimizer | (none) | step | all
+--                              ('(none)': kernels of no phase, outside the phase ranges or in
+--                              steps that --skip-steps left out; a row only where there are some)
 --   device_id         INTEGER  the GPU
 --   pids              VARCHAR  processes that launched communication kernels on it
 --   comm_kernels      BIGINT   communication kernels of the phase on the device
@@ -92,7 +94,7 @@ WITH k AS (
            c.end_ns - c.start_ns, coalesce(o.overlapped_ns, 0)
     FROM comm c LEFT JOIN overlap o ON o.op_id = c.op_id
 ), tagged AS (
-    SELECT phase, * EXCLUDE (phase, in_step) FROM per_kernel WHERE phase IS NOT NULL
+    SELECT coalesce(phase, '(none)') AS phase, * EXCLUDE (phase, in_step) FROM per_kernel
     UNION ALL
     SELECT 'step', * EXCLUDE (phase, in_step) FROM per_kernel WHERE in_step
     UNION ALL
@@ -113,5 +115,6 @@ SELECT g.phase, CAST(g.device_id AS INTEGER) AS device_id, b.pids, g.comm_kernel
        100.0 * g.overlapped_ns / nullif(g.comm_ns, 0) AS overlap_pct, g.compute_ns,
        100.0 * g.gemm_ns / nullif(g.compute_ns, 0) AS gemm_of_compute_pct
 FROM grouped g JOIN bounds b USING (device_id)
-ORDER BY list_position(['inference', 'forward', 'backward', 'optimizer', 'step', 'all'], g.phase),
+ORDER BY list_position(['inference', 'forward', 'backward', 'optimizer', '(none)', 'step', 'all'],
+                       g.phase),
          g.device_id;
