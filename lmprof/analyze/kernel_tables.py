@@ -353,7 +353,38 @@ def _notes(trace: Trace, names: tuple[str, ...], out: dict[str, Any],
             if out.get(n) is not None:
                 notes[n] += (f" Each process's first {skip} step(s) left out (--skip-steps): "
                              "their GPU work is phase '(none)'.")
+    near = _near_phase_names(trace) if phase_tables else ""
+    for n in (*phase_tables, "process_timing"):
+        if near and out.get(n) is not None:
+            notes[n] += " " + near
     return notes
+
+
+def _near_phase_names(trace: Trace) -> str:
+    """For a phase that no range marks, named other than by its own name (--phase-range, a
+    trace of other code): the ranges whose names differ from that name only in case or
+    spaces, which the phase would otherwise lack without a word. Read only where such a phase
+    exists (never for lmprof's own names)."""
+    given = {phase for name, phase in trace.options.phase_ranges if name != phase}
+    if not given:
+        return ""
+    con = trace.use()
+    if given <= {p for (p,) in con.execute(
+            "SELECT DISTINCT phase FROM nvtx_ranges WHERE phase IS NOT NULL").fetchall()}:
+        return ""
+    # the given names come from _phase_names, as data (never spliced into the statement)
+    rows = con.execute(
+        "SELECT p.range_name, p.phase, r.name, count(*) AS n FROM _phase_names p "
+        "JOIN nvtx_ranges r ON lower(trim(r.name)) = lower(trim(p.range_name)) "
+        "WHERE p.range_name <> p.phase AND r.name <> p.range_name "
+        "AND p.phase NOT IN (SELECT phase FROM nvtx_ranges WHERE phase IS NOT NULL) "
+        "GROUP BY ALL ORDER BY p.range_name, n DESC, r.name").fetchall()
+    found: dict[tuple[str, str], list[str]] = {}
+    for given, phase, name, n in rows:
+        found.setdefault((given, phase), []).append(f"{name!r} ({n})")
+    return " ".join(f"No range is named {given!r} (a name of the {phase} phase); differing from "
+                    f"it only in case or spaces: {', '.join(names)}."
+                    for (given, phase), names in found.items())
 
 
 def _graphs_note(trace: Trace) -> str | None:

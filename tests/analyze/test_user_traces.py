@@ -354,6 +354,24 @@ def test_phase_tables_name_outer_ranges_of_any_domain_and_style(exports, tmp_pat
     assert code == 0 and "No NVTX range marks a phase" not in out and "| backward" in out
 
 
+@pytest.mark.parametrize("given", ["Iter", "iter ", " ITER"])
+def test_a_phase_name_that_differs_from_the_ranges_in_case_or_spaces_is_noted(exports, given):
+    """A --phase-range name that marks no range while one differs from it only in case or
+    spaces: the phase tables say so (the step phase was simply missing, the other phases,
+    named right, filled the tables without a word); none when every name matches."""
+    path = str(exports / "ddp" / "report.sqlite")
+    args = ("--phase-range", f"step={given}", *PHASE_ARGS[2:], "--table", "phase_timing",
+            "--table", "process_timing")
+    code, out, err = run("kernels", path, *args)
+    assert code == 0, err
+    assert "| step" not in out and "| forward" in out
+    for section in out.split("## ")[1:]:
+        assert (f"No range is named {given!r} (a name of the step phase); differing from it "
+                "only in case or spaces: 'iter' (8)." in section), out
+    code, out, err = run("kernels", path, *PHASE_ARGS, "--table", "phase_timing")
+    assert code == 0 and "No range is named" not in out, err
+
+
 def test_several_reports_keep_the_note_of_the_one_with_rows(exports):
     """A report with NCCL kernels beside one without: the stacked communication table has the
     first one's rows, and its note describes them rather than saying there are none."""
