@@ -157,20 +157,26 @@ def test_values_given_twice_are_timed_once(tmp_path):
     assert len(results["part_a"]) == 1
 
 
-def test_ctrl_c_before_the_first_row_is_saved_leaves_no_folder(tmp_path, monkeypatch, capsys):
-    """Ctrl-C while the environment is collected (git, the GPU's properties: the slow start):
-    no run folder, where one stayed behind empty (no run.json, no rows)."""
+def _interrupted_run(tmp_path, monkeypatch, name: str, fn) -> None:
+    """A one-row part a run on CPU whose ``attention.<name>`` is ``fn`` (which raises
+    KeyboardInterrupt): it exits 130."""
     from lmprof.capture import attention
     from lmprof.capture.cli import main
 
-    def interrupted(device):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(attention, "_environment", interrupted)
+    monkeypatch.setattr(attention, name, fn)
     with pytest.raises(SystemExit) as exit_:
         main(["attention", "--part", "a", "--impl", "naive", "--seq", "8", "--d", "16",
               "--device", "cpu", "--out", str(tmp_path / "runs")])
     assert exit_.value.code == 130
+
+
+def test_ctrl_c_before_the_first_row_is_saved_leaves_no_folder(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while the environment is collected (git, the GPU's properties: the slow start):
+    no run folder, where one stayed behind empty (no run.json, no rows)."""
+    def interrupted(device):
+        raise KeyboardInterrupt
+
+    _interrupted_run(tmp_path, monkeypatch, "_environment", interrupted)
     assert capsys.readouterr().err.strip() == "aborted"
     assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
 
@@ -196,19 +202,13 @@ def test_ctrl_c_mid_run_is_recorded_without_an_empty_message(tmp_path, monkeypat
     """Ctrl-C mid-part: the run keeps its rows and says ERROR "KeyboardInterrupt" (it said
     "KeyboardInterrupt: ", and the report's line read "KeyboardInterrupt: ; the results...")."""
     from lmprof import rundir
-    from lmprof.capture import attention
-    from lmprof.capture.cli import main
 
     def interrupted(rows, *args):
         rows.append({"impl": "naive", "batch": 1, "seq": 8, "d": 16, "dtype": "float32",
                      "causal": False, "status": "OK", "error": None, "fwd_ms": 1.0, "bwd_ms": 1.0})
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(attention, "_part_a", interrupted)
-    with pytest.raises(SystemExit) as exit_:
-        main(["attention", "--part", "a", "--impl", "naive", "--seq", "8", "--d", "16",
-              "--device", "cpu", "--out", str(tmp_path / "runs")])
-    assert exit_.value.code == 130
+    _interrupted_run(tmp_path, monkeypatch, "_part_a", interrupted)
     record = rundir.load_run(tmp_path / "runs" / "latest")
     assert record["status"] == "ERROR" and record["error"] == "KeyboardInterrupt"
     # (it said "aborted" alone, where a SIGTERM names the folder that keeps the rows)
