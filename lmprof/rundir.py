@@ -553,6 +553,17 @@ def read_text_file(path: str | Path, what: str) -> str:
                         f"{getattr(exc, 'strerror', None) or exc}") from None
 
 
+def version_problem(data: dict[str, Any], versions: tuple[int, ...],
+                    absent: int | None = None) -> str | None:
+    """Where a JSON artifact's "version" is not one this lmprof reads (``absent``: the version of
+    a file written before it had the field; None: such a file is refused), what to say; else
+    None. A later format's fields may mean other things, so it is not read as this one."""
+    version = data.get("version", absent)
+    if isinstance(version, bool) or version not in versions:
+        return f"'version' is {version!r}; this lmprof reads {', '.join(map(str, versions))}"
+    return None
+
+
 def read_json_artifact(record: dict[str, Any], key: str,
                        shape_problem: Callable[[Any], str | None] | None = None) -> Any:
     """The JSON artifact ``key`` named in run.json; UserError when absent, unreadable, or (given

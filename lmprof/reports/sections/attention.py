@@ -343,10 +343,8 @@ def _shape_problem(results) -> str | None:
     hand-edited or damaged file is named in the report instead of failing it)."""
     if not isinstance(results, dict):
         return "not an object"
-    version = results.get("version")
-    if isinstance(version, bool) or version not in _VERSIONS:
-        return (f"'version' is {version!r}; this lmprof reads "
-                f"{', '.join(str(v) for v in _VERSIONS)}")
+    if problem := rundir.version_problem(results, _VERSIONS):
+        return problem
     if not isinstance(results.get("environment", {}), dict) or not all(
             rundir.json_is(v, (str, int, float, bool))
             for v in results.get("environment", {}).values()):

@@ -60,10 +60,9 @@ def _shape_problem(res) -> str | None:
     """What in a precision.json is not of the type ``capture precision`` writes, or None."""
     if not isinstance(res, dict):
         return "not an object"
-    version = res.get("version", 1)  # (absent: written before the field, the first format)
-    if isinstance(version, bool) or version not in _VERSIONS:
-        return (f"'version' is {version!r}; this lmprof reads "
-                f"{', '.join(str(v) for v in _VERSIONS)}")
+    # (absent: written before the field, in the first format)
+    if problem := rundir.version_problem(res, _VERSIONS, absent=1):
+        return problem
     if not isinstance(res.get("device"), str) or \
             not isinstance(res.get("gpu_name"), (str, type(None))):
         return "'device' / 'gpu_name' are not strings"
