@@ -405,7 +405,7 @@ def _no_phase_ranges(trace: Trace) -> str:
     the names looked for, and the most frequent outer ranges to name with --phase-range: push/pop
     ranges of level 0 or 1 and start/end ranges (no level), of the default domain, else (the
     user's ranges in a domain of their own) of any."""
-    looked_for = ", ".join(dict.fromkeys(name for name, _ in trace.options.phase_ranges))
+    looked_for = ", ".join(repr(n) for n in dict.fromkeys(n for n, _ in trace.options.phase_ranges))
     # the pattern as a literal: a bound parameter makes DuckDB import pandas
     rows = trace.use().execute(
         "WITH outer_ranges AS (SELECT name, domain, start_ns FROM nvtx_ranges "
@@ -416,8 +416,8 @@ def _no_phase_ranges(trace: Trace) -> str:
         "GROUP BY name ORDER BY n DESC, min(start_ns) LIMIT 6").fetchall()
     found = ", ".join(f"{name!r} ({n})" for name, n in rows)
     return (f"No NVTX range marks a phase: none is named {looked_for} (each optionally with a "
-            f"_N suffix). " + (f"Outer ranges of this report: {found}; " if found else "") +
-            "name the phases with --phase-range PHASE=NAME (e.g. --phase-range forward=fwd).")
+            f"_N suffix). " + (f"Outer ranges of this report: {found}. " if found else "") +
+            "Name the phases with --phase-range PHASE=NAME (e.g. --phase-range forward=fwd).")
 
 
 def _no_attention_ranges(trace: Trace) -> str | None:
