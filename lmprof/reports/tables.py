@@ -113,6 +113,14 @@ def _ms(mean: float | None, std: float | None) -> str:
     return f"{mean * 1e3:.2f} ± {std * 1e3:.2f}"
 
 
+def _rate(value: float | None) -> str:
+    """A TFLOP/s or MFU cell: one decimal, three significant digits below 1 (a CPU run's 0.0008
+    TFLOP/s, a small model's 0.0084% MFU on a large GPU, printed as 0)."""
+    if value is None or pd.isna(value):
+        return ""
+    return f"{value:.1f}" if value >= 1 else f"{value:.3g}"
+
+
 # Columns of benchmark_view that stay even when every run leaves them empty: what a run is.
 _IDENTITY = ("Size", "d_model", "d_ff", "Layers", "Heads", "Batch", "Context", "Mode", "Warm-up",
              "Dtype", "Compile", "Attention", "Device", "Status")
@@ -138,10 +146,8 @@ def benchmark_view(df: pd.DataFrame) -> pd.DataFrame:
         "Step (ms)": [_ms(m, s) for m, s in zip(df["step_mean_s"], df["step_std_s"])],
         "Warm-up total (ms)": [f"{v * 1e3:.1f}" if pd.notna(v) else "" for v in
                                df["warmup_total_s"]],
-        # three significant digits below 1 (a CPU run's 0.0008 printed as 0)
-        "TFLOP/s": [(f"{v:.1f}" if v >= 1 else f"{v:.3g}") if pd.notna(v) else ""
-                    for v in df["achieved_tflops"]],
-        "MFU (%)": [f"{v:.1f}" if pd.notna(v) else "" for v in df["mfu_pct"]],
+        "TFLOP/s": [_rate(v) for v in df["achieved_tflops"]],
+        "MFU (%)": [_rate(v) for v in df["mfu_pct"]],
     })
     if not (df["nsys"] | df["memory"]).any():
         view = view.drop(columns="Profiled")

@@ -323,7 +323,7 @@ def test_each_cell_is_its_raw_value_in_its_header_s_unit_with_its_column_s_decim
             for cell, value in zip(cells, present):
                 assert "e" not in cell, (name, cell)
                 assert cell == f"{value * scale:.{_decimals(cell)}f}", (name, cell, value)
-                if name != "TFLOP/s" or value >= 1:  # (below 1: three significant digits)
+                if name not in ("TFLOP/s", "MFU (%)") or value >= 1:  # (below 1: 3 digits)
                     decimals.add(_decimals(cell))
         assert len(decimals) <= 1, (name, [row[i] for row in rows])
 
@@ -345,3 +345,24 @@ def test_failed_runs_are_listed_by_their_status_not_by_an_error_text(tmp_path, c
     listed = [line for line in failed if line.startswith("- ")]
     assert len(listed) == 1 and listed[0].startswith(f"- `{timeout_id}`: TIMEOUT"), failed
     assert "a warning the user noted" not in md
+
+
+def test_an_mfu_below_one_percent_keeps_three_significant_digits(tmp_path, capsys):
+    """A small model on a large GPU (tiny's FLOPs in the H200 run's step time, at bf16's 989.4
+    TFLOP/s peak) uses well under 1% of it: its MFU showed as 0.0 beside a TFLOP/s that kept
+    its digits, as if nothing had been measured; it keeps three significant digits, as the
+    TFLOP/s below 1 does."""
+    from lmprof.model import config_for, step_flops
+
+    def tiny_bf16(record):
+        record["config"]["dtype"] = "bf16"
+        record["flops"] = step_flops(config_for("tiny", context_length=256), 4, "train")
+    run = _edited_run(tmp_path, "tiny", tiny_bf16)
+    md = _md([str(run)], capsys)
+    _ok(analyze_main, ["runs", str(run), "--format", "json"])
+    [raw] = json.loads(capsys.readouterr().out)
+    assert 0 < raw["mfu_pct"] < 0.05
+    header = _header(md)
+    row = next(line for line in md.splitlines() if line.startswith("| small"))
+    cell = [c.strip() for c in row.strip("|").split("|")][header.index("MFU (%)")]
+    assert cell == f"{raw['mfu_pct']:.3g}" and float(cell) > 0
