@@ -483,8 +483,14 @@ def largest(con, top: int) -> pd.DataFrame:
     return df
 
 
+# memory_allocations.sql's categories, in the order a tie of memory_categories' rows takes
+CATEGORIES = ("model state", "optimizer state", "gradients", "activations", "temporaries", "other")
+
+
 def categories(con) -> pd.DataFrame:
-    return _labelled(con, "memory_categories", ", v.max_bytes DESC")
+    # (ties, as gradients and temporaries of one size, came out in either order run to run)
+    return _labelled(con, "memory_categories",
+                     f", v.max_bytes DESC, list_position({list(CATEGORIES)!r}, v.category)")
 
 
 def bytes_per_element(dtype: str | None) -> int:

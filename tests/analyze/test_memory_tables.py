@@ -257,3 +257,16 @@ def test_by_phase_counts_a_free_where_torch_releases_it(tmp_path):
 
     held, plain = phases(path), phases(run_dir / "memory.pickle.xz")
     assert held.equals(plain)
+
+
+def test_categories_of_one_size_come_in_the_categories_order():
+    """Categories whose most bytes alive at once tie (the medium run's gradients and
+    temporaries, 1616.2 MiB each) came out in either order from one run to the next, so a
+    report regenerated from the same snapshot changed; ties now take the categories' order."""
+    c = connect()
+    memory.load_memory(c, ROOT / "tests" / "data" / "h200-lmprof-memory" / "memory.pickle.xz")
+    c.execute("UPDATE memory_allocations SET block_bytes = 0 "
+              "WHERE category IN ('gradients', 'activations', 'temporaries')")
+    for _ in range(6):  # (the order of a tie varied between runs, not always)
+        rows = list(memory.categories(c)["category"])
+        assert rows == ["model state", "gradients", "activations", "temporaries"], rows
