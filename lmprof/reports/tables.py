@@ -161,8 +161,9 @@ def benchmark_note(view: pd.DataFrame) -> str:
     note = ("Mean ± standard deviation over measured steps; each phase is timed with "
             "synchronization before and after.")
     if "TFLOP/s" in view.columns:
-        note += (" TFLOP/s counts matmul FLOPs of forward, backward (2× forward) and AdamW per "
-                 "step, attention over the full T×T (as naive attention computes it; causal SDPA "
+        note += (" TFLOP/s counts the matmul FLOPs of forward and backward (2× forward) and "
+                 "AdamW's elementwise FLOPs (10 per parameter) per step, attention over the full "
+                 "T×T (as naive attention computes it; causal SDPA "
                  "and flash kernels skip the masked half, so their TFLOP/s reads high by up to "
                  "that attention share)")
         note += ("; MFU uses the GPU's data-sheet dense peak for the dtype (TF32's for fp32 "
