@@ -167,7 +167,8 @@ def _run(target: Path, spec, prep, nsys: str | None, nsys_args: str | None, quie
               help="Comma-separated GPU indices: run one cell per GPU at a time "
                    "(CUDA_VISIBLE_DEVICES). Default: one cell at a time, devices as given.")
 @click.option("--shard", type=str, default=None,
-              help="I/N: run only cells I, I+N, I+2N, ... of the plan (0 <= I < N), e.g. "
+              help="I/N: run only every N-th cell of the grid from the I-th (0 <= I < N; "
+                   "the same cells whatever order the lists are in), e.g. "
                    "$SLURM_ARRAY_TASK_ID/4. Shards may share one directory or use their own.")
 @click.option("--timeout", "timeout_s", type=float, default=3600.0, show_default=True,
               help="Seconds a cell may run before it is killed and recorded TIMEOUT (0: none).")

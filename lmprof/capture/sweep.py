@@ -16,7 +16,7 @@ Cell names are deterministic (label + config hash, :mod:`lmprof.sweepdir`), henc
 
 Fan-out is deliberately small: ``--gpus`` runs one cell per listed GPU at a time
 (CUDA_VISIBLE_DEVICES), taking compiled and then the largest cells first so no long cell runs
-alone at the end; ``--shard I/N`` takes every N-th cell of the plan so a cluster scheduler
+alone at the end; ``--shard I/N`` takes every N-th cell of the grid so a cluster scheduler
 can spread a sweep over machines. Results merge by reading the directories together.
 """
 
@@ -314,11 +314,18 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
 
 
 def shard_cells(cells: list[Cell], shard: tuple[int, int] | None) -> list[Cell]:
-    """Every N-th cell from the I-th: disjoint, covering, and balanced over sizes and contexts."""
+    """Every N-th cell from the I-th: disjoint, covering, and balanced over sizes and contexts.
+
+    Counted over the cells ordered by their values, not as the grid lists them: the same grid
+    written in another order (the same grid hash, the same default directory) is sliced alike.
+    Returned in plan order."""
     if shard is None:
         return list(cells)
     i, n = shard
-    return [c for c in cells if c.index % n == i]
+    ordered = sorted(cells, key=lambda c: tuple(
+        (getattr(c.spec, f) is None, getattr(c.spec, f)) for f in _KINDS if f in GRID_FIELDS))
+    taken = {c.index for c in ordered[i::n]}
+    return [c for c in cells if c.index in taken]
 
 
 def parse_gpus(text: str | None) -> list[int] | None:

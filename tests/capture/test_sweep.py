@@ -116,6 +116,20 @@ def test_shards_are_disjoint_and_cover_the_grid(n):
     assert [c.name for c in sweep.shard_cells(cells, (n - 1, n))] == [c.name for c in slices[-1]]
 
 
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_a_shard_is_the_same_cells_whatever_order_the_grid_lists_its_values(n):
+    # the same grid (one grid hash, one default directory) written in another order: a job
+    # array whose tasks read the grid in different orders must still split it without overlap
+    a = sweep.build_grid({}, {"size": "tiny,small", "context_length": "16,32,64",
+                              "mode": "forward,train"})
+    b = sweep.build_grid({}, {"size": "small,tiny", "context_length": "64,16,32",
+                              "mode": "train,forward"})
+    assert a.grid_hash == b.grid_hash
+    for i in range(n):
+        assert sorted(c.name for c in sweep.shard_cells(a.cells(), (i, n))) == \
+            sorted(c.name for c in sweep.shard_cells(b.cells(), (i, n)))
+
+
 def test_shard_dry_run_prints_its_slice(tmp_path, capsys):
     args = ["sweep", *TINY, "--context-length", "16,32,48,64,80", "--out", str(tmp_path),
             "--dry-run"]
