@@ -272,10 +272,11 @@ def check_cells(cells: list[Cell], gpus: list[int] | None) -> dict[str, tuple[bo
     Returns each cell's expected cost, (compiled, FLOPs of all its steps), for ordering the work
     over several GPUs."""
     from lmprof.capture import devices
-    from lmprof.capture.runner import check_spec
+    from lmprof.capture.runner import check_spec, resolved_size
     from lmprof.model import step_flops
 
     costs = {}
+    runs: dict[str, str] = {}  # the config each cell runs (the default size resolved) -> its name
     for cell in cells:
         try:
             device = devices.resolve_device(cell.spec.device)
@@ -285,6 +286,12 @@ def check_cells(cells: list[Cell], gpus: list[int] | None) -> dict[str, tuple[bo
             devices.check_dtype(cell.spec.dtype, device)  # (bf16 on a GPU without it)
         except UserError as exc:
             raise UserError(f"contradictory grid: cell {cell.name}: {exc}") from None
+        size = resolved_size(cell.spec, device.type)
+        run = sweepdir.config_hash({**cell.spec.to_dict(), "size": size})
+        if run in runs:  # (a grid file's null size beside the size it means here)
+            raise UserError(f"contradictory grid: cells {runs[run]} and {cell.name} are one run "
+                            f"(--model {size}: the default size on {device.type})")
+        runs[run] = cell.name
         flops = sum(step_flops(cfg, cell.spec.batch_size, cell.spec.mode).values())
         costs[cell.name] = (cell.spec.compile, flops * (cell.spec.warmup + cell.spec.steps))
     if any(cell.spec.nsys for cell in cells):  # (capture run's own; every cell finds the same)

@@ -224,6 +224,18 @@ def test_a_key_written_twice_in_a_grid_file_is_refused(name, text, tmp_path, cap
     assert (tmp_path / name).read_bytes() == before
 
 
+@pytest.mark.parametrize("sizes", ["[null, tiny]", "[tiny, ~]"])
+def test_the_default_size_beside_the_size_it_means_is_a_repeated_value(sizes, tmp_path, capsys):
+    """null is the default size, tiny on the CPU: the grid listed one run twice, under two cell
+    names, and ran it twice."""
+    (tmp_path / "g.yaml").write_text(f"model: {sizes}\ndevice: cpu\nsteps: 1\nwarmup: 0\n")
+    rc, _, err = cli(["sweep", "--grid", str(tmp_path / "g.yaml"), "--out", str(tmp_path / "out"),
+                      "--dry-run"], capsys)
+    assert rc == 2 and err.startswith("error: contradictory grid:"), err
+    assert len(err.strip().splitlines()) == 1 and "tiny" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_yaml_of_nested_aliases_is_a_short_error_line(tmp_path, capsys):
     """Five lines of aliases nest a list of 9^5 items; the error printed its whole repr (eight
     such lines: 350 MB of error line, 1.6 GB of memory and two minutes)."""
