@@ -193,6 +193,9 @@ def sweep_cmd(grid_file: str | None, out: str, name: str | None, gpus: str | Non
         raise UserError(f"--timeout must be a number of seconds, zero or more, got {timeout_s:g}")
     if name is not None:
         rundir.check_name(name, "--name")
+        if name == rundir.LATEST:  # (analyze reads a folder of runs without it)
+            raise UserError(f"--name {name}: that name marks the newest run in --out; "
+                            "choose another")
     sweep_mod.check_out(Path(out))
     file_values = sweep_mod.load_grid_file(grid_file) if grid_file else {}
     grid = sweep_mod.build_grid(file_values, kwargs)

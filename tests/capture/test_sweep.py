@@ -177,6 +177,8 @@ def _bad_inputs(tmp: Path) -> dict[str, list[str]]:
         "timeout not a number": ["--timeout", "nan"],
         "name outside out": ["--name", str(tmp / "elsewhere")],
         "name of the parent": ["--name", ".."],
+        # capture run's marker of its newest run in --out: analyze skips a folder of that name
+        "name of the latest marker": ["--name", "latest"],
         # YAML and TOML read these as dates and sets: int() and float() of them raised TypeError
         "date in a yaml list": ["--grid", str(tmp / "date.yaml")],
         "set in a yaml file": ["--grid", str(tmp / "set.yaml")],
@@ -189,7 +191,8 @@ BAD_CASES = ["empty grid file", "empty grid", "empty item in a list", "repeated 
              "bad bool", "bad int", "unwritable out", "gpu that does not exist",
              "shard out of range", "shard malformed", "grid too large",
              "flash cell it cannot run", "integer beyond 64 bits", "timeout not a number",
-             "name outside out", "name of the parent", "date in a yaml list",
+             "name outside out", "name of the parent", "name of the latest marker",
+             "date in a yaml list",
              "set in a yaml file", "date in a toml file"]
 
 
