@@ -198,7 +198,7 @@ def sweep_cmd(grid_file: str | None, out: str, name: str | None, gpus: str | Non
                             "choose another")
     sweep_mod.check_out(Path(out))
     file_values = sweep_mod.load_grid_file(grid_file) if grid_file else {}
-    grid = sweep_mod.build_grid(file_values, kwargs)
+    grid = sweep_mod.build_grid(file_values, kwargs, grid_file)
     opts = sweep_mod.Options(
         shard=sweep_mod.parse_shard(shard), gpus=sweep_mod.parse_gpus(gpus),
         timeout_s=timeout_s or None, retry_failed=retry_failed, force_mix=force_mix,

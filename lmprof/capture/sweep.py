@@ -221,9 +221,12 @@ def _load_yaml(text: str) -> Any:
         loader.dispose()
 
 
-def build_grid(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Grid:
-    """The grid from a grid file's values overridden by command-line values (text, comma lists)."""
-    merged: dict[str, tuple[Any, str]] = {k: (v, "grid file") for k, v in file_values.items()}
+def build_grid(file_values: dict[str, Any], cli_values: dict[str, Any],
+               grid_file: str | Path | None = None) -> Grid:
+    """The grid from a grid file's values overridden by command-line values (text, comma lists);
+    ``grid_file``, the file's path, names it in errors about its values."""
+    source = f"grid file {str(grid_file)!r}" if grid_file else "grid file"
+    merged: dict[str, tuple[Any, str]] = {k: (v, source) for k, v in file_values.items()}
     for name, text in cli_values.items():
         if text is None:
             continue
@@ -248,7 +251,7 @@ def build_grid(file_values: dict[str, Any], cli_values: dict[str, Any]) -> Grid:
         if len(blank) == len(values):
             raise UserError(f"empty grid: {_FLAGS[name]} has no values")
         if blank:  # '128,,256' or '128,': a value left out by mistake, not a wish to drop it
-            shown = (f"{_FLAGS[name]} {_SHOWN.repr(values)}" if where == "grid file"
+            shown = (f"{_FLAGS[name]} {_SHOWN.repr(values)}" if where == source
                      else repr(",".join(map(str, values))))
             raise UserError(f"{where}: {shown} has an empty item")
         values = [_coerce(name, v, where) for v in values]

@@ -208,6 +208,15 @@ def test_bad_input_is_one_line_exit_2_and_starts_nothing(case, tmp_path, capsys)
     assert not (tmp_path / "out").exists() and not (tmp_path / "elsewhere").exists()
 
 
+def test_an_error_about_a_grid_files_value_names_the_file(tmp_path, capsys):
+    # (it said "grid file: ..." without saying which, as errors about the file itself do)
+    args = ["sweep", *TINY, "--context-length", "16", "--out", str(tmp_path / "out")]
+    for case in ("date in a yaml list", "date in a toml file"):
+        rc, _, err = cli([*args, *_bad_inputs(tmp_path)[case]], capsys)
+        grid = _bad_inputs(tmp_path)[case][1]
+        assert rc == 2 and err.startswith(f"error: grid file {grid!r}: "), err
+
+
 @pytest.mark.parametrize("name, text", [
     ("g.yaml", "context_length: [16, 32]\nsteps: 1\ncontext_length: [64]\n"),
     ("g.yml", "context_length: [16, 32]\nsteps: 1\n'context_length': [64]\n"),
