@@ -492,7 +492,7 @@ def _flash_bwd_preprocess(
 
 @triton.jit
 def _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, dq_desc, pid_bh, lse_ptr, delta_ptr,
-                 stride_qm, stride_dom, stride_dqm, offs_n, offs_m, offs_d, seq_q, lo, hi,
+                 stride_qm, stride_dom, stride_dqm, offs_n, offs_m, offs_d, seq_q, seq_k, lo, hi,
                  qk_scale, sm_scale,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
@@ -517,6 +517,11 @@ def _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, dq_desc, pid_bh, lse_pt
             if IS_CAUSAL:
                 keep = keep & (offs_n[:, None] <= rows[None, :])
             p_t = tl.where(keep, p_t, 0.0)
+        if ATOMIC_DQ:
+            # keys past seq_k (zero rows of k: score 0) have P = exp(-L), which overflows where
+            # every score is far below 0 (fp16 from L < -11); dQ = dS·K met it with those zero
+            # rows (0·inf = NaN). Their dK and dV are never stored: only dQ needs the mask.
+            p_t = tl.where(offs_n[:, None] < seq_k, p_t, 0.0)
         dv = _mma(_to(p_t, do.dtype, INTERPRET_BF16), do, dv, DOT_PRECISION, INTERPRET_BF16)
         dp_t = _mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), DOT_PRECISION,
                     INTERPRET_BF16)
@@ -601,17 +606,17 @@ def _bwd_kv_program(
     m_full = tl.maximum(m_diag, seq_q // BLOCK_M * BLOCK_M)
     dk, dv = _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, DQ_DESC, pid_bh, lse_ptr,
                           delta_ptr, stride_qm,
-                          stride_dom, stride_dqm, offs_n, offs_m, offs_d, seq_q, m_lo, m_diag,
+                          stride_dom, stride_dqm, offs_n, offs_m, offs_d, seq_q, seq_k, m_lo, m_diag,
                           qk_scale, sm_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, True, IS_CAUSAL, PAD_D,
                           ATOMIC_DQ, TMA_DQ, DOT_PRECISION, INTERPRET_BF16)
     dk, dv = _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, DQ_DESC, pid_bh, lse_ptr,
                           delta_ptr, stride_qm,
-                          stride_dom, stride_dqm, offs_n, offs_m, offs_d, seq_q, m_diag, m_full,
+                          stride_dom, stride_dqm, offs_n, offs_m, offs_d, seq_q, seq_k, m_diag, m_full,
                           qk_scale, sm_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, False, IS_CAUSAL, PAD_D,
                           ATOMIC_DQ, TMA_DQ, DOT_PRECISION, INTERPRET_BF16)
     dk, dv = _bwd_kv_loop(dk, dv, k, v, q_ptrs, do_ptrs, dq_ptrs, DQ_DESC, pid_bh, lse_ptr,
                           delta_ptr, stride_qm,
-                          stride_dom, stride_dqm, offs_n, offs_m, offs_d, seq_q, m_full, seq_q,
+                          stride_dom, stride_dqm, offs_n, offs_m, offs_d, seq_q, seq_k, m_full, seq_q,
                           qk_scale, sm_scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, True, IS_CAUSAL, PAD_D,
                           ATOMIC_DQ, TMA_DQ, DOT_PRECISION, INTERPRET_BF16)
     dk_ptrs = (DK + off_b * stride_dkb + off_h * stride_dkh

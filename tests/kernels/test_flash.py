@@ -150,6 +150,29 @@ def test_backward_returns_contiguous_gradients(gen, dtype, backward):
         assert g.is_contiguous() and g.dtype == dtype and g.shape == q.shape, name
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("is_causal,tq", [(False, 20), (True, 40)], ids=["full", "causal"])
+@pytest.mark.parametrize("backward", fa.BACKWARD_MODES)
+def test_backward_with_every_score_far_below_zero(gen, dtype, is_causal, tq, backward):
+    """Scores all far below 0 (q and k point opposite ways: log-sum-exp ≈ -140 in fp32, -13 in
+    fp16, whose P overflows from -11 on) and a last key tile that keys do not fill: the atomic
+    backward's dQ was NaN, as P = exp(-L) of the keys past the end (zero rows of k, score 0)
+    overflowed and met those zero rows in dQ = dS·K."""
+    shift = 3.0 if dtype == torch.float32 else 1.0
+    q = (randn(gen, 1, 1, tq, 16) * 0.1 - shift).to(dtype)
+    k = (randn(gen, 1, 1, 17, 16) * 0.1 + shift).to(dtype)
+    v, do = randn(gen, 1, 1, 17, 16, dtype=dtype), randn(gen, 1, 1, tq, 16, dtype=dtype)
+    kw = dict(is_causal=is_causal, scale=1.0)
+    got = run_attention(fa.flash_attention, q, k, v, do, backward=backward, **kw)
+    exact = run_attention(naive_o, q.double(), k.double(), v.double(), do.double(), **kw)
+    # relative to the largest exact value: scores of ~-140 carry fp32 rounding of ~1e-5 each,
+    # which the recomputation from L (one more such number) can take past 2 × torch's error
+    tol = 1e-4 if dtype == torch.float32 else 1e-2
+    for name, g, e in zip(("o", "dq", "dk", "dv"), got, exact):
+        err = max_err(g, e, name) / e.abs().max().item()
+        assert err <= tol, f"{name}: relative error {err:.2e}; seed {gen.initial_seed()}"
+
+
 def test_backward_variants_agree(gen):
     q, k, v, do = (randn(gen, 1, 2, 77, 32) for _ in range(4))
     split = run_attention(fa.flash_attention, q, k, v, do, is_causal=True, backward="split")
