@@ -43,7 +43,8 @@ for dK/dV, Q and dO — in L2).
 
 Inputs: (B, h, T, d) or (B, T, d); Tq and Tk independent and any length ≥ 1 (up to the indexing
 limits: each element offset inside one head below 2^31, ``_too_large``; for a backward at most
-65535 key tiles, ``_kv_grid_problem``); d 16–128. First-order gradients only (``create_graph=True``
+65535 key tiles, ``_kv_grid_problem``); B and h ≥ 1 too (an empty input raises, where torch's
+SDPA returns an empty output); d 16–128. First-order gradients only (``create_graph=True``
 raises). A power-of-two
 d uses the tile exactly; any other d in range runs with the head dimension padded to the next
 power of two inside the kernel (masked loads and stores, no copies; arithmetic as for the padded

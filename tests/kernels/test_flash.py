@@ -313,6 +313,8 @@ def _bad(shape_q=(1, 1, 8, 16), shape_k=(1, 1, 8, 16), shape_v=None, dtype=torch
     (_bad(shape_q=(1, 1, 8, 8), shape_k=(1, 1, 8, 8)), "outside the supported range"),
     (_bad(shape_q=(1, 1, 8, 256), shape_k=(1, 1, 8, 256)), "outside the supported range"),
     (_bad(shape_q=(1, 1, 0, 16)), "empty"),
+    (_bad(shape_q=(0, 1, 8, 16), shape_k=(0, 1, 8, 16)), "empty"),
+    (_bad(shape_q=(1, 0, 8, 16), shape_k=(1, 0, 8, 16)), "empty"),
 ])
 def test_bad_input_raises_value_error(inputs, message):
     with pytest.raises(ValueError, match=message):
