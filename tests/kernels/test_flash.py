@@ -153,6 +153,9 @@ def test_backward_returns_contiguous_gradients(gen, dtype, backward):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("is_causal,tq", [(False, 20), (True, 40)], ids=["full", "causal"])
 @pytest.mark.parametrize("backward", fa.BACKWARD_MODES)
+# (the interpreter computes a tile's padded rows and keys in numpy, which warns of the inf and
+# NaN it meets there; the values stored are what the asserts check)
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_backward_with_every_score_far_below_zero(gen, dtype, is_causal, tq, backward):
     """Scores all far below 0 (q and k point opposite ways: log-sum-exp ≈ -140 in fp32, -13 in
     fp16, whose P overflows from -11 on) and a last key tile that keys do not fill: the atomic
