@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -79,37 +80,35 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
     nsys = nsystool.find_nsys(nsys_path) if spec.nsys and not under_nsys else None
     # SIGTERM (kill, a job's time limit) ends the run as Ctrl-C does, rather than with the
     # process, which left the run directory behind empty
-    previous = signal.signal(signal.SIGTERM, _terminated)
     target = None
-    try:
-        # --run-dir (the sweep gives each cell its own) holds for every run, under nsys or not
-        target = Path(run_dir) if run_dir else runner.new_run_dir(out_root, prep)
-        target.mkdir(parents=True, exist_ok=True)
-        record = _run(target, spec, prep, nsys, nsys_args, quiet, under_nsys)
-    except (KeyboardInterrupt, Terminated) as exc:
-        # Ctrl-C: a run directory this command made holds no finished run (run.json is written
-        # last), so it goes rather than stay behind empty or with half an artifact; one given
-        # with --run-dir (a sweep's cell) is its owner's to clean
-        if run_dir is None and target is not None:
-            shutil.rmtree(target, ignore_errors=True)
-        if isinstance(exc, Terminated):
-            click.echo("terminated (SIGTERM)", err=True)
-            sys.exit(128 + signal.SIGTERM)
-        raise
-    except Exception:
-        # a run.json that could not be written (a full disk): the folder made for it, left
-        # empty, goes too; one that holds something (an nsys report whose export failed) stays
-        if run_dir is None and target is not None:
-            with contextlib.suppress(OSError):
-                target.rmdir()
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with _sigterm_raises():
+        try:
+            # --run-dir (the sweep gives each cell its own) holds for every run, under nsys or not
+            target = Path(run_dir) if run_dir else runner.new_run_dir(out_root, prep)
+            target.mkdir(parents=True, exist_ok=True)
+            record = _run(target, spec, prep, nsys, nsys_args, quiet, under_nsys)
+        except (KeyboardInterrupt, Terminated) as exc:
+            # Ctrl-C: a run directory this command made holds no finished run (run.json is
+            # written last), so it goes rather than stay behind empty or with half an artifact;
+            # one given with --run-dir (a sweep's cell) is its owner's to clean
+            if run_dir is None and target is not None:
+                shutil.rmtree(target, ignore_errors=True)
+            if isinstance(exc, Terminated):
+                _exit_terminated()
+            raise
+        except Exception:
+            # a run.json that could not be written (a full disk): the folder made for it, left
+            # empty, goes too; one that holds something (an nsys report whose export failed)
+            # stays
+            if run_dir is None and target is not None:
+                with contextlib.suppress(OSError):
+                    target.rmdir()
+            raise
     if not under_nsys:
         rundir.mark_latest_or_warn(target.parent, target)
         if not quiet:
             _print_summary(target, record)
-        elif record["status"] != "OK":  # (quiet, a failed run still says why: exit 1 alone does not)
+        elif record["status"] != "OK":  # (quiet: a failed run still says why, not exit 1 alone)
             click.echo(f"{record['status']}: {record.get('error') or 'no error recorded'} "
                        f"({target})", err=True)
     sys.exit(0 if record["status"] == "OK" else 1)
@@ -121,6 +120,21 @@ class Terminated(BaseException):  # (not Exception: the runner records those as 
 
 def _terminated(signum, frame):
     raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """Inside the block SIGTERM raises Terminated (the previous handler back after it)."""
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_terminated() -> NoReturn:
+    click.echo("terminated (SIGTERM)", err=True)
+    sys.exit(128 + signal.SIGTERM)
 
 
 def _run(target: Path, spec, prep, nsys: str | None, nsys_args: str | None, quiet: bool,
@@ -226,14 +240,11 @@ def precision_cmd(device: str, out: str, quiet: bool) -> None:
     dev = devices.resolve_device(device)
     # SIGTERM ends the run as Ctrl-C does (precision.run removes its folder), as in `capture run`:
     # the process died of it and left a folder holding precision.json without run.json
-    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
-        target = precision.run(dev, Path(out))
+        with _sigterm_raises():
+            target = precision.run(dev, Path(out))
     except Terminated:
-        click.echo("terminated (SIGTERM)", err=True)
-        sys.exit(128 + signal.SIGTERM)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        _exit_terminated()
     rundir.mark_latest_or_warn(target.parent, target)
     click.echo(f"run: {target}")
     if not quiet:

@@ -29,7 +29,7 @@ CATEGORY_COLORS = {
     "gradients": "#f28e2c", "activations": "#e15759", "temporaries": "#edc949",
     "other": "#bab0ab",
 }
-CATEGORY_ORDER = tuple(CATEGORY_COLORS)
+CATEGORY_ORDER = memory.CATEGORIES  # (the colours' keys, in this order)
 
 
 def _save(fig: Figure, path: Path) -> Path:
