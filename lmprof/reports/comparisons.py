@@ -186,27 +186,32 @@ def gemm_fraction_by_phase(sqlite: str | Path, options: Any = None,
 
     con = connect()
     try:  # (a damaged export's numbers that overflow: a UserError too)
-        df = kernels.gemm_fraction(trace.prepare(con, Path(sqlite), options or trace.Options(),
-                                                  record=record))
+        return gemm_shares(kernels.gemm_fraction(
+            trace.prepare(con, Path(sqlite), options or trace.Options(), record=record)))
     except UserError:
         return None
     finally:
         con.close()
-    return {str(p): float(v) for p, v in zip(df["phase"], df["gemm_pct"]) if pd.notna(v)}
 
 
-def gemm_grid(df: pd.DataFrame, options: Any = None,
-              records: dict[str, dict[str, Any]] | None = None) -> pd.DataFrame:
+def gemm_shares(table: pd.DataFrame) -> dict[str, float]:
+    """phase -> GEMM share (%) from a GEMM fraction table (``analyze kernels``' (d))."""
+    return {str(p): float(v) for p, v in zip(table["phase"], table["gemm_pct"]) if pd.notna(v)}
+
+
+def gemm_grid(df: pd.DataFrame, shares: dict[str, dict[str, float] | None] | None = None
+              ) -> pd.DataFrame:
     """GEMM fraction (%) per configuration, phase and context for runs captured under nsys (the
-    median over a configuration's runs where there are several), read with ``options`` and
-    each run's record (``records``: by run_dir) as the kernel section reads the same exports."""
+    median over a configuration's runs where there are several). ``shares``: run_dir -> GEMM
+    share per phase (None: export not readable), as the report's kernel section found them;
+    None: each run's export is read here with the default options (``gemm_fraction_by_phase``)."""
     if df.empty:
         return pd.DataFrame()
     keys = [k for k in MEMORY_KEYS if k != "nsys"]  # every run here was captured under nsys
     rows = []
     for _, r in df[df["nsys_sqlite"].notna()].iterrows():
-        fractions = gemm_fraction_by_phase(r["nsys_sqlite"], options,
-                                           (records or {}).get(r["run_dir"]))
+        fractions = (gemm_fraction_by_phase(r["nsys_sqlite"]) if shares is None
+                     else shares.get(r["run_dir"]))
         for phase, pct in (fractions or {}).items():
             rows.append({**{k: r[k] for k in keys}, "phase": phase,
                          "context": r["context"], "status": "OK", "gemm_pct": pct})

@@ -40,6 +40,9 @@ class ReportContext:
     # the images' folder in out_dir: "img" for report.md, "<name>_img" for another name, so that
     # two reports written into one folder do not overwrite each other's images (image_folder)
     img_name: str = "img"
+    # the GPU kernels section's tables of every export (``sections.kernels.analysed``): computed
+    # once, for that section and the sweep's GEMM grid
+    kernel_tables: Any = None
     # run_dir -> its SQLite export, None (no export file there) or the UserError of its export
     _run_exports: dict[str, Any] = field(default_factory=dict, repr=False)
 

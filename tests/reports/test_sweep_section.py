@@ -170,34 +170,47 @@ def test_memory_table_only_when_recorded(tmp_path):
 
 
 def test_gemm_fraction_goes_through_the_hook(tmp_path, monkeypatch):
+    # the grid's GEMM shares are the kernel section's (sections.kernels.gemm_shares), by run
+    from lmprof.reports.sections import kernels as kernels_section
+
     recs = [run_record(ctx=c, sqlite=True) for c in (128, 256)]
     root = write_sweep(tmp_path / "s", recs)
     for rec in recs:  # (the report reads a run's export that is there; the hook reads nothing)
         (root / sweepdir.CELLS / rec["run_id"] / "report.sqlite").touch()
     seen = []
 
-    def fake(sqlite, options=None, record=None):
-        seen.append(Path(sqlite).name)
-        return {"forward": 80.0, "backward": 70.0}
+    def fake(ctx):
+        seen.append(sorted(Path(r["run_dir"]).name for r in ctx.runs))
+        return {r["run_dir"]: {"forward": 80.0 if "ctx128" in r["run_id"] else 70.0}
+                for r in ctx.runs}
 
-    monkeypatch.setattr(comparisons, "gemm_fraction_by_phase", fake)
+    monkeypatch.setattr(kernels_section, "gemm_shares", fake)
     text = section_text(root, tmp_path / "r")
-    assert seen == ["report.sqlite"] * 2
-    assert "### GEMM fraction by size and context length" in text and "80.0" in text
+    assert seen == [sorted(rec["run_id"] for rec in recs)]
+    table = text[text.index("### GEMM fraction by size and context length"):]
+    row = [c.strip() for c in table.splitlines()[-1].split("|")[1:-1]]
+    assert row[-3:] == ["forward", "80.0", "70.0"], table
+
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+REAL_EXPORTS = {128: DATA / "h200-small-fp32" / "report.sqlite",
+                256: DATA / "h200-lmprof-nsys" / "report.sqlite"}
+
+
+def sweep_with_real_exports(root: Path) -> Path:
+    """A sweep of two cells (context 128 and 256), each carrying a real H200 nsys export."""
+    root = write_sweep(root, [run_record(ctx=c, sqlite=True) for c in REAL_EXPORTS])
+    for ctx, src in REAL_EXPORTS.items():
+        (cell,) = [d for d in (root / sweepdir.CELLS).iterdir() if f"ctx{ctx}-" in d.name]
+        shutil.copyfile(src, cell / "report.sqlite")
+    return root
 
 
 def test_gemm_fraction_from_real_exports_matches_analyze_kernels(tmp_path, capsys):
     """Two cells carrying real H200 nsys exports: the sweep's GEMM table shows, per context, the
     same per-phase GEMM share that ``analyze kernels --table gemm_fraction`` prints for them."""
-    import shutil
-
-    data = Path(__file__).resolve().parents[1] / "data"
-    exports = {128: data / "h200-small-fp32" / "report.sqlite",
-               256: data / "h200-lmprof-nsys" / "report.sqlite"}
-    root = write_sweep(tmp_path / "s", [run_record(ctx=c, sqlite=True) for c in exports])
-    for ctx, src in exports.items():
-        (cell,) = [d for d in (root / sweepdir.CELLS).iterdir() if f"ctx{ctx}-" in d.name]
-        shutil.copyfile(src, cell / "report.sqlite")
+    exports = REAL_EXPORTS
+    root = sweep_with_real_exports(tmp_path / "s")
     text = section_text(root, tmp_path / "r")
     assert "### GEMM fraction by size and context length" in text
     table = text[text.index("### GEMM fraction"):]
@@ -214,6 +227,24 @@ def test_gemm_fraction_from_real_exports_matches_analyze_kernels(tmp_path, capsy
         for _, r in ours[ours["phase"].isin(["forward", "backward"])].iterrows():
             shown = float(rows[r["phase"]][f"ctx {ctx} (%)"])
             assert shown == pytest.approx(r["gemm_pct"], abs=0.06), (ctx, r["phase"])
+
+
+def test_a_sweep_report_prepares_each_export_once(tmp_path, monkeypatch):
+    """The sweep's GEMM grid and the GPU kernels section read the same exports with the same
+    options: each is loaded and attributed once per report (it was twice, once per section)."""
+    from lmprof.analyze import trace
+
+    root = sweep_with_real_exports(tmp_path / "s")
+    real, seen = trace.prepare, []
+
+    def counted(con, path, *args, **kwargs):
+        seen.append(Path(path).parent.name)
+        return real(con, path, *args, **kwargs)
+
+    monkeypatch.setattr(trace, "prepare", counted)
+    text = build([str(root)], tmp_path / "r").read_text()
+    assert "### GEMM fraction by size and context length" in text and "Top kernels per phase" in text
+    assert len(seen) == 2 and len(set(seen)) == 2, seen
 
 
 def test_gemm_fraction_grid_follows_the_reports_range_options(tmp_path):

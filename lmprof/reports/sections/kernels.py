@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import functools
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import pandas as pd
 
 from lmprof.analyze import kernel_names
 from lmprof.errors import UserError
@@ -56,49 +60,99 @@ def _names(exports: list[tuple[Path | UserError, dict | None, bool]]) -> list[st
             for path, record, named in exports]
 
 
-def section(ctx: ReportContext) -> str | None:
-    from lmprof.analyze import kernel_tables, kernels, nsys
+@dataclass
+class Analysed:
+    """One export's tables (DataFrames) and notes, or the UserError that stopped them."""
+    source: str  # the heading's name for it (``_names``)
+    record: dict[str, Any] | None  # its run's run.json, if any
+    label: str = ""  # the trace's label (``Trace.label``)
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+    error: UserError | None = None
+
+
+def analysed(ctx: ReportContext) -> tuple[list[Analysed], dict[str, pd.DataFrame]]:
+    """Every export's tables, and the cross-run tables where there are several: computed once
+    per report (``ctx.kernel_tables``) on one DuckDB connection, for this section and the
+    sweep's GEMM grid, which reads the same exports with the same options. A file the user
+    named that cannot be read raises its UserError."""
+    if ctx.kernel_tables is None:
+        ctx.kernel_tables = _analyse(ctx)
+    return ctx.kernel_tables
+
+
+def _analyse(ctx: ReportContext) -> tuple[list[Analysed], dict[str, pd.DataFrame]]:
+    from lmprof.analyze import kernels, nsys
     from lmprof.analyze.trace import Options, configure, prepare, tell_apart
 
     exports = _exports(ctx)
     if not exports:
-        return None
+        return [], {}
     options = ctx.kernel_options or Options()
-    spill = tempfile.TemporaryDirectory(prefix="lmprof-duckdb-")
-    con = nsys.connect()
-    configure(con, spill.name)
-    parts, traces, problems = [_INTRO], [], []
-    try:
-        for i, ((path, record, named), source) in enumerate(zip(exports, _names(exports)), 1):
-            try:
-                if isinstance(path, UserError):
-                    raise path
-                tr = prepare(con, path, options, schema=f"r{i}", record=record)
-                tables, notes = kernels.tables(tr, tuple(name for name, _ in _TABLES), top=_TOP)
-            except UserError as exc:  # (an export's numbers that overflow come here too)
-                if named:
-                    raise
-                problems.append(f"- {source}: {md_text(str(exc))}")
+    out, traces = [], []
+    with tempfile.TemporaryDirectory(prefix="lmprof-duckdb-") as spill:
+        con = nsys.connect()
+        configure(con, spill)
+        try:
+            for i, ((path, record, named), source) in enumerate(zip(exports, _names(exports)), 1):
+                item = Analysed(source, record)
+                try:
+                    if isinstance(path, UserError):
+                        raise path
+                    tr = prepare(con, path, options, schema=f"r{i}", record=record)
+                    item.label = tr.label  # (before the runs are told apart: the heading's)
+                    item.tables, item.notes = kernels.tables(tr, tuple(n for n, _ in _TABLES),
+                                                             top=_TOP)
+                except UserError as exc:  # (an export's numbers that overflow come here too)
+                    if named:
+                        raise
+                    item.error = exc
+                else:
+                    traces.append((tr, item))
+                out.append(item)
+            cross = {}
+            if len(traces) > 1:
+                tell_apart([tr for tr, _ in traces])  # runs of one configuration: told apart
+                cross = kernels.cross_run([tr for tr, _ in traces])
+        finally:
+            con.close()
+    return out, cross
+
+
+def gemm_shares(ctx: ReportContext) -> dict[str, dict[str, float] | None]:
+    """run_dir -> the GEMM share (%) per phase of its export, as this section's GEMM fraction
+    table gives it; None for a run whose export could not be read."""
+    from lmprof.reports.comparisons import gemm_shares as shares
+
+    return {item.record["run_dir"]: None if item.error else shares(item.tables["gemm_fraction"])
+            for item in analysed(ctx)[0] if item.record is not None and "run_dir" in item.record}
+
+
+def section(ctx: ReportContext) -> str | None:
+    from lmprof.analyze import kernel_tables
+
+    items, cross = analysed(ctx)
+    if not items:
+        return None
+    parts, problems = [_INTRO], []
+    for item in items:
+        if item.error is not None:
+            problems.append(f"- {item.source}: {md_text(str(item.error))}")
+            continue
+        # one process, no NCCL kernels: left out, as analyze kernels leaves them out
+        tables = kernel_tables.without_empty_multi_rank(item.tables)
+        parts.append(f"### {md_text(item.label)} ({item.source})")
+        for name, heading in _TABLES:
+            if name not in tables:
                 continue
-            traces.append(tr)
-            # one process, no NCCL kernels: left out, as analyze kernels leaves them out
-            tables = kernel_tables.without_empty_multi_rank(tables)
-            parts.append(f"### {md_text(tr.label)} ({source})")
-            for name, heading in _TABLES:
-                if name not in tables:
-                    continue
-                parts += [f"**{heading}.** {notes.get(name, '')}",
-                          to_markdown(tables[name], shorten=_SHORTEN)]
-        if len(traces) > 1:
-            tell_apart(traces)  # runs of one configuration: told apart in the cross-run rows
-            parts.append("### Across runs")
-            titles = {"gemm_fraction_by_run": "GEMM fraction by run",
-                      "softmax_vs_matmul_by_run": "Softmax vs matmul by run"}
-            for name, df in kernels.cross_run(traces).items():
-                parts += [f"**{titles.get(name, name)}.**", to_markdown(df)]
-    finally:
-        con.close()
-        spill.cleanup()
+            parts += [f"**{heading}.** {item.notes.get(name, '')}",
+                      to_markdown(tables[name], shorten=_SHORTEN)]
+    if cross:
+        parts.append("### Across runs")
+        titles = {"gemm_fraction_by_run": "GEMM fraction by run",
+                  "softmax_vs_matmul_by_run": "Softmax vs matmul by run"}
+        for name, df in cross.items():
+            parts += [f"**{titles.get(name, name)}.**", to_markdown(df)]
     if problems:
         parts.append("Runs whose nsys export could not be read:\n" + "\n".join(problems))
     return "\n\n".join(parts)

@@ -253,7 +253,9 @@ def _memory(df: pd.DataFrame) -> str | None:
 
 
 def _gemm(ctx: ReportContext, df: pd.DataFrame) -> str | None:
-    t = cmp.gemm_grid(df, ctx.kernel_options, {r["run_dir"]: r for r in ctx.runs})
+    from lmprof.reports.sections import kernels
+
+    t = cmp.gemm_grid(df, kernels.gemm_shares(ctx))  # (read as the kernel section reads them)
     if t.empty:
         return None
     return ("Share of GPU kernel time spent in GEMM kernels per phase, for runs captured under "
