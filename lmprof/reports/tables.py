@@ -80,6 +80,7 @@ def benchmark_table(records: list[dict[str, Any]]) -> pd.DataFrame:
             "size": c.get("size") or "custom",
             "d_model": m.get("d_model"), "d_ff": m.get("d_ff"),
             "layers": m.get("num_layers"), "heads": m.get("num_heads"),
+            "vocab": m.get("vocab_size"),
             "batch": c.get("batch_size"), "context": c.get("context_length"),
             "mode": c.get("mode"), "warmup": c.get("warmup"), "dtype": c.get("dtype"),
             "compile": bool(c.get("compile")), "attention": c.get("attention"),
@@ -98,8 +99,8 @@ def benchmark_table(records: list[dict[str, Any]]) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     # a value a run.json lacks stays missing (empty in markdown and csv, null in JSON) and its
     # column's others integers or text: pandas made 4.0 of them and NaN ("nan") of it
-    for col in ("d_model", "d_ff", "layers", "heads", "batch", "context", "warmup", "mode",
-                "dtype", "attention", "device"):
+    for col in ("d_model", "d_ff", "layers", "heads", "vocab", "batch", "context", "warmup",
+                "mode", "dtype", "attention", "device"):
         if col in df and df[col].isna().any():
             df[col] = pd.Series([row[col] for row in rows], index=df.index, dtype=object)
     return df
@@ -122,8 +123,8 @@ def _rate(value: float | None) -> str:
 
 
 # Columns of benchmark_view that stay even when every run leaves them empty: what a run is.
-_IDENTITY = ("Size", "d_model", "d_ff", "Layers", "Heads", "Batch", "Context", "Mode", "Warm-up",
-             "Dtype", "Compile", "Attention", "Device", "Status")
+_IDENTITY = ("Size", "d_model", "d_ff", "Layers", "Heads", "Vocab", "Batch", "Context", "Mode",
+             "Warm-up", "Dtype", "Compile", "Attention", "Device", "Status")
 
 
 def benchmark_view(df: pd.DataFrame) -> pd.DataFrame:
@@ -133,8 +134,8 @@ def benchmark_view(df: pd.DataFrame) -> pd.DataFrame:
     forward-only runs, MFU without a known peak: CPU runs) is left out."""
     view = pd.DataFrame({
         "Size": df["size"], "d_model": df["d_model"], "d_ff": df["d_ff"], "Layers": df["layers"],
-        "Heads": df["heads"], "Batch": df["batch"], "Context": df["context"], "Mode": df["mode"],
-        "Warm-up": df["warmup"], "Dtype": df["dtype"],
+        "Heads": df["heads"], "Vocab": df["vocab"], "Batch": df["batch"],
+        "Context": df["context"], "Mode": df["mode"], "Warm-up": df["warmup"], "Dtype": df["dtype"],
         "Compile": df["compile"].map(yes_no), "Attention": df["attention"],
         "Device": df["device"], "Profiled": [profiled(n, m) or "no" for n, m in
                                                zip(df["nsys"], df["memory"])],

@@ -366,3 +366,22 @@ def test_an_mfu_below_one_percent_keeps_three_significant_digits(tmp_path, capsy
     row = next(line for line in md.splitlines() if line.startswith("| small"))
     cell = [c.strip() for c in row.strip("|").split("|")][header.index("MFU (%)")]
     assert cell == f"{raw['mfu_pct']:.3g}" and float(cell) > 0
+
+
+def test_runs_of_two_vocabulary_sizes_are_told_apart(tmp_path, capsys):
+    """Two tiny CPU runs alike but for --vocab-size: the LM head's FLOPs and time differ with it,
+    yet markdown, csv and json showed the two rows with the same settings (no vocabulary)."""
+    out = tmp_path / "runs"
+    for vocab in ("10000", "2000"):
+        _ok(capture_main, ["run", "--model", "tiny", "--context-length", "16", "--batch-size",
+                           "1", "--warmup", "0", "--steps", "1", "--device", "cpu",
+                           "--vocab-size", vocab, "--label", f"v{vocab}", "--out", str(out),
+                           "--quiet"])
+    capsys.readouterr()
+    md = _md([str(out)], capsys)
+    header = _header(md)
+    rows = [[c.strip() for c in line.strip("|").split("|")]
+            for line in md.splitlines() if line.startswith("| tiny")]
+    assert sorted(row[header.index("Vocab")] for row in rows) == ["10000", "2000"]
+    rows = json.loads(_md([str(out), "--format", "json"], capsys))
+    assert sorted(row["vocab"] for row in rows) == [2000, 10000]
