@@ -159,8 +159,8 @@ def benchmark_view(df: pd.DataFrame) -> pd.DataFrame:
 
 def benchmark_note(view: pd.DataFrame) -> str:
     """What the columns of ``benchmark_view(...)`` mean, for the columns it has."""
-    note = ("Mean ± standard deviation over measured steps; each phase is timed with "
-            "synchronization before and after.")
+    note = ("Mean ± sample standard deviation (n − 1) over measured steps; each phase is timed "
+            "with synchronization before and after.")
     if "TFLOP/s" in view.columns:
         note += (" TFLOP/s counts the matmul FLOPs of forward and backward (2× forward) and "
                  "AdamW's elementwise FLOPs (10 per parameter) per step, attention over the full "

@@ -5,6 +5,7 @@ import csv
 import io
 import json
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -385,3 +386,18 @@ def test_runs_of_two_vocabulary_sizes_are_told_apart(tmp_path, capsys):
     assert sorted(row[header.index("Vocab")] for row in rows) == ["10000", "2000"]
     rows = json.loads(_md([str(out), "--format", "json"], capsys))
     assert sorted(row["vocab"] for row in rows) == [2000, 10000]
+
+
+def test_the_deviation_is_the_sample_one_and_the_note_says_so(tmp_path, capsys):
+    """The std recomputed from run.json's measured steps is the sample deviation (n − 1), 22%
+    above numpy's default (n) over 3 steps; the note said only "standard deviation", so a user
+    checking it with np.std found another number."""
+    run = _copy_run(TRAIN, tmp_path / "train")
+    steps = json.loads((run / "run.json").read_text())["timings"]["steps"]
+    md = _md([str(run)], capsys)
+    for phase in ("forward", "backward", "optimizer", "step"):
+        times = [s[f"{phase}_s"] for s in steps]
+        mean, std = statistics.fmean(times) * 1e3, statistics.stdev(times) * 1e3
+        assert f"{mean:.2f} ± {std:.2f}" in md
+    note = next(line for line in md.splitlines() if line.startswith("Mean"))
+    assert "sample standard deviation (n − 1)" in note
