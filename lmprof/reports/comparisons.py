@@ -21,6 +21,23 @@ CONFIG = ["size", "d_model", "batch", "context", "mode", "dtype", "compile", "at
           "warmup", "device", "nsys", "memory"]
 
 
+def model_label(record: dict[str, Any]) -> str:
+    """The run's size, with what its model has other than that size's table and the default
+    vocabulary ("tiny (8 layers, vocab 50000)"): every grid names and keeps apart its models by
+    it. A size not in the table (or none: "custom") lists the dims the run recorded."""
+    from lmprof.model.config import SIZES, ModelConfig
+
+    size = (record.get("config") or {}).get("size") or "custom"
+    model = record.get("model") or {}
+    preset = dict(zip(("d_model", "d_ff", "num_layers", "num_heads"), SIZES.get(size, ())))
+    preset["vocab_size"] = ModelConfig.vocab_size
+    names = {"d_model": "d_model {}", "d_ff": "d_ff {}", "num_layers": "{} layers",
+             "num_heads": "{} heads", "vocab_size": "vocab {}"}
+    other = [text.format(model[k]) for k, text in names.items()
+             if model.get(k) is not None and model[k] != preset.get(k)]
+    return f"{size} ({', '.join(other)})" if other else size
+
+
 def _first_steps(record: dict[str, Any]) -> tuple[float | None, float | None]:
     """(first step of the run, first measured step): warm-up step 0 if any, else measured 0."""
     t = record.get("timings") or {}
@@ -40,6 +57,7 @@ def runs_frame(records: list[dict[str, Any]],
         row = benchmark_table([r])
         if row.empty:
             continue
+        row["size"] = model_label(r)  # (other dims than the size's are another model)
         first, first_measured = _first_steps(r)
         peak = r.get("peak_memory") or {}
         sqlite = None if not r.get("run_dir") else (

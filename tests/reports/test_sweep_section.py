@@ -487,6 +487,36 @@ def test_gemm_grid_keeps_configurations_apart(tmp_path, monkeypatch):
                                                                   ("naive", 80.0)]
 
 
+def test_runs_of_one_size_with_other_dims_are_other_configurations(tmp_path):
+    """--model tiny with --num-layers 8 --vocab-size 50000 is not --model tiny: the grid's
+    cells and the speed-ups keep them apart, each named by what differs from the size's table
+    (they were one configuration: a cell took the median of the two models, 'run more than
+    once')."""
+    recs = []
+    for ctx in (16, 32):
+        recs.append(run_record(size="tiny", ctx=ctx, step_s=0.5))
+        other = run_record(size="tiny", ctx=ctx, step_s=0.9)
+        other["model"].update(num_layers=8, vocab_size=50000)
+        other["run_id"] += "-deep"
+        recs.append(other)
+        for dtype, step in (("fp32", 0.9), ("bf16", 0.6)):  # a pair for the bf16 speed-up
+            wide = run_record(size="tiny", ctx=ctx, dtype=dtype, step_s=step)
+            wide["model"].update(d_ff=1024)
+            wide["run_id"] += "-wide"
+            recs.append(wide)
+    df = comparisons.runs_frame(load_runs([str(write_sweep(tmp_path / "s", recs))]))
+    grid = comparisons.step_grid(df)
+    assert grid.attrs["runs_in_cell"] == 1
+    rows = {r["size"]: r for _, r in grid[grid["dtype"] == "fp32"].iterrows()}
+    assert set(rows) == {"tiny", "tiny (8 layers, vocab 50000)", "tiny (d_ff 1024)"}, rows
+    assert rows["tiny"]["ctx 16"] == pytest.approx(0.5)
+    assert rows["tiny (8 layers, vocab 50000)"]["ctx 32"] == pytest.approx(0.9)
+    bf16 = comparisons.speedup(df, "dtype", "fp32")
+    assert set(bf16["size"]) == {"tiny (d_ff 1024)"} and bf16["speedup"].round(6).eq(1.5).all()
+    text = section_text(tmp_path / "s", tmp_path / "r")
+    assert "run more than once" not in text and "tiny (8 layers, vocab 50000)" in text
+
+
 def test_profiled_runs_are_their_own_configurations(tmp_path):
     # the same grid plain and under nsys / memory recording (as measured on an H200: the
     # profiled runs are slower): never one cell's median, and speed-ups pair runs profiled alike
