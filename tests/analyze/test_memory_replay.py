@@ -365,3 +365,29 @@ def test_a_trace_without_free_requested_releases_where_torch_would(tmp_path, cut
     else:
         assert levels == [5 * MIB, 2 * MIB, 3 * MIB]
         assert peak == [(5 * MIB, 2 * MIB)]
+
+
+def test_a_peak_before_the_first_entry_kept_has_no_step(tmp_path):
+    """A trace the ring buffer cut to the last step's optimizer frees peaks before its first
+    entry kept (the pseudo-entry 'before recording', which has no step): the peak table says
+    so, not the step of the highest entry that has one. Any peak's step is its entry's."""
+    import lzma
+    import pickle
+
+    import duckdb
+
+    snap = pickle.loads(lzma.decompress(
+        (ROOT / "tests" / "data" / "h200-lmprof-memory" / "memory.pickle.xz").read_bytes()))
+    con = duckdb.connect()
+    for keep in (203, 14000):  # the last 203 entries; the last 14000 (a peak in backward)
+        cut = dict(snap, device_traces=[snap["device_traces"][0][-keep:]])
+        path = tmp_path / f"cut{keep}.pickle"
+        path.write_bytes(pickle.dumps(cut))
+        memory.load_memory(con, path)
+    rows = con.execute("""
+        SELECT p.peak_seq, p.peak_phase, p.peak_step, e.step
+        FROM memory_peaks p LEFT JOIN memory_events e
+          ON e.snapshot_id = p.snapshot_id AND e.device = p.device AND e.seq = p.peak_seq
+        ORDER BY p.snapshot_id""").fetchall()
+    assert rows[0] == (-1, "before recording", None, None)
+    assert rows[1][0] >= 0 and rows[1][1] == "backward" and rows[1][2] == rows[1][3] is not None

@@ -63,7 +63,8 @@ by_device AS (
         arg_min(seq, (-allocated_bytes, seq)) AS peak_seq,
         arg_min(time_us, (-allocated_bytes, seq)) AS peak_time_us,
         arg_min(phase, (-allocated_bytes, seq)) AS peak_phase,
-        arg_min(step, (-allocated_bytes, seq)) AS peak_step,
+        -- (_null: the peak's own step, NULL before recording, not another entry's)
+        arg_min_null(step, (-allocated_bytes, seq)) AS peak_step,
         max(requested_bytes) AS peak_requested_bytes,
         max(reserved_bytes) AS peak_reserved_bytes,
         arg_min(time_us, (-reserved_bytes, seq)) AS reserved_peak_time_us,
