@@ -319,7 +319,9 @@ def _metadata_windows(flat: Flat) -> list[tuple]:
     first entry that carries it until the next entry with another tag. The autograd thread's
     entries carry none (most of the backward: 5,997 of 6,003 entries in a small-model capture),
     so tags are read as windows, as run.json's are, not entry by entry. A step starts at each
-    'forward' or 'inference' tag; a 'step' tag (between phases) marks the step only."""
+    'forward' or 'inference' tag (and at the first tag of a trace the ring buffer cut inside a
+    step: that step is step 0, as in run.json); a 'step' tag (between phases) marks the step
+    only."""
     t = flat.trace
     main = _main_device(np.asarray(t["device"]))
     rows = [(tm, m) for d, tm, m in zip(t["device"], t["time_us"], t["user_metadata"])
@@ -334,6 +336,8 @@ def _metadata_windows(flat: Flat) -> list[tuple]:
     last_time = max(tm for tm, _ in rows)
     ends = [nxt - 1 for nxt, _ in changes[1:]] + [last_time]
     windows, step, step_start = [], -1, None
+    if changes[0][1] not in ("forward", "inference"):  # a trace cut inside a step (ring buffer):
+        step, step_start = 0, changes[0][0]  # its tags up to the first forward are step 0
     for (start, tag), end in zip(changes, ends):
         if tag in ("forward", "inference"):
             if step >= 0:

@@ -428,3 +428,25 @@ def test_run_of_another_kind_is_refused(tmp_path):
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
         assert f"is a run of kind {kind}," in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_cut_trace_alone_numbers_its_first_partial_step_apart(tmp_path):
+    """A trace the ring buffer cut in a step's backward (--memory-max-entries), given without
+    its run.json: the tags before the first 'forward' are a step of their own, as run.json's
+    windows say, not the first whole step's (optimizer: 3 steps of 111 allocations, which read
+    2 steps of 166.5)."""
+    run_dir = ROOT / "tests" / "data" / "h200-lmprof-memory"
+    snap = pickle.loads(lzma.decompress((run_dir / "memory.pickle.xz").read_bytes()))
+    cut = lzma.compress(pickle.dumps(dict(snap, device_traces=[snap["device_traces"][0][2000:]])))
+    with_run, alone = tmp_path / "run", tmp_path / "alone"
+    for d in (with_run, alone):
+        d.mkdir()
+        (d / "memory.pickle.xz").write_bytes(cut)
+    (with_run / "run.json").write_bytes((run_dir / "run.json").read_bytes())
+    by_run, by_tags = ({r["phase"]: r for r in json.loads(_run(p, "--format", "json").stdout)
+                        ["memory_by_phase"]} for p in (with_run, alone / "memory.pickle.xz"))
+    assert by_tags["optimizer"] == by_run["optimizer"]
+    assert by_tags["optimizer"]["steps"] == 3 and by_tags["optimizer"]["allocs_per_step"] == 111
+    for phase in ("forward", "backward", "step"):
+        assert (by_tags[phase]["steps"], by_tags[phase]["peak_step"]) == \
+            (by_run[phase]["steps"], by_run[phase]["peak_step"]), phase
