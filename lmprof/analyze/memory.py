@@ -431,7 +431,8 @@ def peaks(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
     return con.execute("""
         SELECT s.label AS snapshot, p.device, p.peak_allocated_bytes, p.peak_requested_bytes,
             p.peak_reserved_bytes, p.peak_time_us - p.first_time_us AS peak_at_us, p.peak_phase,
-            p.peak_step, p.start_allocated_bytes, p.dump_allocated_bytes,
+            p.peak_step, p.reserved_peak_time_us - p.first_time_us AS reserved_peak_at_us,
+            p.start_allocated_bytes, p.dump_allocated_bytes,
             p.dump_reserved_bytes, p.events, p.last_time_us - p.first_time_us AS recorded_us,
             s.phase_source
         FROM memory_peaks p JOIN memory_snapshots s USING (snapshot_id)

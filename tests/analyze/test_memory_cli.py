@@ -450,3 +450,26 @@ def test_a_cut_trace_alone_numbers_its_first_partial_step_apart(tmp_path):
     for phase in ("forward", "backward", "step"):
         assert (by_tags[phase]["steps"], by_tags[phase]["peak_step"]) == \
             (by_run[phase]["steps"], by_run[phase]["peak_step"]), phase
+
+
+def test_the_peak_table_gives_the_reserved_peak_its_own_time():
+    """The reserved peak need not be where the allocated one is: in the flash run the
+    allocator last grew in the second step's backward, 111.658 ms in, the allocated peak is in
+    the first one's, 35.532 ms in. The table's one 'Peak at' (the allocated peak's) read as the
+    time of both; the reserved peak's time (from a replay of the segment entries here) is its
+    own column."""
+    path = ROOT / "tests" / "data" / "h200-naive-vs-flash" / "flash" / "memory.pickle.xz"
+    snap = pickle.loads(lzma.decompress(path.read_bytes()))
+    trace = snap["device_traces"][0]
+    sign = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+    deltas = [sign.get(e["action"], 0) * e["size"] for e in trace]
+    level = sum(s["total_size"] for s in snap["segments"]) - sum(deltas)
+    peak, at = level, 0  # (before the first entry: its time)
+    for e, d in zip(trace, deltas):
+        level += d
+        if level > peak:
+            peak, at = level, e["time_us"] - trace[0]["time_us"]
+    row = json.loads(_run(path, "--format", "json").stdout)["memory_peak"][0]
+    assert row["peak_reserved_bytes"] == peak
+    assert row["reserved_peak_at_us"] == at == 111658
+    assert row["peak_at_us"] == 35532
