@@ -391,3 +391,26 @@ def test_a_peak_before_the_first_entry_kept_has_no_step(tmp_path):
         ORDER BY p.snapshot_id""").fetchall()
     assert rows[0] == (-1, "before recording", None, None)
     assert rows[1][0] >= 0 and rows[1][1] == "backward" and rows[1][2] == rows[1][3] is not None
+
+
+def test_a_phase_peak_in_a_step_cut_short_has_no_step(tmp_path):
+    """A trace without tags cut inside a step (phases inferred from stacks): the optimizer of
+    that partial step has no step number, and there the optimizer phase peaks; the per-phase
+    table's peak step is that entry's (none), not the step of the highest entry that has one.
+    Every phase's peak step is its peak entry's."""
+    import lzma
+    import pickle
+
+    import duckdb
+
+    snap = pickle.loads(lzma.decompress(FIXTURE.read_bytes()))
+    path = tmp_path / "cut.pickle"
+    path.write_bytes(pickle.dumps(dict(snap, device_traces=[snap["device_traces"][0][800:]])))
+    con = duckdb.connect()
+    memory.load_memory(con, path)
+    rows = con.execute("""
+        SELECT b.phase, b.peak_step, (SELECT step FROM memory_events e WHERE e.phase = b.phase
+                                      ORDER BY allocated_bytes DESC, seq LIMIT 1)
+        FROM memory_by_phase b""").fetchall()
+    assert ("optimizer", None, None) in rows
+    assert all(peak_step == step for _, peak_step, step in rows), rows

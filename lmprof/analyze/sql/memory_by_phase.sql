@@ -19,7 +19,7 @@
 SELECT e.snapshot_id, e.device, e.phase,
     count(DISTINCT step) AS steps,
     max(allocated_bytes) AS peak_allocated_bytes,
-    arg_min(step, (-allocated_bytes, seq)) AS peak_step,
+    arg_min_null(step, (-allocated_bytes, seq)) AS peak_step,  -- (its own, NULL included)
     max(reserved_bytes) AS peak_reserved_bytes,
     count(*) FILTER (WHERE action = 'alloc') AS allocs,
     coalesce(sum(bytes) FILTER (WHERE action = 'alloc'), 0)::BIGINT AS alloc_bytes,
