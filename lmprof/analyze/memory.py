@@ -720,7 +720,8 @@ def tables(con: duckdb.DuckDBPyConnection, top: int = 10) -> tuple[dict[str, pd.
             "*Allocated* counts allocator blocks, as `torch.cuda.memory_allocated` does: each "
             "traced block's size is replayed from where the allocator put it (a cached block is "
             "split only where enough is left), else, where the replay cannot know (expandable "
-            "segments, a max_split_size), the request rounded up to 512 B; "
+            "segments, a max_split_size, a block allocated before a trace the ring buffer cut "
+            "and freed in it), the request rounded up to 512 B; "
             "*requested* counts tensor sizes, as pytorch.org/memory_viz does. Phases: "
             + ", ".join(sources) + "."),
         "memory_live_at_peak": (
