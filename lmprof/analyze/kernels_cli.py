@@ -326,12 +326,17 @@ def _table_functions(con: duckdb.DuckDBPyConnection, statement) -> list[str]:
 
     from lmprof.analyze.sqlfile import literal
 
-    text = statement.query
+    texts = [statement.query]
     if statement.type == duckdb.StatementType.EXPLAIN:
-        text = re.sub(r"^\s*EXPLAIN(\s+ANALY[SZ]E)?\s+", "", text, flags=re.IGNORECASE)
-    tree = json.loads(con.execute(f"SELECT json_serialize_sql({literal(text)})").fetchone()[0])
+        texts = _explained(statement.query)
+    for text in texts:  # (the first that parses as one statement)
+        tree = json.loads(con.execute(f"SELECT json_serialize_sql({literal(text)})").fetchone()[0])
+        if not tree.get("error") and len(tree.get("statements", ())) == 1:
+            break
     if tree.get("error"):
         raise UserError(f"analyze sql could not check the query: {tree.get('error_message')}")
+    if len(tree.get("statements", ())) != 1:
+        raise UserError("analyze sql could not check the query: it explains no one statement")
     names, todo = [], [tree]
     while todo:
         node = todo.pop()
@@ -342,6 +347,32 @@ def _table_functions(con: duckdb.DuckDBPyConnection, statement) -> list[str]:
         elif isinstance(node, list):
             todo.extend(node)
     return names
+
+
+def _explained(query: str) -> list[str]:
+    """The texts an EXPLAIN may explain, to try in turn: after EXPLAIN and ANALYZE, and after an
+    option list such as ``(FORMAT json)`` where one may follow (``EXPLAIN (SELECT 1)`` has
+    none), wherever comments sit between them (DuckDB's own tokens, whose positions count
+    bytes)."""
+    data = query.encode()
+    starts = [position for position, _ in duckdb.tokenize(query)] + [len(data)]
+
+    def word(i: int) -> bytes:
+        return re.match(rb"\w+|\S|", data[starts[i]:]).group().upper()
+
+    i = 1  # (starts[0] is EXPLAIN)
+    if word(i) in (b"ANALYZE", b"ANALYSE"):
+        i += 1
+    texts = [data[starts[i]:].decode()]
+    if word(i) == b"(":
+        depth = 0
+        while i < len(starts) - 1:
+            depth += {b"(": 1, b")": -1}.get(word(i), 0)
+            i += 1
+            if depth == 0:
+                break
+        texts.append(data[starts[i]:].decode())
+    return texts
 
 
 SCHEMA_SQL = ("SELECT table_schema AS schema, table_name AS name, table_type AS kind, "

@@ -468,6 +468,30 @@ def test_sql_reads_only_this_database(tmp_path, query, message):
     assert sha256(db) == db_before and sha256(report) == before
 
 
+@pytest.mark.parametrize("query", [
+    "EXPLAIN (FORMAT json) SELECT count(*) FROM kernels",
+    "EXPLAIN (ANALYZE, FORMAT json) SELECT count(*) FROM kernels",
+    "EXPLAIN /* plan */ ANALYZE SELECT count(*) FROM kernels",
+    "/* mine */ EXPLAIN SELECT count(*) FROM kernels",
+    "explain -- plan\n analyse SELECT count(*) FROM kernels",
+    # parentheses that hold the statement, not options
+    "EXPLAIN (SELECT count(*) FROM kernels)",
+    "EXPLAIN ANALYZE ((SELECT count(*) FROM kernels) UNION ALL SELECT 1)",
+])
+def test_sql_explains_a_select_in_any_of_duckdbs_forms(query):
+    """EXPLAIN with options or comments is an EXPLAIN of a SELECT: it runs (it was refused as
+    'could not check the query: syntax error at or near "FORMAT"'), and what it explains is
+    still checked."""
+    code, stdout, err = run("sql", str(REPORT), query, "--format", "csv")
+    assert code == 0 and stdout.startswith("explain_key,explain_value"), err
+    refused = query.replace("count(*) FROM kernels", "* FROM read_csv('/etc/passwd')")
+    code, stdout, err = run("sql", str(REPORT), refused)
+    assert code == 2 and "read_csv() is not allowed" in err and stdout == ""
+    code, _, err = run("sql", str(REPORT), query.replace(
+        "SELECT count(*) FROM kernels", "COPY (SELECT 1) TO '/dev/null'"))
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize("arg, message", [
     ("missing.sqlite", "no such file"), (".", "is a directory"), ("notes.txt", "not an SQLite"),
     ("trace.nsys-rep", "nsys is not available to export it (nsys is not on PATH)"),
