@@ -99,6 +99,9 @@ def staged(path: str | Path | None, inputs: Iterable[str | Path] = ()) -> Iterat
         if holder is not None:
             holder.execute("CHECKPOINT")  # a write-ahead log beside PATH goes into the copy too
             file_op(lambda: shutil.copyfile(target, work))
+        else:  # (a folder that takes no file: DuckDB's error would name the copy, PATH.partial)
+            file_op(lambda: work.open("xb").close())
+            work.unlink()  # (DuckDB refuses an empty file: it makes the copy itself)
         try:
             yield str(work)
         except Exception as exc:  # noqa: BLE001 - DuckDB's words about the copy name PATH

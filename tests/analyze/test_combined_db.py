@@ -101,6 +101,28 @@ def test_a_db_in_a_missing_folder_is_named_as_given(tmp_path):
     assert not db.parent.exists()
 
 
+def test_a_db_in_a_folder_that_takes_no_file_is_named_as_given():
+    """--db in a folder where no file can be made (/proc here, as a read-only folder for a user
+    who is not root): one line naming the file the user gave, and why (DuckDB's error named the
+    working copy, PATH.partial)."""
+    import subprocess
+    import sys
+
+    db = Path("/proc/lmprof-test.duckdb")
+    if not Path("/proc/self").is_dir():
+        import pytest
+
+        pytest.skip("no /proc")
+    for args in (("kernels", str(DATA / "report.sqlite"), "--table", "gemm_fraction"),
+                 ("memory", str(DATA / "memory.pickle.xz"))):
+        proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", *args, "--db", str(db)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert lines == [f"error: cannot write --db {str(db)!r}: No such file or directory"], \
+            lines
+
+
 def test_a_db_holding_tables_of_the_same_names_is_refused_untouched(tmp_path):
     """A DuckDB file of the user's own with a table analyze kernels also writes: a `gpus` table
     was replaced by lmprof's without a word (nor listed as lmprof's), a `kernels` table was a
