@@ -85,7 +85,8 @@ def staged(path: str | Path | None, inputs: Iterable[str | Path] = ()) -> Iterat
     work = target.with_name(target.name + ".partial")
     rundir.refuse_overwrite([path, work, Path(f"{work}.wal"), Path(f"{target}.wal")], inputs,
                             "--db")
-    holder = connect(target) if target.exists() else None
+    # (an empty PATH, as mktemp makes, is a new database: DuckDB refuses to open it)
+    holder = connect(target) if target.exists() and target.stat().st_size else None
 
     def file_op(op: Callable[[], object]) -> None:
         try:

@@ -123,6 +123,25 @@ def test_a_db_in_a_folder_that_takes_no_file_is_named_as_given():
             lines
 
 
+def test_an_empty_db_file_is_a_new_database(tmp_path):
+    """--db naming an empty file (made by mktemp, or touch) starts a new database there, as a
+    missing file does: it was "cannot open DuckDB database ...: IO Error: The file ... exists,
+    but it is not a valid DuckDB database file!", exit 2."""
+    for name, args in (("k.duckdb", ("kernels", str(DATA / "report.sqlite"), "--table",
+                                     "gemm_fraction")),
+                       ("m.duckdb", ("memory", str(DATA / "memory.pickle.xz")))):
+        db = tmp_path / name
+        db.touch()
+        run(*args, "--db", str(db))
+        assert db.stat().st_size > 0 and not db.with_name(name + ".partial").exists()
+    out = run("sql", str(tmp_path / "k.duckdb"), "--format", "csv",
+              "SELECT count(*) AS n FROM kernels")
+    assert int(next(csv.DictReader(io.StringIO(out)))["n"]) > 0
+    out = run("sql", str(tmp_path / "m.duckdb"), "--format", "csv",
+              "SELECT count(*) AS n FROM memory_events")
+    assert int(next(csv.DictReader(io.StringIO(out)))["n"]) > 0
+
+
 def test_a_db_holding_tables_of_the_same_names_is_refused_untouched(tmp_path):
     """A DuckDB file of the user's own with a table analyze kernels also writes: a `gpus` table
     was replaced by lmprof's without a word (nor listed as lmprof's), a `kernels` table was a
