@@ -10,7 +10,8 @@
 --              launch_api, launch_start_ns, launch_tid, range_id, range_name, phase
 -- runtime      one row per CUDA runtime/driver call that can launch GPU work (names with
 --              Launch, Memcpy or Memset): correlation_id, api, start_ns, pid, tid
--- gpu_ops, op_ranges, nvtx_ranges, kernel_names, gpus, session: tables (see their .sql files)
+-- gpu_ops, op_ranges: views (attribution.sql); nvtx_ranges (ranges.sql), phase_instances
+--              (phase_instances.sql), kernel_names (trace.py), gpus, session (nsys.py): tables
 
 CREATE OR REPLACE VIEW kernels AS
 SELECT g.op_id, n.name, n.short_name, n.kernel_class, g.start_ns, g.end_ns, g.dur_ns,
