@@ -208,7 +208,7 @@ def _prepare_all(con, resolved, options, defer=False):
                     "label VARCHAR)")
         insert_rows(con, "main.reports", [("schema_name", "VARCHAR"), ("source", "VARCHAR"),
                                           ("label", "VARCHAR")],
-                    [(t.schema, str(t.path), str(t.label)) for t in traces])
+                    [(t.schema, str(t.path.resolve()), str(t.label)) for t in traces])
     return traces
 
 

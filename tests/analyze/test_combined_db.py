@@ -70,6 +70,26 @@ def test_a_reused_db_keeps_only_the_last_kernel_run(tmp_path):
     assert memory <= single  # the memory tables were never touched
 
 
+def test_reports_names_each_export_as_its_session_does(tmp_path, monkeypatch):
+    """main.reports.source is the export's full path, as rN.session.source (an export given by
+    a relative path was listed as given, beside the full paths of the runs' exports, and joined
+    no session row)."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copyfile(DATA / "report.sqlite", tmp_path / "r.sqlite")
+    run("kernels", "r.sqlite", str(DATA.parent / "h200-lmprof-nsys"), "--db", "k.duckdb",
+        "--table", "gemm_fraction")
+    out = run("sql", "k.duckdb", "--format", "csv",
+              "SELECT r.schema_name, r.source, s.source AS session_source FROM reports r "
+              "JOIN (SELECT 'r1' AS schema_name, source FROM r1.session UNION ALL "
+              "SELECT 'r2', source FROM r2.session) s USING (schema_name) ORDER BY 1")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert [r["schema_name"] for r in rows] == ["r1", "r2"]
+    assert rows[0]["source"] == str(tmp_path / "r.sqlite")
+    assert all(r["source"] == r["session_source"] for r in rows), rows
+
+
 def test_the_db_registry_is_data_not_sql(tmp_path):
     import duckdb
 
