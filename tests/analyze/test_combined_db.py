@@ -139,8 +139,9 @@ def test_a_db_in_a_folder_that_takes_no_file_is_named_as_given():
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, proc.stderr
         lines = proc.stderr.strip().splitlines()
-        assert lines == [f"error: cannot write --db {str(db)!r}: No such file or directory"], \
-            lines
+        # (the reason is the system's: no such file as root, permission denied otherwise)
+        assert len(lines) == 1 and ".partial" not in lines[0], lines
+        assert lines[0].startswith(f"error: cannot write --db {str(db)!r}: "), lines
 
 
 def test_an_empty_db_file_is_a_new_database(tmp_path):
