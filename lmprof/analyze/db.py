@@ -85,8 +85,9 @@ def staged(path: str | Path | None, inputs: Iterable[str | Path] = ()) -> Iterat
     work = target.with_name(target.name + ".partial")
     rundir.refuse_overwrite([path, work, Path(f"{work}.wal"), Path(f"{target}.wal")], inputs,
                             "--db")
-    # (an empty PATH, as mktemp makes, is a new database: DuckDB refuses to open it)
-    holder = connect(target) if target.exists() and target.stat().st_size else None
+    # (an empty file, as mktemp makes, is a new database: DuckDB refuses to open it)
+    new = not target.exists() or (target.is_file() and not target.stat().st_size)
+    holder = None if new else connect(target)
 
     def file_op(op: Callable[[], object]) -> None:
         try:
