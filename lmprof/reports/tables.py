@@ -82,7 +82,9 @@ def benchmark_table(records: list[dict[str, Any]]) -> pd.DataFrame:
             "layers": m.get("num_layers"), "heads": m.get("num_heads"),
             "vocab": m.get("vocab_size"),
             "batch": c.get("batch_size"), "context": c.get("context_length"),
-            "mode": c.get("mode"), "warmup": c.get("warmup"), "dtype": c.get("dtype"),
+            "mode": c.get("mode"), "warmup": c.get("warmup"),
+            "steps": (summary.get("step") or {}).get("n"),  # (measured: what the means rest on)
+            "dtype": c.get("dtype"),
             "compile": bool(c.get("compile")), "attention": c.get("attention"),
             # profiled runs are slower than plain ones (the tables say so; they are not paired)
             "nsys": bool(c.get("nsys")), "memory": bool(c.get("memory")),
@@ -100,7 +102,7 @@ def benchmark_table(records: list[dict[str, Any]]) -> pd.DataFrame:
     # a value a run.json lacks stays missing (empty in markdown and csv, null in JSON) and its
     # column's others integers or text: pandas made 4.0 of them and NaN ("nan") of it
     for col in ("d_model", "d_ff", "layers", "heads", "vocab", "batch", "context", "warmup",
-                "mode", "dtype", "attention", "device"):
+                "steps", "mode", "dtype", "attention", "device"):
         if col in df and df[col].isna().any():
             df[col] = pd.Series([row[col] for row in rows], index=df.index, dtype=object)
     return df
@@ -135,7 +137,8 @@ def benchmark_view(df: pd.DataFrame) -> pd.DataFrame:
     view = pd.DataFrame({
         "Size": df["size"], "d_model": df["d_model"], "d_ff": df["d_ff"], "Layers": df["layers"],
         "Heads": df["heads"], "Vocab": df["vocab"], "Batch": df["batch"],
-        "Context": df["context"], "Mode": df["mode"], "Warm-up": df["warmup"], "Dtype": df["dtype"],
+        "Context": df["context"], "Mode": df["mode"], "Warm-up": df["warmup"],
+        "Steps": df["steps"], "Dtype": df["dtype"],
         "Compile": df["compile"].map(yes_no), "Attention": df["attention"],
         "Device": df["device"], "Profiled": [profiled(n, m) or "no" for n, m in
                                                zip(df["nsys"], df["memory"])],
@@ -153,14 +156,14 @@ def benchmark_view(df: pd.DataFrame) -> pd.DataFrame:
     if not (df["nsys"] | df["memory"]).any():
         view = view.drop(columns="Profiled")
     empty = [c for c in view.columns if c not in _IDENTITY and c != "Profiled"
-             and (view[c] == "").all()]
+             and (view[c].isna() | (view[c] == "")).all()]
     return view.drop(columns=empty)
 
 
 def benchmark_note(view: pd.DataFrame) -> str:
     """What the columns of ``benchmark_view(...)`` mean, for the columns it has."""
-    note = ("Mean ± sample standard deviation (n − 1) over measured steps; each phase is timed "
-            "with synchronization before and after.")
+    note = ("Mean ± sample standard deviation (n − 1) over the measured steps (*Steps*, after "
+            "the warm-up); each phase is timed with synchronization before and after.")
     if "TFLOP/s" in view.columns:
         note += (" TFLOP/s counts the matmul FLOPs of forward and backward (2× forward) and "
                  "AdamW's elementwise FLOPs (10 per parameter) per step, attention over the full "

@@ -401,3 +401,21 @@ def test_the_deviation_is_the_sample_one_and_the_note_says_so(tmp_path, capsys):
         assert f"{mean:.2f} ± {std:.2f}" in md
     note = next(line for line in md.splitlines() if line.startswith("Mean"))
     assert "sample standard deviation (n − 1)" in note
+
+
+def test_the_number_of_measured_steps_is_shown_beside_the_warm_up(tmp_path, capsys):
+    """What each mean and deviation rests on: the measured steps (run.json's summary n), in
+    markdown after 'Warm-up' and in csv as ``steps``."""
+    def five_steps(record):
+        for s in record["timings"]["summary"].values():
+            s["n"] = 5
+    runs = [_copy_run(TRAIN, tmp_path / "train"), _edited_run(tmp_path, "five", five_steps)]
+    md = _md([str(r) for r in runs], capsys)
+    header = _header(md)
+    assert header[header.index("Warm-up") + 1] == "Steps"
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in md.splitlines()
+             if row.startswith("| small")]
+    n = json.loads((TRAIN / "run.json").read_text())["timings"]["summary"]["step"]["n"]
+    assert n != 5 and sorted(c[header.index("Steps")] for c in cells) == sorted([str(n), "5"])
+    rows = list(csv.DictReader(io.StringIO(_md([str(runs[0]), "--format", "csv"], capsys))))
+    assert rows[0]["steps"] == str(n)
