@@ -111,7 +111,8 @@ def range_kernels(trace: Trace) -> Result:
 
 
 def attention_shapes(record: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Batch × heads, T, d_head and FLOPs per (range instance) from run.json, or None."""
+    """FLOPs and minimal bytes of one softmax range and of one attention matmul range (one
+    layer's, whole batch, all heads: what each range instance computes) from run.json, or None."""
     if not record:
         return None
     model, config = record.get("model") or {}, record.get("config") or {}
