@@ -58,9 +58,9 @@ _DISPLAY = {"d_model": "d_model", "d_ff": "d_ff", "d_head": "d_head", "mfu_pct":
             "warmup_total_s": "Warm-up total (ms)", "nsys": "nsys", "memory": "Memory history"}
 
 
-_ACRONYMS = {"cpu": "CPU", "gpu": "GPU", "gemm": "GEMM", "nvtx": "NVTX", "flops": "FLOPs",
-             "mfu": "MFU", "tflops": "TFLOP/s", "id": "ID", "pid": "PID", "pids": "PIDs",
-             "tid": "TID"}
+_ACRONYMS = {"cpu": "CPU", "gpu": "GPU", "gemm": "GEMM", "nvtx": "NVTX", "flop": "FLOP",
+             "flops": "FLOPs", "mfu": "MFU", "tflops": "TFLOP/s", "id": "ID", "pid": "PID",
+             "pids": "PIDs", "tid": "TID"}
 
 
 def display_name(col: str) -> str:

@@ -147,3 +147,11 @@ def test_the_check_catches_a_wrong_scale_or_unit():
             mp.setattr(r, "_UNITS", units)
             with pytest.raises(AssertionError):
                 check_table("bad", good)
+
+
+@pytest.mark.parametrize("col,shown", [("flop_ratio", "FLOP ratio"),
+                                       ("softmax_flops", "Softmax FLOPs")])
+def test_flop_words_keep_their_capitals(col, shown):
+    from lmprof.render import display_name
+
+    assert display_name(col) == shown
