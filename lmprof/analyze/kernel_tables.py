@@ -539,8 +539,17 @@ def _column(table: Any, name: str) -> list:
 
 
 # softmax_vs_matmul's columns that the cross-run table keeps
-ATTN_COLUMNS = ("softmax_ns", "matmul_ns", "time_ratio", "flop_ratio", "softmax_tflops",
-                 "matmul_tflops")
+ATTN_COLUMNS = ("softmax_ns", "matmul_ns", "matmul_gemm_ns", "time_ratio", "flop_ratio",
+                 "softmax_tflops", "matmul_tflops")
+# The cross-run tables' notes (analyze kernels with several reports, and the report's section)
+CROSS_RUN_NOTES = {
+    "gemm_fraction_by_run": "Each run's GEMM share of kernel time per phase (its "
+                            "gemm_fraction table), by model size and context length.",
+    "softmax_vs_matmul_by_run": "Each run's forward and inference rows of its softmax_vs_matmul "
+                                "table, by model size and context length: the time ratio is "
+                                "over the ranges' time, the softmax rate over its ranges' time, "
+                                "the matmul rate over their GEMM kernels' time (Matmul GEMM).",
+}
 
 
 def cross_run(traces: list[Trace]) -> dict[str, Any] | None:
@@ -617,6 +626,7 @@ def several_reports(traces: list[Trace], names: tuple[str, ...], top: int | None
     if cross is None:
         return None
     tables.update(asked_cross_run(cross, names))
+    notes.update({name: CROSS_RUN_NOTES[name] for name in tables if name in CROSS_RUN_NOTES})
     return tables, notes
 
 

@@ -108,6 +108,7 @@ def several_reports(traces: list[Trace], names: tuple[str, ...] = DEFAULT_TABLES
     out = {n: (pd.concat(dfs, ignore_index=True) if dfs else pd.DataFrame())
            for n, dfs in per_run.items()}
     out.update(kt.asked_cross_run(cross_run(traces), names))
+    notes.update({name: kt.CROSS_RUN_NOTES[name] for name in out if name in kt.CROSS_RUN_NOTES})
     return out, notes
 
 

@@ -1249,3 +1249,17 @@ def test_a_run_json_of_another_run_beside_an_export_is_left_out(tmp_path):
     assert code == 0 and "warning" not in err, err
     step = next(r for r in json.loads(out) if r["phase"] == "step")
     assert step["runner_mean_ns"] == pytest.approx(step["cpu_mean_ns"], rel=0.01)
+
+
+def test_the_cross_run_tables_say_what_they_show(tmp_path):
+    """Several reports: each cross-run table has its note, and softmax vs matmul by run shows
+    the matmul GEMM time its matmul TFLOP/s is over (it showed the matmul ranges' time only, so
+    FLOPs / time there gave another rate than the one printed)."""
+    code, out, err = run("kernels", *_two_runs(tmp_path), "--table", "gemm_fraction",
+                         "--table", "softmax_vs_matmul")
+    assert code == 0, err
+    for title in ("gemm fraction by run", "softmax vs matmul by run"):
+        part = out[out.index(f"## {title}"):].split("\n\n")
+        assert not part[1].startswith("|") and part[2].startswith("|"), (title, part[:3])
+    header = out[out.index("## softmax vs matmul by run"):].split("\n\n")[2].splitlines()[0]
+    assert "Matmul GEMM (ms)" in header, header

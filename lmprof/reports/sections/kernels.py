@@ -148,11 +148,14 @@ def section(ctx: ReportContext) -> str | None:
             parts += [f"**{heading}.** {item.notes.get(name, '')}",
                       to_markdown(tables[name], shorten=_SHORTEN)]
     if cross:
+        from lmprof.analyze.kernel_tables import CROSS_RUN_NOTES
+
         parts.append("### Across runs")
         titles = {"gemm_fraction_by_run": "GEMM fraction by run",
                   "softmax_vs_matmul_by_run": "Softmax vs matmul by run"}
         for name, df in cross.items():
-            parts += [f"**{titles.get(name, name)}.**", to_markdown(df)]
+            parts += [f"**{titles.get(name, name)}.** {CROSS_RUN_NOTES.get(name, '')}",
+                      to_markdown(df)]
     if problems:
         parts.append("Runs whose nsys export could not be read:\n" + "\n".join(problems))
     return "\n\n".join(parts)
