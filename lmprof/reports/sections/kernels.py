@@ -65,6 +65,7 @@ class Analysed:
     """One export's tables (DataFrames) and notes, or the UserError that stopped them."""
     source: str  # the heading's name for it (``_names``)
     record: dict[str, Any] | None  # its run's run.json, if any
+    named: bool  # a file the user named, not a run's export
     label: str = ""  # the trace's label (``Trace.label``)
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
@@ -95,7 +96,7 @@ def _analyse(ctx: ReportContext) -> tuple[list[Analysed], dict[str, pd.DataFrame
         configure(con, spill)
         try:
             for i, ((path, record, named), source) in enumerate(zip(exports, _names(exports)), 1):
-                item = Analysed(source, record)
+                item = Analysed(source, record, named)
                 try:
                     if isinstance(path, UserError):
                         raise path
@@ -125,7 +126,7 @@ def gemm_shares(ctx: ReportContext) -> dict[str, dict[str, float] | None]:
     from lmprof.reports.comparisons import gemm_shares as shares
 
     return {item.record["run_dir"]: None if item.error else shares(item.tables["gemm_fraction"])
-            for item in analysed(ctx)[0] if item.record is not None and "run_dir" in item.record}
+            for item in analysed(ctx)[0] if not item.named}
 
 
 def section(ctx: ReportContext) -> str | None:
