@@ -13,6 +13,7 @@ without a run in the order given, and nothing time-dependent is written.
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,8 @@ class ReportContext:
     kernel_tables: Any = None
     # run_dir -> its SQLite export, None (no export file there) or the UserError of its export
     _run_exports: dict[str, Any] = field(default_factory=dict, repr=False)
+    # where the images are drawn until the report is written (``stage_dir``)
+    _stage: Path | None = field(default=None, repr=False)
 
     def run_export(self, record: dict[str, Any]) -> Path | UserError | None:
         """The SQLite export of run ``record`` (``nsys.run_export``: its ``.sqlite``, else its
@@ -66,18 +69,23 @@ class ReportContext:
         return self._run_exports[key]
 
     @property
-    def img_dir(self) -> Path:
-        d = self.out_dir / self.img_name
-        d.mkdir(parents=True, exist_ok=True)
-        return d
+    def stage_dir(self) -> Path:
+        """A hidden folder beside the report that holds its images until the report is written
+        (``build`` then moves them into the image folder): a report that stops leaves an earlier
+        report's images in that folder as they were."""
+        if self._stage is None:
+            self._stage = self.out_dir / f".{self.img_name}.tmp-{os.getpid()}"
+            shutil.rmtree(self._stage, ignore_errors=True)  # (a killed report's, of this pid)
+            self._stage.mkdir(parents=True)
+        return self._stage
 
     def image(self, name: str, draw: Callable[[Path], Any]) -> str | None:
-        """Save a figure as ``name`` in the image folder with ``draw(path)``, which returns
+        """Save a figure as ``name`` for the image folder with ``draw(path)``, which returns
         something false where it has nothing to draw; the relative link to put in the markdown
         (percent-encoded: a space, from ``-o "my report.md"``, would end the link), or None where
         nothing was drawn. Only drawn images are the report's: an earlier report's image of that
         name is removed (``build``)."""
-        path = self.img_dir / name
+        path = self.stage_dir / name
         if not draw(path):
             return None
         self.images.append(path)
@@ -212,17 +220,27 @@ def build(paths: list[str], out: str | Path, kernel_options: Any = None,
             if exc.filename is None or not _inside(Path(exc.filename), target.parent):
                 raise
             raise UserError(f"cannot write {str(exc.filename)!r}: {exc.strerror or exc}") from None
+        img_dir = target.parent / ctx.img_name
+        try:
+            if ctx.images:
+                img_dir.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"cannot write {str(img_dir)!r}: {exc.strerror or exc}") from None
         try:
             target.write_text("\n".join(parts))
         except OSError as exc:
             raise UserError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
-        img_dir = target.parent / ctx.img_name
+        for path in ctx.images:  # (the report is written: its images replace the earlier ones)
+            os.replace(path, img_dir / path.name)
         if img_dir.is_dir():  # images of an earlier report here that this one has not drawn
             rundir.retire_stale(img_dir, "report", [p.name for p in ctx.images])
     except BaseException:
         if created is not None:  # no half-written report folder left behind
             shutil.rmtree(created, ignore_errors=True)
         raise
+    finally:
+        if ctx._stage is not None:
+            shutil.rmtree(ctx._stage, ignore_errors=True)
     return target
 
 

@@ -199,6 +199,24 @@ def test_reports_in_one_folder_keep_their_own_images(tmp_path):
     assert code == 2 and "x_img" in err and not (blocked / "new2" / "x.md").exists(), err
 
 
+def test_a_report_that_fails_leaves_the_earlier_report_in_its_folder_as_it_was(tmp_path):
+    """A report that stops (a snapshot named that cannot be read, exit 2) into the folder of an
+    earlier report leaves that folder as it was: its sections drew the sweep plot before the
+    memory section stopped, into img/, where the earlier report.md did not link it (or linked
+    an image of that name of its own runs, now replaced)."""
+    out = tmp_path / "out"
+    code, _, err = run("report", str(SNAPSHOT), "-o", str(out))
+    assert code == 0, err
+    before = {str(p.relative_to(out)): sha256(p) for p in out.rglob("*") if p.is_file()}
+    bad = tmp_path / "bad.pickle"
+    bad.write_bytes(b"\x80\x04 damaged")
+    sweep = ROOT / "docs" / "reports" / "h100-2026-12-06" / "nsys-sweep" / "runs" / "nsys"
+    code, _, err = run("report", str(sweep), str(bad), "-o", str(out))
+    assert code == 2 and "is not a readable pickle" in err, err
+    assert {str(p.relative_to(out)): sha256(p) for p in out.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in out.iterdir()) == ["img", "report.md"]
+
+
 def test_report_named_with_spaces_links_its_images(tmp_path):
     """``-o "my report.md"``: its images go to ``my report_img/`` and the links name them
     percent-encoded (a markdown link ends at a space: ``](my report_img/...)`` showed no image)."""

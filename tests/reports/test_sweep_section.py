@@ -153,9 +153,10 @@ def test_attention_speedup_pairs_fused_with_naive_and_shows_peaks(tmp_path):
 
 
 def test_section_writes_the_context_plot_and_memory_table(grid, tmp_path):
-    text = section_text(grid, tmp_path / "r")
-    png = tmp_path / "r" / "img" / "sweep_time_vs_context.png"
-    assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
+    ctx = ReportContext(runs=load_runs([str(grid)]), out_dir=tmp_path / "r")
+    text = sweep_section.section(ctx)
+    [png] = ctx.images  # (drawn beside the report; build moves it into img/)
+    assert png.name == "sweep_time_vs_context.png" and png.read_bytes()[:4] == b"\x89PNG"
     assert "img/sweep_time_vs_context.png" in text and "(log scales)" in text  # 4 ms .. 40 ms
     assert "### Peak memory by context length" in text and "| 256 " in text.replace("256.", "x")
     assert "### bf16/fp16 vs fp32" in text and "2.00" in text
@@ -399,9 +400,11 @@ def test_no_context_plot_for_one_context_run_twice(tmp_path):
     # given together): no line to draw, so no plot (it used to be an empty chart)
     recs = [run_record(ctx=128, step_s=0.1), run_record(ctx=128, step_s=0.2, warmup=5)]
     recs[1]["run_id"] += "-again"
-    text = section_text(write_sweep(tmp_path / "s", recs), tmp_path / "r")
+    ctx = ReportContext(runs=load_runs([str(write_sweep(tmp_path / "s", recs))]),
+                        out_dir=tmp_path / "r")
+    text = sweep_section.section(ctx)
     assert "Time vs context length" not in (text or "")
-    assert not (tmp_path / "r" / "img" / "sweep_time_vs_context.png").exists()
+    assert ctx.images == []
 
 
 def test_context_plot_draws_only_lines_of_two_contexts(tmp_path, monkeypatch):
