@@ -463,3 +463,17 @@ def test_part_a_caption_names_the_batch_and_mask_it_timed():
         row.update(batch=2, causal=True)
     text = section.render_tables(results)
     assert "Batch 2, causal." in text and "not causal" not in text
+
+
+def test_each_runs_tables_have_headings_of_their_own(tmp_path):
+    """Two runs' part c tables were both headed '### Sweep against SDPA (part c)' (the docs'
+    report had twelve such headings, four of part a): a contents list could not tell them apart
+    and every link to one went to the first. Each run's headings name the run."""
+    import re
+
+    dirs = _runs(tmp_path)
+    text = report.build([str(d) for d in dirs], tmp_path / "report").read_text()
+    headings = re.findall(r"^#+ .*$", text, flags=re.M)
+    assert len(headings) == len(set(headings)), headings
+    for d in dirs:
+        assert f"### Sweep against SDPA (part c), run `{d.name}`" in headings

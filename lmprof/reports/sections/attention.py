@@ -167,8 +167,11 @@ def _part_b_call(rows: list[dict], timer: str) -> str:
     return f"{calls}, {timer}. {flops}, backward 2.5× forward."
 
 
-def render_tables(results: dict[str, Any]) -> str:
-    """Markdown for one attention.json (also what ``capture attention`` prints)."""
+def render_tables(results: dict[str, Any], run: str = "") -> str:
+    """Markdown for one attention.json (also what ``capture attention`` prints); ``run``, its
+    run id as markdown, ends each heading, so that the tables of several runs in one report are
+    told apart."""
+    of = f", run {run}" if run else ""
     env = results.get("environment") or {}
     mm = results.get("matmul_bf16_tflops")
     parts = [f"Device: {env.get('gpu_name') or env.get('device')}; torch {env.get('torch')}, "
@@ -177,18 +180,18 @@ def render_tables(results: dict[str, Any]) -> str:
              f"{env.get('float32_matmul_precision')}. Measured bf16 matmul (8192³): "
              f"{_fmt(mm, '.0f') or 'n/a'} TFLOP/s."]
     if results.get("part_a"):
-        parts += ["### CS336 attention benchmark (part a)",
+        parts += [f"### CS336 attention benchmark (part a){of}",
                   f"{_part_a_setup(results['part_a'])} Mean of the timed passes, each between "
                   "two synchronizations; memory allocated after the forward, before the backward.",
                   formatted_markdown(part_a_table(results["part_a"]))]
     if results.get("part_b"):
         best = results.get("leaderboard_best_ms")
-        parts += ["### Leaderboard configuration (part b)",
+        parts += [f"### Leaderboard configuration (part b){of}",
                   f"{_part_b_call(results['part_b'], _timer(env))} "
                   f"Published best of the CS336 leaderboard: {best} ms (one H100).",
                   formatted_markdown(part_b_table(results["part_b"], mm))]
     if results.get("part_c"):
-        parts += ["### Sweep against SDPA (part c)",
+        parts += [f"### Sweep against SDPA (part c){of}",
                   f"Forward + backward (`o.sum().backward()`), {_timer(env)}, in ms; "
                   "batch·seq = 16384 tokens and heads·d = 2048 unless overridden.",
                   formatted_markdown(part_c_table(with_shape(results["part_c"]),
@@ -384,7 +387,7 @@ def section(ctx: ReportContext) -> str | None:
             f": {record.get('status')} — {md_text(str(error)) if error else 'no error recorded'}" \
             ". The tables hold what it finished before it ended"
         body = [f"Run {md_code(str(record.get('run_id')))}{ended}.",
-                render_tables(results).rstrip()]
+                render_tables(results, md_code(str(record.get("run_id")))).rstrip()]
         if results.get("part_c"):
             # named by position: a run id may hold what a file name or a link cannot (' ', '/')
             link = ctx.image(f"attention_tflops_{len(read) - 1}.png",
