@@ -477,3 +477,22 @@ def test_each_runs_tables_have_headings_of_their_own(tmp_path):
     assert len(headings) == len(set(headings)), headings
     for d in dirs:
         assert f"### Sweep against SDPA (part c), run `{d.name}`" in headings
+
+
+def test_two_combined_tables_have_headings_of_their_own(tmp_path):
+    """Part c runs of two setups (here two commits), two runs each: both combined tables were
+    headed '### Sweep against SDPA (part c), 2 runs together'. Each names its card and commit."""
+    import re
+
+    def later(i, record):
+        record["run_id"] += "-again"
+        record["environment"]["git_commit"] = "0123456789abcdef0123456789abcdef01234567"
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    dirs = _runs(tmp_path / "a") + _runs(tmp_path / "b", later)
+    text = report.build([str(d) for d in dirs], tmp_path / "report").read_text()
+    headings = re.findall(r"^#+ .*$", text, flags=re.M)
+    assert len(headings) == len(set(headings)), headings
+    combined = [h for h in headings if "runs together" in h]
+    assert [h.split("commit ")[-1] for h in combined] == ["7cf511d33c", "0123456789"], combined

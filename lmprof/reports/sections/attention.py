@@ -314,7 +314,9 @@ def _combined_body(ctx: ReportContext, runs: list[tuple[dict, dict]]) -> list[st
         unknown = [r for r in run_ids if r in undated]
         caveat = (f" Whether the code of {', '.join(md_code(r) for r in unknown)} had uncommitted "
                   "changes was not recorded (those runs predate the record)." if unknown else "")
-        body = [f"### Sweep against SDPA (part c), {len(run_ids)} runs together",
+        # (the card and commit tell apart the tables of two setups)
+        body = [f"### Sweep against SDPA (part c), {len(run_ids)} runs together, "
+                + md_text(f"{gpu}, commit {commit[:10]}"),
                 md_text(f"{gpu}, torch {torch_v}, triton {triton_v}, code at commit {commit[:10]}")
                 + f": the part c rows of {', '.join(md_code(r) for r in run_ids)} in one table "
                 "(a cell's implementations may come from different runs, named in Runs by their last "
