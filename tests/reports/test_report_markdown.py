@@ -207,3 +207,14 @@ def test_a_folder_where_the_report_file_goes_is_refused_before_any_plot(tmp_path
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(out / "report.md") in err and "folder" in err, err
     assert sorted(p.name for p in out.iterdir()) == ["report.md"]
+
+
+def test_the_memory_plots_are_not_filed_under_a_table(tmp_path):
+    """Each snapshot's plots (a '####' heading) came right after the last memory table, so the
+    report's outline put the timelines under 'Memory by inferred category'. They have a
+    heading of their own, with no table under it."""
+    md = _report([str(DATA / "h200-lmprof-memory"), str(OOM)], tmp_path / "r")
+    memory = md.split("\n## Memory\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.split(r"^### .*$", memory, flags=re.M)
+    plots = [b for b in blocks if "\n#### " in b]
+    assert len(plots) == 1 and not _tables(plots[0]) and plots[0].count("](img/") == 4, plots

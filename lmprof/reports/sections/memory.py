@@ -68,6 +68,7 @@ def section(ctx: ReportContext) -> str | None:
         if name in notes:
             parts += [notes[name], ""]
         parts += [to_markdown(df, shorten=shorten), ""]
+    plots = []  # (under a heading of their own: after the last table, they read as its)
     for sid, device, label, events in con.execute(
             "SELECT p.snapshot_id, p.device, s.label, p.events FROM memory_peaks p "
             "JOIN memory_snapshots s USING (snapshot_id) ORDER BY 1, 2").fetchall():
@@ -82,7 +83,9 @@ def section(ctx: ReportContext) -> str | None:
                 alt = md_text(label).replace("[", "\\[").replace("]", "\\]")  # (a file name's)
                 links.append(f"![{kind} of {alt}]({link})")
         if links:
-            parts += [f"#### {md_text(label)} (cuda:{device})", "", *links, ""]
+            plots += [f"#### {md_text(label)} (cuda:{device})", "", *links, ""]
+    if plots:
+        parts += ["### Memory over time", "", *plots]
     if problems:
         parts += ["Runs whose memory snapshot could not be read:\n" + "\n".join(problems), ""]
     return "\n".join(parts)
