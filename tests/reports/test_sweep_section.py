@@ -711,3 +711,23 @@ def test_context_plot_log_axis_labels_only_some_minor_ticks(tmp_path, monkeypatc
     assert ax.get_yscale() == "log"
     labels = [t.get_text() for t in ax.yaxis.get_minorticklabels() if t.get_text()]
     assert labels and {label.lstrip("0.")[0] for label in labels} <= {"2", "5"}
+
+
+def test_two_precision_runs_on_one_device_are_told_apart(tmp_path):
+    """Two `capture precision` runs on one card (the docs' run, copied as a rerun): both were
+    headed '### Accumulation on cuda (NVIDIA H200)' with nothing naming either run. Each run's
+    headings name it."""
+    import re
+
+    src = (Path(__file__).resolve().parents[2] / "docs" / "reports" / "h200-2026-11-26" / "runs"
+           / "20261126T030640Z-precision-cuda-6a41")
+    dirs = [tmp_path / src.name, tmp_path / "rerun"]
+    for d in dirs:
+        shutil.copytree(src, d)
+    record = json.loads((dirs[1] / "run.json").read_text())
+    record["run_id"] = "rerun"
+    (dirs[1] / "run.json").write_text(json.dumps(record))
+    text = build([str(d) for d in dirs], tmp_path / "report").read_text()
+    headings = re.findall(r"^#+ .*$", text, flags=re.M)
+    assert len(headings) == len(set(headings)), headings
+    assert sum(f"`{d.name}`" in h for d in dirs for h in headings) == 4, headings

@@ -98,6 +98,7 @@ def tables(record: dict[str, Any]) -> str:
         return (f"Run {md_code(str(record.get('run_id')))}: its results could not be read "
                 f"({md_text(str(exc))}).")
     where = md_text(res["device"] + (f" ({res['gpu_name']})" if res.get("gpu_name") else ""))
+    where += f", run {md_code(str(record.get('run_id')))}"  # (two runs on one device: told apart)
     acc = accumulation_table(res)
     dtypes, errors = autocast_table(res)
     parts = [f"### Accumulation on {where}", "",
