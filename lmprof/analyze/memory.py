@@ -115,14 +115,10 @@ def resolve(arg: str, run_dir: str | None = None) -> SnapshotRef:
             raise UserError(f"--run pairs a raw snapshot file with a run.json; {arg!r} is a run "
                             "(or a folder of runs), which brings its own")
         record = rundir.load_run(p)
-        snap = rundir.artifact_path(record, "memory_snapshot")
+        snap = run_snapshot(record)
         if snap is None:
             raise UserError(f"run {record['run_dir']!r} has no memory snapshot "
                             "(capture it with 'capture run --memory')")
-        if not snap.is_file():
-            what = "which is not a file" if snap.exists() else "which does not exist"
-            raise UserError(f"run {record['run_dir']!r} names memory snapshot {str(snap)!r}, "
-                            f"{what}")
         return SnapshotRef(snap, record)
     if not p.exists():
         raise UserError(f"no such file or run directory: {arg!r}")
@@ -132,6 +128,16 @@ def resolve(arg: str, run_dir: str | None = None) -> SnapshotRef:
                         "steps for a memory snapshot: give the capture run that recorded the "
                         "snapshot")
     return SnapshotRef(p, record)
+
+
+def run_snapshot(record: dict[str, Any]) -> Path | None:
+    """The snapshot file run ``record`` names, None where it names none; a one-line UserError
+    where that file is gone (or is not a file)."""
+    snap = rundir.artifact_path(record, "memory_snapshot")
+    if snap is not None and not snap.is_file():
+        what = "which is not a file" if snap.exists() else "which does not exist"
+        raise UserError(f"run {record['run_dir']!r} names memory snapshot {str(snap)!r}, {what}")
+    return snap
 
 
 def load_memory(con: duckdb.DuckDBPyConnection, snapshot_path: str | Path,

@@ -254,6 +254,26 @@ def test_a_runs_unreadable_snapshot_is_listed_and_the_others_reported(tmp_path):
     assert code == 2 and "is not a readable pickle" in err and not (tmp_path / "out2").exists()
 
 
+def test_a_runs_snapshot_no_longer_in_its_folder_is_listed(tmp_path):
+    """A run whose run.json names a snapshot that was deleted (snapshots are large) was left out
+    of the memory section without a word, where the kernel section lists a run whose export is
+    gone and 'analyze memory' says the file does not exist."""
+    good, gone = tmp_path / "good", tmp_path / "gone"
+    shutil.copytree(DATA.parent / "h200-lmprof-memory", good)
+    shutil.copytree(DATA.parent / "h200-lmprof-memory", gone)
+    record = (gone / "run.json").read_text().replace('"run_id": "', '"run_id": "gone-')
+    (gone / "run.json").write_text(record)
+    (gone / "memory.pickle.xz").unlink()
+    for inputs, tables in (([good, gone], True), ([gone], False)):
+        out = tmp_path / f"out{len(inputs)}"
+        code, _, err = run("report", *map(str, inputs), "-o", str(out))
+        assert code == 0, err
+        memory = (out / "report.md").read_text().split("\n## Memory\n")[1]
+        unreadable = memory[memory.index("Runs whose memory snapshot could not be read:"):]
+        assert "`gone-" in unreadable and "memory.pickle.xz', which does not exist" in unreadable
+        assert ("### Peak memory" in memory) == tables and memory.count("gone-") == 1
+
+
 def test_nsys_rep_file_is_exported_then_reported(tmp_path):
     """A .nsys-rep given to the report is exported with --nsys-path (a stand-in nsys that copies
     the fixture), cached beside it, and reported as the SQLite export."""

@@ -26,15 +26,22 @@ def section(ctx: ReportContext) -> str | None:
     from lmprof.analyze.snapshot import display_site
     from lmprof.reports.memory_plots import categories_png, timeline_png
 
-    runs = [(r, rundir.artifact_path(r, "memory_snapshot"), False) for r in ctx.runs]
-    runs = [(r, p, False) for r, p, _ in runs if p is not None and p.is_file()]
+    runs, problems = [], []
+    for record in ctx.runs:
+        try:
+            path = memory.run_snapshot(record)
+        except UserError as exc:  # (no longer in its folder: listed, as the kernel section does)
+            problems.append(f"- {md_code(str(record.get('run_id')))}: {md_text(str(exc))}")
+            continue
+        if path is not None:
+            runs.append((record, path, False))
     runs += [(r, p, True) for p, r in ctx.snapshots]  # files given without a run that names them
-    if not runs:
+    if not runs and not problems:
         return None
     con = connect()
     labels = rundir.distinct_labels([memory.snapshot_label(p, r) for r, p, _ in runs],
                                     [r for r, _, _ in runs], [p for _, p, _ in runs])
-    problems = []
+    loaded = 0
     for (record, path, named), label in zip(runs, labels):
         con.execute("BEGIN TRANSACTION")  # a snapshot that fails halfway leaves no rows
         try:
@@ -46,7 +53,8 @@ def section(ctx: ReportContext) -> str | None:
             problems.append(f"- {md_code(str(record.get('run_id')))}: {md_text(str(exc))}")
             continue
         con.execute("COMMIT")
-    if len(problems) == len(runs):
+        loaded += 1
+    if not loaded:
         return "Runs whose memory snapshot could not be read:\n" + "\n".join(problems)
     tables, notes = memory.tables(con, _TOP)
     # snapshot labels stay whole: runs of one configuration differ only at their end (run id)
