@@ -70,7 +70,7 @@ class ReportContext:
 
     @property
     def stage_dir(self) -> Path:
-        """A hidden folder beside the report that holds its images until the report is written
+        """A hidden folder beside the report that holds its images until every section is done
         (``build`` then moves them into the image folder): a report that stops leaves an earlier
         report's images in that folder as they were."""
         if self._stage is None:
@@ -221,17 +221,19 @@ def build(paths: list[str], out: str | Path, kernel_options: Any = None,
                 raise
             raise UserError(f"cannot write {str(exc.filename)!r}: {exc.strerror or exc}") from None
         img_dir = target.parent / ctx.img_name
-        try:
-            if ctx.images:
+        if ctx.images:  # (all drawn: they replace the earlier report's, then the report)
+            dest = img_dir
+            try:
                 img_dir.mkdir(exist_ok=True)
-        except OSError as exc:
-            raise UserError(f"cannot write {str(img_dir)!r}: {exc.strerror or exc}") from None
+                for path in ctx.images:
+                    dest = img_dir / path.name
+                    os.replace(path, dest)
+            except OSError as exc:
+                raise UserError(f"cannot write {str(dest)!r}: {exc.strerror or exc}") from None
         try:
             target.write_text("\n".join(parts))
         except OSError as exc:
             raise UserError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
-        for path in ctx.images:  # (the report is written: its images replace the earlier ones)
-            os.replace(path, img_dir / path.name)
         if img_dir.is_dir():  # images of an earlier report here that this one has not drawn
             rundir.retire_stale(img_dir, "report", [p.name for p in ctx.images])
     except BaseException:

@@ -215,6 +215,12 @@ def test_a_report_that_fails_leaves_the_earlier_report_in_its_folder_as_it_was(t
     assert code == 2 and "is not a readable pickle" in err, err
     assert {str(p.relative_to(out)): sha256(p) for p in out.rglob("*") if p.is_file()} == before
     assert sorted(p.name for p in out.iterdir()) == ["img", "report.md"]
+    # a folder where one of its images goes: one line, exit 2, the report not written
+    in_the_way = tmp_path / "in-the-way"
+    (in_the_way / "img" / "memory_0_dev0_timeline.png").mkdir(parents=True)
+    code, _, err = run("report", str(SNAPSHOT), "-o", str(in_the_way))
+    assert code == 2 and err.startswith("error: cannot write ") and err.count("\n") == 1, err
+    assert sorted(p.name for p in in_the_way.iterdir()) == ["img"]
 
 
 def test_report_named_with_spaces_links_its_images(tmp_path):
