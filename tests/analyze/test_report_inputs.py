@@ -102,6 +102,20 @@ def test_attribution_option_reaches_the_report(tmp_path):
     assert by_process > 500
 
 
+def test_the_kernel_section_says_the_attribution_it_used(tmp_path):
+    """With --attribution thread the section still opened with the process rule ('attributed
+    to the NVTX ranges open in the launching process ... nsys's same-thread rule would leave
+    backward nearly empty') above tables made by the thread rule, whose backward is empty."""
+    def intro(text: str) -> str:
+        return text.split("## GPU kernels (nsys)\n\n", 1)[1].split("\n", 1)[0]
+
+    by_process = intro(_report(tmp_path, str(REPORT)))
+    by_thread = intro(_report(tmp_path, str(REPORT), "--attribution", "thread"))
+    assert "open in the launching process" in by_process
+    assert "open in the launching process" not in by_thread
+    assert "--attribution thread" in by_thread and "launching thread" in by_thread
+
+
 def test_a_file_its_run_names_is_that_run(tmp_path):
     """An export (or snapshot) given by its path inside its run directory is the run: one run,
     shown as when the directory is given, with its run.json's labels."""

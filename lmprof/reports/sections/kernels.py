@@ -35,11 +35,19 @@ _TABLES = (
 _TOP = 5
 _SHORTEN = {"name": functools.partial(kernel_names.display_name, width=60)}
 
-_INTRO = (
-    "Kernels are attributed to the NVTX ranges open in the launching process when the CUDA call "
-    "that launched them started (PyTorch launches backward kernels from its autograd thread, so "
-    "nsys's same-thread rule would leave `backward` nearly empty). Times are summed kernel "
-    "durations; 'all' is the whole report.")
+# the section's first line, by the attribution rule (--attribution) its tables were made with
+_INTRO = {
+    "process": (
+        "Kernels are attributed to the NVTX ranges open in the launching process when the CUDA "
+        "call that launched them started (PyTorch launches backward kernels from its autograd "
+        "thread, so nsys's same-thread rule would leave `backward` nearly empty)."),
+    "thread": (
+        "Kernels are attributed to the NVTX ranges open on the launching thread when the CUDA "
+        "call that launched them started (--attribution thread, the rule of nsys's "
+        "nvtx_kern_sum: PyTorch launches backward kernels from its autograd thread, so "
+        "`backward` holds almost none of them)."),
+}
+_TIMES = " Times are summed kernel durations; 'all' is the whole report."
 
 
 def _exports(ctx: ReportContext) -> list[tuple[Path | UserError, dict | None, bool]]:
@@ -131,11 +139,12 @@ def gemm_shares(ctx: ReportContext) -> dict[str, dict[str, float] | None]:
 
 def section(ctx: ReportContext) -> str | None:
     from lmprof.analyze import kernel_tables
+    from lmprof.analyze.trace import Options
 
     items, cross = analysed(ctx)
     if not items:
         return None
-    parts, problems = [_INTRO], []
+    parts, problems = [_INTRO[(ctx.kernel_options or Options()).attribution] + _TIMES], []
     for item in items:
         if item.error is not None:
             problems.append(f"- {item.source}: {md_text(str(item.error))}")
