@@ -46,7 +46,7 @@ class ReportContext:
     kernel_tables: Any = None
     # run_dir -> its SQLite export, None (no export file there) or the UserError of its export
     _run_exports: dict[str, Any] = field(default_factory=dict, repr=False)
-    # where the images are drawn until the report is written (``stage_dir``)
+    # where the images are drawn until every section is done (``stage_dir``)
     _stage: Path | None = field(default=None, repr=False)
 
     def run_export(self, record: dict[str, Any]) -> Path | UserError | None:
