@@ -23,7 +23,8 @@ def find_nsys(explicit: str | None = None) -> str:
             if path.is_dir():
                 path = path / "nsys"
             if path.is_file() and os.access(path, os.X_OK):
-                return str(path)
+                # (absolute: a bare name, as Path makes of './nsys', is looked up on PATH)
+                return str(path.absolute())
             raise UserError(f"{origin} {candidate!r} is not an executable nsys; {INSTALL_HINT}")
     found = shutil.which("nsys")
     if not found:

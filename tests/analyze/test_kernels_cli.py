@@ -609,6 +609,22 @@ def test_a_damaged_cached_export_is_exported_again(tmp_path, cached):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "trace.nsys-rep", "trace.sqlite"]
 
 
+@pytest.mark.parametrize("given", ["./nsys", "."], ids=["file", "folder"])
+def test_nsys_path_relative_to_the_working_folder_is_the_nsys_run(tmp_path, given):
+    """--nsys-path ./nsys (or the folder, '.') from the folder that holds nsys: the path was
+    normalised to the bare name 'nsys', which the system looks up on PATH, not in the working
+    folder, so the nsys given did not run (another on PATH would have, unsaid)."""
+    rep = tmp_path / "trace.nsys-rep"
+    rep.write_bytes(b"\0" * 64)
+    fake = _fake_nsys(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", "kernels", str(rep),
+                           "--nsys-path", given, "--table", "gemm_fraction"], cwd=fake.parent,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (fake.parent / "calls").read_text() == "x"
+
+
 def test_failed_nsys_export_leaves_nothing_to_trust(tmp_path):
     rep = tmp_path / "trace.nsys-rep"
     rep.write_bytes(b"\0" * 64)
