@@ -31,9 +31,9 @@ def model_label(record: dict[str, Any]) -> str:
     model = record.get("model") or {}
     preset = dict(zip(("d_model", "d_ff", "num_layers", "num_heads"), SIZES.get(size, ())))
     preset["vocab_size"] = ModelConfig.vocab_size
-    names = {"d_model": "d_model {}", "d_ff": "d_ff {}", "num_layers": "{} layers",
-             "num_heads": "{} heads", "vocab_size": "vocab {}"}
-    other = [text.format(model[k]) for k, text in names.items()
+    names = {"d_model": "d_model {}", "d_ff": "d_ff {}", "num_layers": "{} layer{}",
+             "num_heads": "{} head{}", "vocab_size": "vocab {}"}
+    other = [text.format(model[k], "" if model[k] == 1 else "s") for k, text in names.items()
              if model.get(k) is not None and model[k] != preset.get(k)]
     return f"{size} ({', '.join(other)})" if other else size
 

@@ -520,6 +520,15 @@ def test_runs_of_one_size_with_other_dims_are_other_configurations(tmp_path):
     assert "run more than once" not in text and "tiny (8 layers, vocab 50000)" in text
 
 
+def test_one_layer_or_head_is_named_in_the_singular():
+    """'capture run --model tiny --num-layers 1' was named "tiny (1 layers)" in the grids."""
+    one = run_record(size="tiny")
+    one["model"].update(num_layers=1, num_heads=1, d_model=64)
+    assert comparisons.model_label(one) == "tiny (1 layer, 1 head)"
+    one["model"].update(num_layers=3, num_heads=2)
+    assert comparisons.model_label(one) == "tiny (3 layers, 2 heads)"
+
+
 def test_profiled_runs_are_their_own_configurations(tmp_path):
     # the same grid plain and under nsys / memory recording (as measured on an H200: the
     # profiled runs are slower): never one cell's median, and speed-ups pair runs profiled alike
