@@ -107,41 +107,42 @@ def test_the_db_registry_is_data_not_sql(tmp_path):
 def test_a_db_in_a_missing_folder_is_named_as_given(tmp_path):
     """--db in a folder that does not exist: one line naming the file the user gave (DuckDB's
     error named the working copy, PATH.partial, a file the user never heard of); nothing made."""
+    db = tmp_path / "no-such-folder" / "x.duckdb"
+    for line in _db_error_lines(db):
+        assert str(db) in line, line
+    assert not db.parent.exists()
+
+
+def _db_error_lines(db: Path) -> list[str]:
+    """The one error line of analyze kernels and of analyze memory with ``--db db`` (exit 2),
+    which never names the working copy (PATH.partial)."""
     import subprocess
     import sys
 
-    db = tmp_path / "no-such-folder" / "x.duckdb"
+    out = []
     for args in (("kernels", str(DATA / "report.sqlite"), "--table", "gemm_fraction"),
                  ("memory", str(DATA / "memory.pickle.xz"))):
         proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", *args, "--db", str(db)],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, proc.stderr
         lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1 and str(db) in lines[0] and ".partial" not in lines[0], lines
-    assert not db.parent.exists()
+        assert len(lines) == 1 and ".partial" not in lines[0], lines
+        out.append(lines[0])
+    return out
 
 
 def test_a_db_in_a_folder_that_takes_no_file_is_named_as_given():
     """--db in a folder where no file can be made (/proc here, as a read-only folder for a user
     who is not root): one line naming the file the user gave, and why (DuckDB's error named the
     working copy, PATH.partial)."""
-    import subprocess
-    import sys
-
     db = Path("/proc/lmprof-test.duckdb")
     if not Path("/proc/self").is_dir():
         import pytest
 
         pytest.skip("no /proc")
-    for args in (("kernels", str(DATA / "report.sqlite"), "--table", "gemm_fraction"),
-                 ("memory", str(DATA / "memory.pickle.xz"))):
-        proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", *args, "--db", str(db)],
-                              capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 2, proc.stderr
-        lines = proc.stderr.strip().splitlines()
+    for line in _db_error_lines(db):
         # (the reason is the system's: no such file as root, permission denied otherwise)
-        assert len(lines) == 1 and ".partial" not in lines[0], lines
-        assert lines[0].startswith(f"error: cannot write --db {str(db)!r}: "), lines
+        assert line.startswith(f"error: cannot write --db {str(db)!r}: "), line
 
 
 def test_an_empty_db_file_is_a_new_database(tmp_path):
