@@ -144,8 +144,8 @@ def categories_png(con: duckdb.DuckDBPyConnection, sid: int, device: int, path: 
     has_time = bool(con.execute("SELECT count(time_us) = count(*) FROM memory_events WHERE "
                                 "snapshot_id = ? AND device = ?", [sid, device]).fetchall()[0][0])
     xlabel, scale = _x_label(has_time)
-    wide = df.pivot_table(index="since_start_us", columns="category", values="bytes",
-                          aggfunc="max").fillna(0).sort_index()
+    wide = df.pivot(index=["seq", "since_start_us"], columns="category",
+                    values="bytes").fillna(0).sort_index().reset_index("seq", drop=True)
     cats = [c for c in CATEGORY_ORDER if c in wide] + [c for c in wide if c not in
                                                         CATEGORY_ORDER]
     fig = Figure(figsize=(11, 4.8))

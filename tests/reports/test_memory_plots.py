@@ -14,6 +14,14 @@ from lmprof.analyze.snapshot import read_snapshot
 from lmprof.reports import memory_plots
 
 OOM = Path(__file__).resolve().parents[1] / "data" / "h200-oom" / "warmup0" / "memory.pickle.xz"
+TRAIN = Path(__file__).resolve().parents[1] / "data" / "h200-lmprof-memory" / "memory.pickle.xz"
+
+
+@pytest.fixture(scope="module")
+def train_con():
+    con = connect()
+    memory.load_memory(con, TRAIN, None)
+    return con
 
 
 @pytest.fixture
@@ -54,13 +62,28 @@ def test_memory_is_level_between_entries(tmp_path, drawn, oom_con, plot):
     assert _slopes(fig.axes[0]) == 0
 
 
-def test_both_plots_of_a_snapshot_span_the_same_time(tmp_path, drawn, oom_con):
+@pytest.mark.parametrize("con", ["oom_con", "train_con"])
+def test_both_plots_of_a_snapshot_span_the_same_time(tmp_path, drawn, con, request):
     """The category plot was left matplotlib's margins (−30 to 624 ms against the timeline's
-    0 to 595): the same moment sat at different places in the two plots."""
-    memory_plots.timeline_png(oom_con, 0, 0, tmp_path / "t.png", "oom")
-    memory_plots.categories_png(oom_con, 0, 0, tmp_path / "c.png", "oom")
+    0 to 595): the same moment sat at different places in the two plots. It then spanned its
+    first and last bucket's highest entries: 0.13 to 167.7 ms of the training trace's 0 to
+    168.8 (a medium one's 0.9 to 273.4 of 281.1, without the last step's end)."""
+    con = request.getfixturevalue(con)
+    memory_plots.timeline_png(con, 0, 0, tmp_path / "t.png", "t")
+    memory_plots.categories_png(con, 0, 0, tmp_path / "c.png", "c")
     timeline, categories = (fig.axes[0].get_xlim() for fig in drawn)
     assert categories == pytest.approx(timeline)
+
+
+def test_categories_end_at_the_level_after_the_last_entry(train_con):
+    """The category plot's last point was its last bucket's highest entry, so what the last
+    entries freed was not drawn (a medium run's plot ended with 40 MiB of activations alive
+    that the table's 'At dump' column shows freed)."""
+    df = memory.category_timeline(train_con, 0, 0)
+    last = df[df["seq"] == df["seq"].max()]
+    (level,) = train_con.execute("SELECT allocated_bytes FROM memory_events WHERE snapshot_id = 0 "
+                                 "AND device = 0 ORDER BY seq DESC LIMIT 1").fetchone()
+    assert last["bytes"].sum() == level
 
 
 def test_the_out_of_memory_mark_at_the_edge_is_drawn_whole(tmp_path, drawn, oom_con):
