@@ -496,3 +496,18 @@ def test_two_combined_tables_have_headings_of_their_own(tmp_path):
     assert len(headings) == len(set(headings)), headings
     combined = [h for h in headings if "runs together" in h]
     assert [h.split("commit ")[-1] for h in combined] == ["7cf511d33c", "0123456789"], combined
+
+
+def test_causal_and_unmasked_rows_of_one_cell_are_drawn_apart(tmp_path, monkeypatch):
+    """Two runs of one setup, one causal and one --no-causal, share a combined table (its shape
+    column says 'not causal'), but the plot drew one line per implementation through both: two
+    points at each sequence length, the line zigzagging between the masked and unmasked rates."""
+    figures = _drawn(monkeypatch)
+    rows = [_row("flash", 1024, 1.0), _row("flash", 4096, 2.0),
+            _row("flash", 1024, 1.8, causal=False), _row("flash", 4096, 3.9, causal=False)]
+    assert section.plot_tflops(rows, tmp_path / "a.png")
+    (fig,) = figures
+    drawn = {ax.get_title(): [list(line.get_xdata()) for line in ax.get_lines()]
+             for ax in fig.axes if ax.get_lines()}
+    assert drawn == {"bfloat16, d_head 64": [[1024, 4096]],
+                     "bfloat16, d_head 64, not causal": [[1024, 4096]]}

@@ -210,8 +210,8 @@ def _impl_colors(impls) -> dict[str, str]:
 
 
 def plot_tflops(rows: list[dict], path) -> bool:
-    """Fwd+bwd TFLOP/s against seq, one panel per (dtype, d), one line per implementation (its
-    colour the same in every panel; one legend, right of the panels, for them all)."""
+    """Fwd+bwd TFLOP/s against seq, one panel per (dtype, d, mask), one line per implementation
+    (its colour the same in every panel; one legend, right of the panels, for them all)."""
     df = pd.DataFrame(rows)
     if df.empty or "e2e_tflops" not in df:
         return False
@@ -226,15 +226,18 @@ def plot_tflops(rows: list[dict], path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = sorted(df.groupby(["dtype", "d"]).groups)
+    # (causal unless said otherwise, as with_shape reads it; unmasked rows count twice the FLOPs)
+    df = df.assign(causal=df["causal"].fillna(True).astype(bool) if "causal" in df else True)
+    panels = sorted(df.groupby(["dtype", "d", "causal"]).groups,
+                    key=lambda p: (p[0], p[1], not p[2]))  # (causal first)
     colors = _impl_colors(df["impl"].unique())
     cols = min(4, len(panels))
     rows_n = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows_n, cols, figsize=(4 * cols + 1.4, 3.2 * rows_n), squeeze=False,
                              layout="constrained")
     handles = {}
-    for ax, (dtype, d) in zip(axes.flat, panels):
-        sub = df[(df["dtype"] == dtype) & (df["d"] == d)]
+    for ax, (dtype, d, causal) in zip(axes.flat, panels):
+        sub = df[(df["dtype"] == dtype) & (df["d"] == d) & (df["causal"] == causal)]
         for impl, g in sub.groupby("impl"):
             g = g.sort_values("seq")
             (line,) = ax.plot(g["seq"], g["e2e_tflops"], marker="o", label=plot_text(impl),
@@ -242,7 +245,7 @@ def plot_tflops(rows: list[dict], path) -> bool:
                               linewidth=2.5 if impl.startswith("flash") else 1.2)
             handles.setdefault(impl, line)
         ax.set_xscale("log", base=2)
-        ax.set_title(plot_text(f"{dtype}, d_head {d}"))
+        ax.set_title(plot_text(f"{dtype}, d_head {d}" + ("" if causal else ", not causal")))
         ax.set_xlabel("sequence length")
         ax.set_ylabel("fwd+bwd TFLOP/s")
         ax.grid(alpha=0.3)
