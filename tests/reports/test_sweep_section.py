@@ -740,3 +740,29 @@ def test_two_precision_runs_on_one_device_are_told_apart(tmp_path):
     headings = re.findall(r"^#+ .*$", text, flags=re.M)
     assert len(headings) == len(set(headings)), headings
     assert sum(f"`{d.name}`" in h for d in dirs for h in headings) == 4, headings
+
+
+def test_context_plot_failure_labels_stay_inside_their_panel(tmp_path, monkeypatch):
+    """A configuration that failed at the longest context: its status was written right of the
+    mark at the panel's right edge, across the frame ('TIMEOUT' out to the figure's edge, the
+    left panel's 'OOM' into the gap between the panels)."""
+    import matplotlib.figure
+    import matplotlib.pyplot as plt
+
+    figures = []
+    real = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **k: (figures.append(fig), real(fig, *a, **k))[1])
+    monkeypatch.setattr(plt, "close", lambda fig=None: None)
+    recs = [run_record(ctx=c, step_s=0.01 * c / 128, status="TIMEOUT" if c == 1024 else "OK")
+            for c in (128, 256, 512, 1024)]
+    recs += [run_record(ctx=c, mode="forward", step_s=0.003 * c / 128,
+                        status="OOM" if c == 1024 else "OK") for c in (128, 256, 512, 1024)]
+    section_text(write_sweep(tmp_path / "s", recs), tmp_path / "r")
+    (fig,) = figures
+    renderer = fig.canvas.get_renderer()
+    labels = [(t.get_text(), t.get_window_extent(renderer), ax.get_window_extent(renderer))
+              for ax in fig.axes for t in ax.texts]
+    assert sorted(text for text, _, _ in labels) == ["OOM", "TIMEOUT"]
+    for text, box, panel in labels:
+        assert panel.x0 <= box.x0 and box.x1 <= panel.x1, text

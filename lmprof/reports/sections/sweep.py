@@ -189,6 +189,7 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
     for ax, (mode, mode_lines) in zip(axes[0], lines.items()):
         plotted = pd.concat([lg for _, lg, _ in mode_lines])
         marks: dict = {}  # failure marks per context so far: stacked downwards from the top
+        last = max(c for _, lg, failed in mode_lines for c in (*lg["context"], *failed))
         for key, lg, failed in mode_lines:
             size, batch, dtype, compiled, attention, warmup, device, nsys, memory = key
             label = f"{size} {dtype}" + (" compiled" if compiled else "") + (
@@ -205,8 +206,10 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
                 marks[c] = marks.get(c, 0) + 1
                 ax.plot([c], [y], transform=ax.get_xaxis_transform(), marker="x", ms=8,
                         mew=2, ls="none", color=line.get_color())
+                # (right of the mark, but left of one at the last context: inside the panel)
                 ax.annotate(plot_text(status), (c, y), xycoords=ax.get_xaxis_transform(),
-                            xytext=(6, -3), textcoords="offset points", fontsize=8,
+                            xytext=(-6 if c == last else 6, -3), textcoords="offset points",
+                            ha="right" if c == last else "left", fontsize=8,
                             color=line.get_color())
         ax.set_xscale("log", base=2)
         contexts = sorted({*plotted["context"], *(c for _, _, f in mode_lines for c in f)})
