@@ -218,3 +218,16 @@ def test_the_memory_plots_are_not_filed_under_a_table(tmp_path):
     blocks = re.split(r"^### .*$", memory, flags=re.M)
     plots = [b for b in blocks if "\n#### " in b]
     assert len(plots) == 1 and not _tables(plots[0]) and plots[0].count("](img/") == 4, plots
+
+
+def test_memory_plots_alt_text_says_what_each_draws(tmp_path):
+    """The memory plots' alt text read 'timeline of <label>' and 'categories of <label>': not
+    what is drawn (allocated and reserved MiB over time; allocated MiB stacked by category)."""
+    md = _report([str(MEMORY)], tmp_path / "rep")
+    alts = dict((link.rsplit("_", 1)[1], alt) for alt, link in
+                re.findall(r"!\[([^\]]*)\]\((img/memory[^)]+)\.png\)", md))
+    assert alts == {
+        "timeline": "allocated and reserved memory (MiB) over time, phases shaded, of small "
+                    "ctx256 train fp32",
+        "categories": "allocated memory (MiB) by inferred category over time, phases shaded, of "
+                      "small ctx256 train fp32"}

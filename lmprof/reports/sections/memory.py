@@ -85,11 +85,14 @@ def section(ctx: ReportContext) -> str | None:
         slug = f"memory_{sid}_dev{device}"
         title = f"{label} — cuda:{device}"
         links = []
-        for kind, fn in (("timeline", timeline_png), ("categories", categories_png)):
+        for kind, fn, shows in (
+                ("timeline", timeline_png, "allocated and reserved memory (MiB) over time"),
+                ("categories", categories_png,
+                 "allocated memory (MiB) by inferred category over time")):
             link = ctx.image(f"{slug}_{kind}.png", lambda path: fn(con, sid, device, path, title))
             if link:
                 alt = md_text(label).replace("[", "\\[").replace("]", "\\]")  # (a file name's)
-                links.append(f"![{kind} of {alt}]({link})")
+                links.append(f"![{shows}, phases shaded, of {alt}]({link})")
         if links:
             plots += [f"#### {md_text(label)} (cuda:{device})", "", *links, ""]
     if plots:
