@@ -511,3 +511,12 @@ def test_causal_and_unmasked_rows_of_one_cell_are_drawn_apart(tmp_path, monkeypa
              for ax in fig.axes if ax.get_lines()}
     assert drawn == {"bfloat16, d_head 64": [[1024, 4096]],
                      "bfloat16, d_head 64, not causal": [[1024, 4096]]}
+
+
+def test_part_c_plot_says_how_its_rates_follow_from_the_tables_times(tmp_path):
+    """The part c table gives ms, its plot TFLOP/s, and nothing said which FLOPs: the plot's
+    numbers could not be read against the table's (the mask halves them)."""
+    text = _report_of(tmp_path, _results())
+    after = text.split("](img/attention_tflops_0.png)\n\n", 1)[1].split("\n\n", 1)[0]
+    assert "forward 4·B·H·T²·d, halved under the causal mask; backward 2.5× forward" in after
+    assert "Fwd+bwd (ms)" not in after and "fwd+bwd time" in after

@@ -209,6 +209,13 @@ def _impl_colors(impls) -> dict[str, str]:
     return {impl: _IMPL_COLORS.get(impl) or next(free, "C7") for impl in sorted(impls)}
 
 
+# under each plot_tflops image: the table beside it gives times, the plot rates
+_PLOT_NOTE = ("Fwd+bwd TFLOP/s of each implementation against sequence length, one panel per "
+              "dtype, d_head and mask: the attention's matmul FLOPs (forward 4·B·H·T²·d, "
+              "halved under the causal mask; backward 2.5× forward) over its fwd+bwd time in "
+              "the table.")
+
+
 def plot_tflops(rows: list[dict], path) -> bool:
     """Fwd+bwd TFLOP/s against seq, one panel per (dtype, d, mask), one line per implementation
     (its colour the same in every panel; one legend, right of the panels, for them all)."""
@@ -328,7 +335,8 @@ def _combined_body(ctx: ReportContext, runs: list[tuple[dict, dict]]) -> list[st
                 escaped(table).to_markdown(index=False, disable_numparse=True)]
         link = ctx.image(f"attention_tflops_combined_{i}.png", lambda path: plot_tflops(rows, path))
         if link:
-            body.append(f"![fwd+bwd TFLOP/s against sequence length, all runs]({link})")
+            body += [f"![fwd+bwd TFLOP/s against sequence length, all runs]({link})",
+                     _PLOT_NOTE]
         bodies.append("\n\n".join(body))
     return bodies
 
@@ -398,7 +406,7 @@ def section(ctx: ReportContext) -> str | None:
             link = ctx.image(f"attention_tflops_{len(read) - 1}.png",
                              lambda path: plot_tflops(results["part_c"], path))
             if link:
-                body.append(f"![fwd+bwd TFLOP/s against sequence length]({link})")
+                body += [f"![fwd+bwd TFLOP/s against sequence length]({link})", _PLOT_NOTE]
         bodies.append("\n\n".join(body))
     bodies += _combined_body(ctx, read)
     return "\n\n".join(bodies) if bodies else None
