@@ -79,8 +79,11 @@ def timeline_png(con: duckdb.DuckDBPyConnection, sid: int, device: int, path: Pa
         px = (peak_at if has_time else max(peak_seq, 0)) * scale
         where = plot_text(phase) + (f", step {step}" if step is not None else "")
         ax.plot([px], [peak_bytes / MIB], marker="v", color="#e15759", ms=9, zorder=5)
+        left = px > (xs[0] + xs[-1]) / 2  # (in the right half, the label left of the mark:
+        # written rightwards from a peak near the right edge, it ran out of the axes)
         ax.annotate(f"peak {peak_bytes / MIB:,.1f} MiB ({where})", (px, peak_bytes / MIB),
-                    xytext=(8, 6), textcoords="offset points", color="#b0303a", fontsize=9)
+                    xytext=(-8 if left else 8, 6), textcoords="offset points",
+                    ha="right" if left else "left", color="#b0303a", fontsize=9)
     _mark_ooms(ax, con, sid, device, has_time, scale)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("MiB")
