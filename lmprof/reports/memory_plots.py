@@ -79,11 +79,14 @@ def timeline_png(con: duckdb.DuckDBPyConnection, sid: int, device: int, path: Pa
         px = (peak_at if has_time else max(peak_seq, 0)) * scale
         where = plot_text(phase) + (f", step {step}" if step is not None else "")
         ax.plot([px], [peak_bytes / MIB], marker="v", color="#e15759", ms=9, zorder=5)
-        left = px > (xs[0] + xs[-1]) / 2  # (in the right half, the label left of the mark:
-        # written rightwards from a peak near the right edge, it ran out of the axes)
+        # the label left of the mark in the right half (written rightwards from a peak near the
+        # right edge, it ran out of the axes), on white (the reserved line, often just above
+        # the peak, crossed it)
+        left = px > (xs[0] + xs[-1]) / 2
         ax.annotate(f"peak {peak_bytes / MIB:,.1f} MiB ({where})", (px, peak_bytes / MIB),
                     xytext=(-8 if left else 8, 6), textcoords="offset points",
-                    ha="right" if left else "left", color="#b0303a", fontsize=9)
+                    ha="right" if left else "left", color="#b0303a", fontsize=9,
+                    bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
     _mark_ooms(ax, con, sid, device, has_time, scale)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("MiB")
