@@ -227,7 +227,6 @@ def test_memory_plots_alt_text_says_what_each_draws(tmp_path):
     alts = dict((link.rsplit("_", 1)[1], alt) for alt, link in
                 re.findall(r"!\[([^\]]*)\]\((img/memory[^)]+)\.png\)", md))
     assert alts == {
-        "timeline": "allocated and reserved memory (MiB) over time, phases shaded, of small "
-                    "ctx256 train fp32",
-        "categories": "allocated memory (MiB) by inferred category over time, phases shaded, of "
-                      "small ctx256 train fp32"}
+        "timeline": "allocated and reserved memory (MiB) over time of small ctx256 train fp32",
+        "categories": "allocated memory (MiB) by inferred category over time of small ctx256 "
+                      "train fp32"}

@@ -92,7 +92,7 @@ def section(ctx: ReportContext) -> str | None:
             link = ctx.image(f"{slug}_{kind}.png", lambda path: fn(con, sid, device, path, title))
             if link:
                 alt = md_text(label).replace("[", "\\[").replace("]", "\\]")  # (a file name's)
-                links.append(f"![{shows}, phases shaded, of {alt}]({link})")
+                links.append(f"![{shows} of {alt}]({link})")
         if links:
             plots += [f"#### {md_text(label)} (cuda:{device})", "", *links, ""]
     if plots:
