@@ -520,3 +520,21 @@ def test_part_c_plot_says_how_its_rates_follow_from_the_tables_times(tmp_path):
     after = text.split("](img/attention_tflops_0.png)\n\n", 1)[1].split("\n\n", 1)[0]
     assert "forward 4·B·H·T²·d, halved under the causal mask; backward 2.5× forward" in after
     assert "Fwd+bwd (ms)" not in after and "fwd+bwd time" in after
+
+
+def test_part_a_caption_says_memory_is_measured_on_cuda_only():
+    """A CPU (or MPS) run records no memory (CUDA's allocator counters only): its caption said
+    "memory allocated after the forward, before the backward" above a blank column, as if it
+    had been measured; it names the counter, and says a run off CUDA has none."""
+    results = _results()
+    text = section.render_tables(results)
+    assert "`torch.cuda.memory_allocated` after the forward, before the backward" in text
+    assert "CUDA only" not in text
+    for row in results["part_a"]:
+        row.pop("mem_before_backward_bytes", None)
+    for env in ({"device": "cpu", "torch": "2.13"},
+                {"device": "mps", "gpu_name": "Apple MPS", "torch": "2.13"}):
+        results["environment"] = env
+        text = section.render_tables(results)
+        assert "memory allocated after the forward" not in text
+        assert f"no memory figures: they are measured on CUDA only ({env['device']} run)" in text

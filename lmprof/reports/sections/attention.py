@@ -142,12 +142,24 @@ def with_shape(rows: list[dict]) -> list[dict]:
                              + ("" if row.get("causal", True) else ", not causal")} for row in rows]
 
 
+def _on_cuda(env: dict[str, Any]) -> bool:
+    # (an MPS run names its GPU too; a results file without "device" is a CUDA one by its GPU)
+    return env.get("device", "cuda" if env.get("gpu_name") else None) == "cuda"
+
+
 def _timer(env: dict[str, Any]) -> str:
     """How parts b and c were timed (``capture.attention.bench_ms``): do_bench on CUDA."""
-    # (an MPS run names its GPU too; a results file without "device" is a CUDA one by its GPU)
-    if env.get("device", "cuda" if env.get("gpu_name") else None) == "cuda":
+    if _on_cuda(env):
         return "`triton.testing.do_bench` medians"
     return "medians of 3 timed calls after an untimed one (do_bench needs CUDA)"
+
+
+def _part_a_memory(env: dict[str, Any]) -> str:
+    """What part a's memory column holds (``capture.attention.run_cs336_cell``): CUDA's
+    allocator counter, which other devices do not have."""
+    if _on_cuda(env):
+        return "memory: `torch.cuda.memory_allocated` after the forward, before the backward."
+    return f"no memory figures: they are measured on CUDA only ({env.get('device')} run)."
 
 
 def _part_a_setup(rows: list[dict]) -> str:
@@ -182,7 +194,7 @@ def render_tables(results: dict[str, Any], run: str = "") -> str:
     if results.get("part_a"):
         parts += [f"### CS336 attention benchmark (part a){of}",
                   f"{_part_a_setup(results['part_a'])} Mean of the timed passes, each between "
-                  "two synchronizations; memory allocated after the forward, before the backward.",
+                  f"two synchronizations; {_part_a_memory(env)}",
                   formatted_markdown(part_a_table(results["part_a"]))]
     if results.get("part_b"):
         best = results.get("leaderboard_best_ms")
