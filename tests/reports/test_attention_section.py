@@ -538,3 +538,18 @@ def test_part_a_caption_says_memory_is_measured_on_cuda_only():
         text = section.render_tables(results)
         assert "memory allocated after the forward" not in text
         assert f"no memory figures: they are measured on CUDA only ({env['device']} run)" in text
+
+
+def test_the_table_of_runs_together_aligns_numbers_as_each_runs_table(tmp_path):
+    """The part c table of several runs printed every column left-aligned (its numbers as
+    text), where each run's own table of the same rows right-aligns d, Seq and the times."""
+    text = report.build([str(d) for d in _runs(tmp_path)], tmp_path / "report").read_text()
+    combined = text[text.index("2 runs together"):]
+    header = next(line for line in combined.splitlines() if line.startswith("| Dtype"))
+    rule = combined.splitlines()[combined.splitlines().index(header) + 1]
+    aligns = dict(zip((c.strip() for c in header.strip("|").split("|")),
+                      (c.strip() for c in rule.strip("|").split("|"))))
+    for column in ("d", "Seq", "flash (ms)", "sdpa-cudnn (ms)"):
+        assert aligns[column].endswith(":") and not aligns[column].startswith(":"), column
+    assert aligns["Dtype"].startswith(":") and aligns["Runs"].startswith(":")
+    assert "| bfloat16 |  32 |   256 |" in combined  # the text as written, right-aligned

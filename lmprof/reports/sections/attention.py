@@ -15,8 +15,7 @@ import pandas as pd
 
 from lmprof import rundir
 from lmprof.errors import UserError
-from lmprof.render import (escaped, formatted_markdown, md_code, md_text, plot_text,
-                           ratio_text)
+from lmprof.render import formatted_markdown, md_code, md_text, plot_text, ratio_text
 from lmprof.reports.report import ReportContext
 
 SDPA_PREFIX = "sdpa-"
@@ -344,7 +343,7 @@ def _combined_body(ctx: ReportContext, runs: list[tuple[dict, dict]]) -> list[st
                 "(a cell's implementations may come from different runs, named in Runs by their last "
                 "id part; where two runs timed the same cell and implementation, the later one)."
                 + caveat,
-                escaped(table).to_markdown(index=False, disable_numparse=True)]
+                formatted_markdown(table)]
         link = ctx.image(f"attention_tflops_combined_{i}.png", lambda path: plot_tflops(rows, path))
         if link:
             body += [f"![fwd+bwd TFLOP/s against sequence length, all runs]({link})",
