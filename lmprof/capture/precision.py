@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -112,7 +113,12 @@ def autocast_dtypes(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
                               (model.ln, "LayerNorm output"), (model.fc2, "logits (fc2 output)"))
     ]
     try:
-        with torch.autocast(device.type, dtype=dtype):
+        # (for a dtype the device does not take, torch.autocast warns "... Disabling autocast"
+        # and the model runs in fp32, which would read as that autocast's answer: an error here)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*Disabling autocast")
+            autocast = torch.autocast(device.type, dtype=dtype)
+        with autocast:
             for name, p in model.named_parameters():
                 rows[f"parameter {name}"] = _dtype(p)
             logits = model(x)

@@ -46,6 +46,16 @@ def test_autocast_dtypes_on_cpu_are_recorded():
     assert (fp16["error"] is None and fp16["rows"]["fc1 output"] == "float16") or fp16["error"]
 
 
+
+def test_an_autocast_dtype_the_device_turns_off_is_an_error_not_a_row_of_float32():
+    """torch.autocast given a dtype its device does not take warns "Disabling autocast" and runs
+    the model without it (fp16 and bf16 on MPS in some torch releases, bf16 below macOS 14):
+    the table said every tensor was float32 under that autocast, as if that were the device's
+    answer. Here a dtype CPU autocast refuses today (float64) takes the same path."""
+    res = precision.autocast_dtypes(torch.device("cpu"), torch.float64)
+    assert res["error"] and "Disabling autocast" in res["error"]
+    assert "fc1 output" not in res["rows"]
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_autocast_dtypes_on_cuda():
