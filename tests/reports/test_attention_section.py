@@ -553,3 +553,20 @@ def test_the_table_of_runs_together_aligns_numbers_as_each_runs_table(tmp_path):
         assert aligns[column].endswith(":") and not aligns[column].startswith(":"), column
     assert aligns["Dtype"].startswith(":") and aligns["Runs"].startswith(":")
     assert "| bfloat16 |  32 |   256 |" in combined  # the text as written, right-aligned
+
+
+def test_a_cpu_runs_flash_times_are_said_to_be_the_interpreters():
+    """On CPU the Triton kernels run only in Triton's interpreter (TRITON_INTERPRET=1): their
+    times (flash at ~0.001x SDPA) are the emulation's, which each part's caption now says; a
+    CUDA run's, or a CPU run without flash rows, says nothing of it."""
+    results = _results()
+    assert "interpreter" not in section.render_tables(results)
+    results["environment"] = {"device": "cpu", "torch": "2.13"}
+    text = section.render_tables(results)
+    captions = [p for p in text.split("\n\n") if p.startswith(("Forward + backward", "Mean of",
+                                                                "Batch", "`o"))
+                or "Mean of the timed passes" in p or "in ms;" in p]
+    assert len(captions) == 3 and all("Triton's interpreter" in c for c in captions), captions
+    for part in ("part_a", "part_b", "part_c"):
+        results[part] = [r for r in results[part] if r["impl"] != "flash"]
+    assert "interpreter" not in section.render_tables(results)

@@ -153,6 +153,15 @@ def _timer(env: dict[str, Any]) -> str:
     return "medians of 3 timed calls after an untimed one (do_bench needs CUDA)"
 
 
+def _interpreted(env: dict[str, Any], rows: list[dict]) -> str:
+    """A caption's last words where its flash rows ran on CPU, where the Triton kernels run
+    only in Triton's interpreter (``capture attention`` needs TRITON_INTERPRET=1 there)."""
+    if env.get("device") != "cpu" or not any(r.get("impl") == "flash" for r in rows):
+        return ""
+    return (" On CPU flash runs in Triton's interpreter (TRITON_INTERPRET=1): its times are the "
+            "interpreter's, not a kernel's.")
+
+
 def _part_a_memory(env: dict[str, Any]) -> str:
     """What part a's memory column holds (``capture.attention.run_cs336_cell``): CUDA's
     allocator counter, which other devices do not have."""
@@ -193,18 +202,21 @@ def render_tables(results: dict[str, Any], run: str = "") -> str:
     if results.get("part_a"):
         parts += [f"### CS336 attention benchmark (part a){of}",
                   f"{_part_a_setup(results['part_a'])} Mean of the timed passes, each between "
-                  f"two synchronizations; {_part_a_memory(env)}",
+                  f"two synchronizations; {_part_a_memory(env)}"
+                  + _interpreted(env, results["part_a"]),
                   formatted_markdown(part_a_table(results["part_a"]))]
     if results.get("part_b"):
         best = results.get("leaderboard_best_ms")
         parts += [f"### Leaderboard configuration (part b){of}",
                   f"{_part_b_call(results['part_b'], _timer(env))} "
-                  f"Published best of the CS336 leaderboard: {best} ms (one H100).",
+                  f"Published best of the CS336 leaderboard: {best} ms (one H100)."
+                  + _interpreted(env, results["part_b"]),
                   formatted_markdown(part_b_table(results["part_b"], mm))]
     if results.get("part_c"):
         parts += [f"### Sweep against SDPA (part c){of}",
                   f"Forward + backward (`o.sum().backward()`), {_timer(env)}, in ms; "
-                  "batch·seq = 16384 tokens and heads·d = 2048 unless overridden.",
+                  "batch·seq = 16384 tokens and heads·d = 2048 unless overridden."
+                  + _interpreted(env, results["part_c"]),
                   formatted_markdown(part_c_table(with_shape(results["part_c"]),
                                                   keys=("dtype", "d", "seq", "shape")))]
     return "\n\n".join(parts) + "\n"
