@@ -112,8 +112,8 @@ def resolve(arg: str, run_dir: str | None = None) -> SnapshotRef:
     p = Path(arg)
     if rundir.names_run(p):
         if run_dir:
-            raise UserError(f"--run pairs a raw snapshot file with a run.json; {arg!r} is a run "
-                            "(or a folder of runs), which brings its own")
+            raise UserError(f"--run pairs a raw snapshot file with a run.json; {str(arg)!r} is a "
+                            "run (or a folder of runs), which brings its own")
         record = rundir.load_run(p)
         snap = run_snapshot(record)
         if snap is None:

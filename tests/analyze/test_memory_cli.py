@@ -473,3 +473,13 @@ def test_the_peak_table_gives_the_reserved_peak_its_own_time():
     assert row["peak_reserved_bytes"] == peak
     assert row["reserved_peak_at_us"] == at == 111658
     assert row["peak_at_us"] == 35532
+
+
+def test_run_beside_a_folder_of_runs_names_the_run_as_a_path():
+    """--run with a folder of runs (a run of it stands in its place): the error said
+    "PosixPath('.../warmup0') is a run", Python's repr of the path, not the path."""
+    runs = ROOT / "tests" / "data" / "h200-oom"
+    proc = _run(runs, "--run", runs / "warmup0")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "--run pairs a raw snapshot file" in proc.stderr
+    assert "PosixPath" not in proc.stderr and repr(str(runs / "warmup0")) in proc.stderr
