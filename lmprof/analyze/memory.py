@@ -657,6 +657,10 @@ def compare(con) -> pd.DataFrame:
     return df.drop(columns="snapshot_id")
 
 
+_PHASE_PEAKS = ("forward_peak_bytes", "inference_peak_bytes", "backward_peak_bytes",
+                "optimizer_peak_bytes")  # (compare's per-phase columns)
+
+
 # Run settings besides size and context that change a model's memory: a row of
 # peak_by_context per value where the snapshots differ in them.
 _MEMORY_CONFIG = ("batch_size", "attention", "compile")
@@ -784,6 +788,8 @@ def tables(con: duckdb.DuckDBPyConnection, top: int = 10) -> tuple[dict[str, pd.
         by_context = peak_by_context(cmp)
         if (cmp["status"].isna() | cmp["status"].eq("OK")).all():
             cmp = cmp.drop(columns="status")  # (every run ended well: nothing to tell)
+        # a phase no snapshot has (inference among training runs): no column of empty cells
+        cmp = cmp.drop(columns=[c for c in _PHASE_PEAKS if cmp[c].isna().all()])
         out["memory_compare"] = cmp
         add_if_any("memory_peak_by_context", by_context, (
             "Peak allocated memory, one column per mode and dtype; a row per size and "

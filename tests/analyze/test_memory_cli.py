@@ -483,3 +483,21 @@ def test_run_beside_a_folder_of_runs_names_the_run_as_a_path():
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "--run pairs a raw snapshot file" in proc.stderr
     assert "PosixPath" not in proc.stderr and repr(str(runs / "warmup0")) in proc.stderr
+
+
+def test_compare_shows_only_the_phases_the_snapshots_have(tmp_path):
+    """Training runs compared: the table had an 'Inference peak (MiB)' column empty in every
+    row (markdown left-aligned it as text); a forward run among them brings it back."""
+    data = ROOT / "tests" / "data"
+    proc = _run(data / "h200-naive-vs-flash", "--format", "csv", "--out", tmp_path / "train")
+    assert proc.returncode == 0, proc.stderr
+    header = (tmp_path / "train" / "memory_compare.csv").read_text().splitlines()[0].split(",")
+    assert [c for c in header if c.endswith("_peak_bytes") and c != "peak_allocated_bytes"] == [
+        "forward_peak_bytes", "backward_peak_bytes", "optimizer_peak_bytes"]
+    proc = _run(data / "h200-naive-vs-flash", data / "h200-compiled" / "forward", "--format",
+                "json")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["memory_compare"]
+    assert [r["inference_peak_bytes"] is not None for r in rows].count(True) == 1
+    md = _run(data / "h200-naive-vs-flash").stdout.split("## memory compare")[1]
+    assert "Inference peak" not in md.split("\n## ")[0] and "Backward peak (MiB)" in md
