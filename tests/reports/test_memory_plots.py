@@ -15,6 +15,8 @@ from lmprof.reports import memory_plots
 
 OOM = Path(__file__).resolve().parents[1] / "data" / "h200-oom" / "warmup0" / "memory.pickle.xz"
 TRAIN = Path(__file__).resolve().parents[1] / "data" / "h200-lmprof-memory" / "memory.pickle.xz"
+MEDIUM = (Path(__file__).resolve().parents[1] / "data" / "h200-lmprof-memory-medium"
+          / "memory.pickle.xz")
 INFERENCE = (Path(__file__).resolve().parents[1] / "data" / "h200-compiled" / "forward"
              / "memory.pickle.xz")
 
@@ -133,3 +135,23 @@ def test_the_peak_label_near_the_right_edge_stays_inside_the_plot(tmp_path, draw
     (label,) = [t for t in ax.texts if t.get_text().startswith("peak ")]
     box, inside = label.get_window_extent(renderer), ax.get_window_extent(renderer)
     assert inside.x0 <= box.x0 and box.x1 <= inside.x1
+
+
+def test_each_bucket_samples_the_first_entry_at_its_highest_level():
+    """Entries of one bucket at the same highest level (a free and an alloc of one size) are a
+    tie that arg_max settled by thread timing: the category plot of the medium H200 run came
+    out in several versions (4 in 10 calls). The sample is the tie's first entry, every time."""
+    con = connect()
+    memory.load_memory(con, MEDIUM, None)
+    events = con.execute("SELECT seq, allocated_bytes FROM memory_events "
+                         "WHERE snapshot_id = 0 AND device = 0 ORDER BY seq").fetchall()
+    width = max(1, -(-len(events) // 2000))  # (the plot's 2000 buckets)
+    first_high: dict[int, tuple[int, int]] = {}
+    for seq, level in events:  # (seq order: a level equal to the best keeps the earlier entry)
+        b = seq // width
+        if b not in first_high or level > first_high[b][1]:
+            first_high[b] = (seq, level)
+    last = {seq // width: seq for seq, _ in events}
+    expected = {seq for seq, _ in first_high.values()} | set(last.values()) | {events[0][0]}
+    for _ in range(8):
+        assert set(memory.category_timeline(con, 0, 0)["seq"]) == expected

@@ -20,7 +20,9 @@ span AS (
 ),
 points AS (
     SELECT seq // greatest(1, ceil(n / $buckets))::BIGINT AS bucket,
-        arg_max(seq, allocated_bytes) AS high_seq, max(seq) AS last_seq
+        -- (the first entry at the highest level: ties, a free and an alloc of one size, went
+        -- to whichever thread saw them first, and the plot changed from run to run)
+        arg_min(seq, (-allocated_bytes, seq)) AS high_seq, max(seq) AS last_seq
     FROM ev, span GROUP BY bucket
 ),
 sampled AS (
