@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import os
 import sys
 import warnings
-from typing import Callable, Iterator, TypeVar
+from typing import Iterator
 
 import click
 
@@ -23,8 +22,6 @@ with warnings.catch_warnings():  # deprecated as public API in newer clicks, to 
         from click.utils import PacifyFlushWrapper
     except ImportError:  # (click 9: the check below then never matches, and exit 1 stays)
         PacifyFlushWrapper = None
-
-F = TypeVar("F", bound=Callable)
 
 EXIT_USAGE = 2
 
@@ -153,16 +150,3 @@ def _duckdb_error(exc: BaseException, *names: str) -> bool:
 def _first_line(exc: BaseException) -> str:
     """The error's first line (not the SQL DuckDB quotes after it), at most 200 characters."""
     return (str(exc).strip().splitlines() or [""])[0][:200]
-
-
-def user_errors(fn: F) -> F:
-    """Decorator for library entry points: re-raise OSError about a user path as UserError."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (FileNotFoundError, IsADirectoryError, PermissionError, NotADirectoryError) as exc:
-            raise UserError(f"{exc.strerror}: {exc.filename}") from None
-
-    return wrapper  # type: ignore[return-value]
