@@ -393,7 +393,7 @@ def _infer_windows(flat: Flat) -> list[tuple]:
     runs = [(int(codes[s]), int(s), int(e)) for s, e in bounds]
     allocs = np.r_[0, np.cumsum(np.asarray(t["action"], dtype=object)[sel] == "alloc")]
     windows, step, step_start, step_end = [], -1, None, None
-    fwd, bwd, opt = (_KIND_CODE[k] for k in ("forward", "backward", "optimizer"))
+    fwd, bwd = _KIND_CODE["forward"], _KIND_CODE["backward"]
 
     def close_step():
         if step_start is not None:
