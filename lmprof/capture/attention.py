@@ -273,7 +273,7 @@ def _environment(device: torch.device) -> dict[str, Any]:
     return env
 
 
-def _check_options(parts, impls, ds, seqs, dtypes, iters, warmup, batch, heads) -> None:
+def _check_options(impls, ds, seqs, dtypes, iters, warmup, batch, heads) -> None:
     for name, values in (("--d", ds), ("--seq", seqs)):
         if any(x <= 0 for x in values):
             raise UserError(f"{name} values must be positive")
@@ -343,7 +343,7 @@ def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, w
     # each value once, in the order given (as --part): a repeated one timed the same cells twice
     parts = tuple(dict.fromkeys(parts or ("a", "b", "c")))
     impls, seqs, ds, dtypes = (tuple(dict.fromkeys(v)) for v in (impls, seqs, ds, dtypes))
-    _check_options(parts, impls, ds, seqs, dtypes, iters, warmup, batch, heads)
+    _check_options(impls, ds, seqs, dtypes, iters, warmup, batch, heads)
     # (an option of a part not run was ignored: do_bench times parts b and c its own way)
     given = click.get_current_context().get_parameter_source
     for name in ("iters", "warmup"):
