@@ -192,12 +192,10 @@ def peak_memory_grid(df: pd.DataFrame) -> pd.DataFrame:
     return _grid(df, MEMORY_KEYS, "peak_allocated_bytes")
 
 
-def gemm_fraction_by_phase(sqlite: str | Path, options: Any = None,
-                           record: dict[str, Any] | None = None) -> dict[str, float] | None:
+def gemm_fraction_by_phase(sqlite: str | Path) -> dict[str, float] | None:
     """GEMM share of GPU kernel time (percent) per phase of one nsys SQLite export, from the
-    kernel analysis with ``options`` (``trace.Options``, the report's range options; None: the
-    defaults) and the run.json of its run (None: the one beside it, if any); None when the
-    export cannot be read (the GPU kernels section says why)."""
+    kernel analysis with the default range options and the run.json beside it, if any; None
+    when the export cannot be read (the GPU kernels section says why)."""
     from lmprof.analyze import kernels, trace
     from lmprof.analyze.db import connect
     from lmprof.errors import UserError
@@ -205,7 +203,7 @@ def gemm_fraction_by_phase(sqlite: str | Path, options: Any = None,
     con = connect()
     try:  # (a damaged export's numbers that overflow: a UserError too)
         return gemm_shares(kernels.gemm_fraction(
-            trace.prepare(con, Path(sqlite), options or trace.Options(), record=record)))
+            trace.prepare(con, Path(sqlite), trace.Options())))
     except UserError:
         return None
     finally:

@@ -480,7 +480,7 @@ def test_gemm_grid_keeps_configurations_apart(tmp_path, monkeypatch):
     root = write_sweep(tmp_path / "s", recs)
     share = {"naive": 80.0, "flash": 90.0}
 
-    def fake(sqlite, options=None, record=None):
+    def fake(sqlite):
         attention = "flash" if "flash" in str(sqlite) else "naive"
         return {"forward": share[attention]}
 
