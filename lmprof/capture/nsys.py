@@ -52,14 +52,13 @@ def exit_with_owner() -> None:
     threading.Thread(target=watch, name="lmprof-nsys-owner", daemon=True).start()
 
 
-def profile_command(nsys: str, run_dir: Path, child_argv: list[str], extra: str | None,
-                    cudnn: bool = True) -> list[str]:
-    trace = "cuda,nvtx,cublas" + (",cudnn" if cudnn else "")
+def profile_command(nsys: str, run_dir: Path, child_argv: list[str], extra: str | None
+                    ) -> list[str]:
     cmd = [
         nsys, "profile",
         f"--output={run_dir / REPORT_BASENAME}",
         "--force-overwrite=true",
-        f"--trace={trace}",
+        "--trace=cuda,nvtx,cublas,cudnn",
         "--sample=none",
         "--cpuctxsw=none",
         "--capture-range=cudaProfilerApi",
