@@ -80,8 +80,14 @@ MAX_CELLS = 10_000
 class Cell:
     index: int  # position in the full plan
     spec: RunSpec
-    config_hash: str
-    name: str
+
+    @functools.cached_property
+    def config_hash(self) -> str:
+        return sweepdir.config_hash(self.spec.to_dict())
+
+    @functools.cached_property
+    def name(self) -> str:
+        return f"{cell_label(self.spec)}-{self.config_hash[:8]}"
 
 
 @dataclass(frozen=True)
@@ -93,12 +99,8 @@ class Grid:
 
     def cells(self) -> list[Cell]:
         names = list(self.axes)
-        cells = []
-        for i, values in enumerate(itertools.product(*self.axes.values())):
-            spec = RunSpec(**self.fixed, **dict(zip(names, values)))
-            digest = sweepdir.config_hash(spec.to_dict())
-            cells.append(Cell(i, spec, digest, f"{cell_label(spec)}-{digest[:8]}"))
-        return cells
+        return [Cell(i, RunSpec(**self.fixed, **dict(zip(names, values))))
+                for i, values in enumerate(itertools.product(*self.axes.values()))]
 
     @functools.cached_property
     def grid_hash(self) -> str:
