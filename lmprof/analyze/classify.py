@@ -41,15 +41,13 @@ The order, and why:
                     layout transposes, activations, RNG.
 12. other         — everything else (``Kernel2`` alone, sort/top-k, MoE routing, unknown).
 
-Speed: ``classify`` is called once per *distinct* name (a report has tens to a few thousand) and
-``classify_many`` memoises, so cost is negligible; the regexes are compiled once at import.
+Speed: ``classify`` is called once per *distinct* name (a report has tens to a few thousand), so
+cost is negligible; the regexes are compiled once at import.
 """
 
 from __future__ import annotations
 
 import re
-from functools import lru_cache
-from typing import Iterable
 
 KERNEL_CLASSES: tuple[str, ...] = (
     "gemm",
@@ -209,10 +207,3 @@ def classify(name: str) -> str:
             return cls
     return "other"
 
-
-_classify_cached = lru_cache(maxsize=65536)(classify)
-
-
-def classify_many(names: Iterable[str]) -> list[str]:
-    """``classify`` over many names, memoised (reports repeat names many times)."""
-    return [_classify_cached(name) for name in names]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lmprof.analyze.classify import KERNEL_CLASSES, RULES, classify, classify_many
+from lmprof.analyze.classify import KERNEL_CLASSES, RULES, classify
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "kernel_names"
 
@@ -126,8 +126,3 @@ def test_edge_cases(name, expected):
 @pytest.mark.parametrize("name", ["", "   ", "my_custom_kernel", "Kernel", "foo(int)", "cub::DeviceRadixSortOnesweepKernel"])
 def test_unknown_is_other(name):
     assert classify(name) == "other"
-
-
-def test_classify_many_matches_classify():
-    names = [name for name, _ in FIXTURE] * 3
-    assert classify_many(names) == [classify(name) for name in names]
