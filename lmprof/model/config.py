@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from lmprof.errors import UserError
 
@@ -60,9 +60,6 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-    def with_(self, **changes) -> "ModelConfig":
-        return replace(self, **changes)
 
 
 def config_for(
