@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import duckdb
 
@@ -533,11 +533,27 @@ def size_context(trace: Trace) -> dict[str, Any]:
     return {"run": trace.label, "size": c.get("size"), "context_length": c.get("context_length")}
 
 
+def gemm_row(trace: Trace, pct: dict[str, Any]) -> dict[str, Any]:
+    """A run's gemm_fraction_by_run row from its gemm_fraction (phase -> GEMM %; NaN: none)."""
+    return {**size_context(trace), **{f"{p}_gemm_pct": float("nan") if pct.get(p) is None
+                                      else pct[p] for p in GEMM_PHASES}}
+
+
+def attention_rows(trace: Trace, rows: Iterable[Any]) -> list[dict[str, Any]]:
+    """A run's softmax_vs_matmul_by_run rows: the forward and inference rows of its
+    softmax_vs_matmul (each row by column name), the ``ATTN_COLUMNS`` kept (NaN: none)."""
+    return [{**size_context(trace), "phase": r["phase"],
+             **{k: float("nan") if r[k] is None else r[k] for k in ATTN_COLUMNS}}
+            for r in rows if r["phase"] in ("forward", "inference")]
+
+
 def _column(table: Any, name: str) -> list:
     i = table.columns.index(name)
     return [row[i] for row in table.rows]
 
 
+# the phases of gemm_fraction_by_run, in its column order
+GEMM_PHASES = ("inference", "forward", "backward", "optimizer", "step")
 # softmax_vs_matmul's columns that the cross-run table keeps
 ATTN_COLUMNS = ("softmax_ns", "matmul_ns", "matmul_gemm_ns", "time_ratio", "flop_ratio",
                  "softmax_tflops", "matmul_tflops")
@@ -557,26 +573,17 @@ def cross_run(traces: list[Trace]) -> dict[str, Any] | None:
     (Tables; None where only pandas would print them as ``lmprof.analyze.kernels.cross_run``)."""
     from lmprof.render import Table
 
-    nan = float("nan")
     gemm_rows, attn_rows = [], []
     for tr in traces:
         g = Table.fetch(gemm_fraction(tr))
         if not isinstance(g, Table):
             return None
-        pct = dict(zip(_column(g, "phase"), _column(g, "gemm_pct")))
-        gemm_rows.append({**size_context(tr),
-                          **{f"{p}_gemm_pct": nan if pct.get(p) is None else pct[p] for p in
-                             ("inference", "forward", "backward", "optimizer", "step")}})
+        gemm_rows.append(gemm_row(tr, dict(zip(_column(g, "phase"), _column(g, "gemm_pct")))))
         if tr.count("nvtx_ranges"):
             a = Table.fetch(softmax_vs_matmul(tr))
             if not isinstance(a, Table):
                 return None
-            for row in a.rows:
-                r = dict(zip(a.columns, row))
-                if r["phase"] not in ("forward", "inference"):
-                    continue
-                attn_rows.append({**size_context(tr), "phase": r["phase"],
-                                  **{k: nan if r[k] is None else r[k] for k in ATTN_COLUMNS}})
+            attn_rows += attention_rows(tr, (dict(zip(a.columns, row)) for row in a.rows))
     out = {}
     for name, rows in (("gemm_fraction_by_run", without_empty_phases(gemm_rows)),
                        ("softmax_vs_matmul_by_run", attn_rows)):

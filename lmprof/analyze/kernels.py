@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
-import numpy as np
 import pandas as pd
 
 from lmprof.analyze import kernel_tables as kt
@@ -116,16 +115,10 @@ def cross_run(traces: list[Trace]) -> dict[str, pd.DataFrame]:
     """GEMM fraction and softmax/matmul ratios by model size × context length, one row per run."""
     gemm_rows, attn_rows = [], []
     for tr in traces:
-        g = gemm_fraction(tr).set_index("phase")["gemm_pct"]
-        gemm_rows.append({**kt.size_context(tr),
-                          **{f"{p}_gemm_pct": g.get(p, np.nan) for p in
-                             ("inference", "forward", "backward", "optimizer", "step")}})
+        g = gemm_fraction(tr)
+        gemm_rows.append(kt.gemm_row(tr, dict(zip(g["phase"], g["gemm_pct"]))))
         if tr.count("nvtx_ranges"):
-            a = softmax_vs_matmul(tr)
-            a = a[a["phase"].isin(["forward", "inference"])]
-            for _, row in a.iterrows():
-                attn_rows.append({**kt.size_context(tr), "phase": row["phase"],
-                                  **{k: row[k] for k in kt.ATTN_COLUMNS}})
+            attn_rows += kt.attention_rows(tr, (row for _, row in softmax_vs_matmul(tr).iterrows()))
     return {"gemm_fraction_by_run": pd.DataFrame(
                 kt.by_size_and_context(kt.without_empty_phases(gemm_rows))),
             "softmax_vs_matmul_by_run": pd.DataFrame(kt.by_size_and_context(attn_rows))}
