@@ -31,7 +31,6 @@ import functools
 import importlib.util
 import os
 import sqlite3
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,11 +167,10 @@ REQUIRED_COLUMNS = {
 
 @dataclass
 class Export:
-    """An opened nsys SQLite export: where it is, which tables it has, how long loading took."""
+    """An opened nsys SQLite export: where it is, which tables it has, the rows loaded of each."""
 
     path: Path
     tables: set[str]
-    load_s: dict[str, float] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
     # about how many GPU ops it holds, known before the GPU tables load (``_gpu_op_rows``)
     gpu_op_rows: int | None = None
@@ -350,7 +348,6 @@ def _table_sql(sq: sqlite3.Connection, target: str, source: str, columns: list[C
 def _run_load(duck: duckdb.DuckDBPyConnection, export: Export, target: str, sql: str,
               path: Path) -> None:
     source = TABLES[target][0]
-    t0 = time.perf_counter()
     try:
         export.rows[target] = duck.execute(sql).fetchall()[0][0]  # CREATE ... AS: its row count
     except duckdb.Error as exc:
@@ -359,7 +356,6 @@ def _run_load(duck: duckdb.DuckDBPyConnection, export: Export, target: str, sql:
     except UnicodeDecodeError:  # DuckDB's message quoted the value's bytes, which are not UTF-8
         raise UserError(f"{str(path)!r}: cannot read table {source}: a value is not of its "
                         "column's type (bytes that are not text)") from None
-    export.load_s[target] = time.perf_counter() - t0
 
 
 # Loaded first: what the NVTX range analysis reads (with the session row), so that it can run
