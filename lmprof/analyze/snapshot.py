@@ -233,14 +233,6 @@ def display_site(site: str, width: int = 70) -> str:
 
 
 @dataclass
-class _Stack:
-    frame_ids: tuple[int, ...]
-    user_frame_id: int | None
-    site: str
-    kind: str | None  # inferred phase class: "backward", "optimizer", "forward", None
-
-
-@dataclass
 class Flat:
     """Column lists ready for DuckDB (one snapshot); see lmprof.analyze.memory for the tables."""
 
@@ -282,7 +274,6 @@ class _Interner:
         self.by_list_obj: dict[int, int] = {}
         self.by_id_key: dict[tuple, list] = {}
         self.by_content: dict[tuple, int] = {}
-        self.stacks: list[_Stack] = []
         self.generated: list[bool] = []  # per frame id: torch.compile's generated code
         # ids of snapshot objects are cached: valid because the snapshot outlives flatten()
 
@@ -359,7 +350,8 @@ class _Interner:
         return ids
 
     def _new_stack(self, frame_ids: tuple[int, ...]) -> int:
-        sid = len(self.stacks)
+        cols = self.flat.stacks
+        sid = len(cols["stack_id"])
         f = self.flat.frames
         user_at = next((k for k, i in enumerate(frame_ids) if f["is_user"][i]), None)
         generated_at = next((k for k, i in enumerate(frame_ids) if self.generated[i]), None)
@@ -387,13 +379,11 @@ class _Interner:
                 site = f"{f['filename'][py]}:{f['line'][py]} {f['name'][py]}"
             else:
                 site = "(C++ only) " + f["name"][frame_ids[0]][:80]
-        self.stacks.append(_Stack(frame_ids, user, site, _stack_kind(frame_ids, f)))
-        cols = self.flat.stacks
         cols["stack_id"].append(sid)
         cols["n_frames"].append(len(frame_ids))
         cols["user_frame_id"].append(user)
         cols["site"].append(site)
-        cols["kind"].append(self.stacks[-1].kind)
+        cols["kind"].append(_stack_kind(frame_ids, f))  # "backward", "optimizer", "forward", None
         sf = self.flat.stack_frames
         for depth, fid in enumerate(frame_ids):
             sf["stack_id"].append(sid)
