@@ -8,7 +8,6 @@ renders without pandas); the SQL lives in ``lmprof/analyze/sql/<table>.sql``.
 
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import pandas as pd
@@ -77,10 +76,6 @@ def softmax_vs_matmul(trace: Trace) -> pd.DataFrame:
     return _frame(kt.softmax_vs_matmul, trace)
 
 
-# name -> (function, what the trace must hold for rows, note for markdown), as kt.TABLES.
-TABLES: dict[str, tuple[Callable[..., pd.DataFrame], str | None, str]] = {
-    name: (functools.partial(_frame, fn), needs, note)
-    for name, (fn, needs, note) in kt.TABLES.items()}
 # (a)-(f) of the kernel analysis; the nsys-style per-range tables are asked for by name.
 DEFAULT_TABLES = kt.DEFAULT_TABLES
 
