@@ -192,43 +192,21 @@ def peak_memory_grid(df: pd.DataFrame) -> pd.DataFrame:
     return _grid(df, MEMORY_KEYS, "peak_allocated_bytes")
 
 
-def gemm_fraction_by_phase(sqlite: str | Path) -> dict[str, float] | None:
-    """GEMM share of GPU kernel time (percent) per phase of one nsys SQLite export, from the
-    kernel analysis with the default range options and the run.json beside it, if any; None
-    when the export cannot be read (the GPU kernels section says why)."""
-    from lmprof.analyze import kernels, trace
-    from lmprof.analyze.db import connect
-    from lmprof.errors import UserError
-
-    con = connect()
-    try:  # (a damaged export's numbers that overflow: a UserError too)
-        return gemm_shares(kernels.gemm_fraction(
-            trace.prepare(con, Path(sqlite), trace.Options())))
-    except UserError:
-        return None
-    finally:
-        con.close()
-
-
 def gemm_shares(table: pd.DataFrame) -> dict[str, float]:
     """phase -> GEMM share (%) from a GEMM fraction table (``analyze kernels``' (d))."""
     return {str(p): float(v) for p, v in zip(table["phase"], table["gemm_pct"]) if pd.notna(v)}
 
 
-def gemm_grid(df: pd.DataFrame, shares: dict[str, dict[str, float] | None] | None = None
-              ) -> pd.DataFrame:
+def gemm_grid(df: pd.DataFrame, shares: dict[str, dict[str, float] | None]) -> pd.DataFrame:
     """GEMM fraction (%) per configuration, phase and context for runs captured under nsys (the
     median over a configuration's runs where there are several). ``shares``: run_dir -> GEMM
-    share per phase (None: export not readable), as the report's kernel section found them;
-    None: each run's export is read here with the default options (``gemm_fraction_by_phase``)."""
+    share per phase (None: export not readable), as the report's kernel section found them."""
     if df.empty:
         return pd.DataFrame()
     keys = [k for k in MEMORY_KEYS if k != "nsys"]  # every run here was captured under nsys
     rows = []
     for _, r in df[df["nsys_sqlite"].notna()].iterrows():
-        fractions = (gemm_fraction_by_phase(r["nsys_sqlite"]) if shares is None
-                     else shares.get(r["run_dir"]))
-        for phase, pct in (fractions or {}).items():
+        for phase, pct in (shares.get(r["run_dir"]) or {}).items():
             rows.append({**{k: r[k] for k in keys}, "phase": phase,
                          "context": r["context"], "status": "OK", "gemm_pct": pct})
     if not rows:

@@ -77,19 +77,26 @@ def test_run_whose_export_overflows_is_reported_not_raised(tmp_path):
 
 
 def test_gemm_fraction_of_a_sweep_run_reads_the_export_or_gives_none(tmp_path):
-    """The sweep grid's GEMM fractions: per phase from a real export; None (the grid leaves the
-    run out) for a damaged one, whether it fails to load or its sums overflow."""
-    from lmprof.reports.comparisons import gemm_fraction_by_phase
+    """The sweep grid's GEMM fractions (the kernel section's): per phase from a real export;
+    None (the grid leaves the run out) for a damaged one, whether it fails to load or its sums
+    overflow."""
+    from lmprof.reports.report import ReportContext, load_runs
+    from lmprof.reports.sections.kernels import gemm_shares
 
-    good = writable_copy(tmp_path, "good.sqlite")
-    fractions = gemm_fraction_by_phase(good)
+    good = _run_dir(tmp_path, "small", 128)
+    bad = _run_dir(tmp_path, "medium", 256)
+    edit(bad / "report.sqlite", "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "
+         "end = 9223372036854775807 WHERE rowid % 11 = 2")
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "report.sqlite").write_text("garbage")
+    write_run_json(garbage)
+    runs = load_runs([str(good), str(bad), str(garbage)])
+    shares = {Path(d).name: v for d, v in gemm_shares(ReportContext(runs, tmp_path)).items()}
+    fractions = shares["small-128"]
     assert set(fractions) >= {"forward", "backward", "optimizer"}
     assert all(0 <= v <= 100 for v in fractions.values()) and fractions["backward"] > 50, fractions
-    bad = edit(writable_copy(tmp_path, "bad.sqlite"), "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "
-               "end = 9223372036854775807 WHERE rowid % 11 = 2")
-    assert gemm_fraction_by_phase(bad) is None
-    (tmp_path / "garbage.sqlite").write_text("garbage")
-    assert gemm_fraction_by_phase(tmp_path / "garbage.sqlite") is None
+    assert shares["medium-256"] is None and shares["garbage"] is None
 
 
 def test_runs_of_one_run_id_are_told_apart_in_their_headings(tmp_path):

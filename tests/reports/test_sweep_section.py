@@ -470,7 +470,7 @@ def test_repeated_configurations_show_the_median_of_their_ok_runs(tmp_path):
     assert text.count("run more than once (up to 3 runs)") == 3  # step grid, memory, bf16
 
 
-def test_gemm_grid_keeps_configurations_apart(tmp_path, monkeypatch):
+def test_gemm_grid_keeps_configurations_apart(tmp_path):
     # runs that differ in attention (or batch) at one size and context are two rows, not one
     recs = [run_record(ctx=c, sqlite=True) for c in (128, 256)]
     for rec in [run_record(ctx=c, sqlite=True) for c in (128, 256)]:
@@ -478,14 +478,10 @@ def test_gemm_grid_keeps_configurations_apart(tmp_path, monkeypatch):
         rec["run_id"] += "-flash"
         recs.append(rec)
     root = write_sweep(tmp_path / "s", recs)
+    runs = load_runs([str(root)])
     share = {"naive": 80.0, "flash": 90.0}
-
-    def fake(sqlite):
-        attention = "flash" if "flash" in str(sqlite) else "naive"
-        return {"forward": share[attention]}
-
-    monkeypatch.setattr(comparisons, "gemm_fraction_by_phase", fake)
-    grid = comparisons.gemm_grid(comparisons.runs_frame(load_runs([str(root)])))
+    shares = {r["run_dir"]: {"forward": share[r["config"]["attention"]]} for r in runs}
+    grid = comparisons.gemm_grid(comparisons.runs_frame(runs), shares)
     assert sorted(zip(grid["attention"], grid["ctx 128 (%)"])) == [("flash", 90.0),
                                                                   ("naive", 80.0)]
 
