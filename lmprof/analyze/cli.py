@@ -1,24 +1,14 @@
 """``analyze``: tables and reports from run directories, nsys exports and memory snapshots.
 
-Never imports torch. Options shared by the table commands are defined once here.
+Never imports torch. Options shared by the table commands: ``analyze.options``.
 """
 
 from __future__ import annotations
 
 import click
 
+from lmprof.analyze.options import format_option, out_option
 from lmprof.errors import PathParam, UserError, run_cli
-from lmprof.render import FORMATS  # light: pandas is imported on use
-
-format_option = click.option(
-    "--format", "fmt", type=click.Choice(FORMATS), default="md", show_default=True,
-    help="Table format on stdout: markdown for people, csv/json (raw unit columns) for tools; "
-         "several tables in JSON are one object of them by name, in csv each after a '# name' "
-         "line.")
-out_option = click.option(
-    "--out", type=PathParam(file_okay=False), default=None,
-    help="Also write each table to OUT/<table>.<format>.")
-
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def analyze() -> None:

@@ -12,7 +12,7 @@ import duckdb
 
 from lmprof import phases
 from lmprof.analyze import magic
-from lmprof.analyze.cli import format_option, out_option
+from lmprof.analyze.options import format_option, out_option
 from lmprof.errors import PathParam, UserError
 
 # The names of lmprof.analyze.kernel_tables.TABLES, in order (a test checks), known without

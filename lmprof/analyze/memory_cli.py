@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from lmprof.analyze.cli import format_option, out_option
+from lmprof.analyze.options import format_option, out_option
 from lmprof.errors import PathParam
 
 

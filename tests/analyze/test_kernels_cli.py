@@ -717,6 +717,19 @@ def test_analyze_never_imports_torch(tmp_path):
     assert proc.stdout.strip().endswith("no torch")
 
 
+@pytest.mark.parametrize("module", ["kernels_cli", "memory_cli", "report_cli"])
+def test_each_command_module_imports_on_its_own(module):
+    """A command's module imported first, as a script or a test run alone does: kernels_cli
+    imported analyze.cli for its shared options, whose registration imported kernels_cli half
+    made (ImportError: cannot import name 'kernels_cmd')."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", f"import lmprof.analyze.{module}"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_table_names_match_the_tables():
     from lmprof.analyze import kernel_tables, kernels_cli
 

@@ -1,0 +1,18 @@
+"""Options shared by the ``analyze`` table commands, defined once. Their modules import these
+from here, not from ``analyze.cli``, which imports those modules to register their commands."""
+
+from __future__ import annotations
+
+import click
+
+from lmprof.errors import PathParam
+from lmprof.render import FORMATS  # light: pandas is imported on use
+
+format_option = click.option(
+    "--format", "fmt", type=click.Choice(FORMATS), default="md", show_default=True,
+    help="Table format on stdout: markdown for people, csv/json (raw unit columns) for tools; "
+         "several tables in JSON are one object of them by name, in csv each after a '# name' "
+         "line.")
+out_option = click.option(
+    "--out", type=PathParam(file_okay=False), default=None,
+    help="Also write each table to OUT/<table>.<format>.")
