@@ -244,7 +244,8 @@ def test_a_sweep_report_prepares_each_export_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(trace, "prepare", counted)
     text = build([str(root)], tmp_path / "r").read_text()
-    assert "### GEMM fraction by size and context length" in text and "Top kernels per phase" in text
+    assert "### GEMM fraction by size and context length" in text
+    assert "Top kernels per phase" in text
     assert len(seen) == 2 and len(set(seen)) == 2, seen
 
 
