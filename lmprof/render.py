@@ -603,7 +603,8 @@ def emit(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: str | Pat
             body = render(df, fmt, shorten, raw)
             if fmt == "md":
                 title = f"## {name.replace('_', ' ')}\n\n"
-                note = f"{notes[name]}\n\n" if name in notes else ""
+                # (a note quotes the user's names: as text, not HTML)
+                note = f"{md_text(notes[name])}\n\n" if name in notes else ""
                 parts.append(f"{title}{note}{body}\n")
             else:
                 parts.append(body if len(tables) == 1 else f"# {name}\n{body}")

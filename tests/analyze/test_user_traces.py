@@ -704,3 +704,21 @@ def test_a_graph_launch_is_one_launch_however_many_kernels_it_ran(exports, name)
     wall_s = sum(b - a for a, b in iters) / 1e9
     assert timing.loc["step", "launches_per_s"] == pytest.approx(inside / wall_s, rel=1e-12)
     assert timing.loc["step", "kernels_per_instance"] == (605 if name == "graphnode" else 0)
+
+
+def test_names_quoted_in_notes_are_text_not_html(exports, tmp_path):
+    """A range name the user gave (--softmax-range '<b>x') is quoted in a markdown note as
+    written: it went in raw, so a renderer read '<b>' as HTML and dropped it."""
+    code, out, err = run("kernels", str(exports / "plain" / "report.sqlite"),
+                         "--softmax-range", "<b>x", "--phase-range", "forward=<i>f",
+                         "--table", "softmax_vs_matmul", "--table", "phase_timing")
+    assert code == 0, err
+    notes = [p for p in out.split("\n\n") if not p.startswith(("#", "|"))]
+    assert any("'\\<b>x'" in n for n in notes) and any("'\\<i>f'" in n for n in notes), notes
+    assert "<b>" not in out.replace("\\<b>", "") and "<i>" not in out.replace("\\<i>", "")
+    # the report's GPU kernels section quotes them alike
+    code, _, err = run("report", str(exports / "plain" / "report.sqlite"), "--softmax-range",
+                       "<b>x", "-o", str(tmp_path / "r"))
+    assert code == 0, err
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert "'\\<b>x'" in text and "<b>" not in text.replace("\\<b>", "")

@@ -74,7 +74,7 @@ def section(ctx: ReportContext) -> str | None:
             continue
         parts += [f"### {title}", ""]
         if name in notes:
-            parts += [notes[name], ""]
+            parts += [md_text(notes[name]), ""]  # (a note may quote the user's names)
         parts += [to_markdown(df, shorten=shorten), ""]
     plots = []  # (under a heading of their own: after the last table, they read as its)
     for sid, device, label, events in con.execute(
