@@ -24,7 +24,9 @@ import gzip
 import io
 import lzma
 import pickle
+import os
 import re
+import threading
 import zlib
 from itertools import repeat
 from operator import itemgetter
@@ -118,9 +120,60 @@ def _not_a_pickle(what: str, head: bytes) -> str | None:
             "(torch.cuda.memory._dump_snapshot writes one)")
 
 
+def _stack_bytes() -> int:
+    """A C stack as large as the machine's memory, for :func:`_on_deep_stack`."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # a platform without these names
+        return 1 << 32
+
+
+def _on_deep_stack(fn, *args):
+    """``fn(*args)`` on a thread whose C stack is as large as the machine's memory.
+
+    Hashing a tuple recurses in C with no depth check, and a pickle nests tuples without
+    recursion (one TUPLE1 opcode a level): a dict key nesting tuples a million deep overflowed
+    the main thread's 8 MiB stack (SIGSEGV) when the unpickler stored it. Each level costs
+    ~50-80 bytes of stack and at least 64 of heap (the tuple), so on a stack the size of
+    memory a chain runs out of memory (MemoryError, or the kernel's OOM killer, as any pickle
+    too large for the machine) before it overflows the stack. The stack is only reserved:
+    pages the recursion never reaches cost nothing. Where the reservation is refused (a
+    ``ulimit -v``, strict overcommit), smaller ones are tried, then the calling thread."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = fn(*args)
+        except BaseException as exc:  # (re-raised on the calling thread)
+            result["error"] = exc
+
+    page = 1 << 16
+    size = max(_stack_bytes() // page * page, 64 << 20)
+    while size >= 64 << 20:
+        before = threading.stack_size()
+        try:
+            threading.stack_size(size)
+            worker = threading.Thread(target=run, name="lmprof-unpickle", daemon=True)
+            worker.start()
+        except (RuntimeError, ValueError, MemoryError, OverflowError):
+            size //= 4
+            continue
+        finally:
+            threading.stack_size(before)
+        worker.join()
+        if "error" in result:
+            raise result["error"]
+        return result["value"]
+    return fn(*args)
+
+
 def read_snapshot(path: str | Path) -> Any:
-    """Unpickle ``path`` (maybe compressed) admitting plain data only; UserError otherwise."""
-    path = Path(path)
+    """Unpickle ``path`` (maybe compressed) admitting plain data only; UserError otherwise.
+    Runs on a thread with a deep stack (:func:`_on_deep_stack`)."""
+    return _on_deep_stack(_read_snapshot, Path(path))
+
+
+def _read_snapshot(path: Path) -> Any:
     stream, kind, raw = _open(path)
     what = f"{str(path)!r}" + ("" if kind == "pickle" else f" ({kind})")
     head = b""
@@ -161,11 +214,14 @@ def read_flat(path: str | Path) -> Flat:
     data that reference counting frees when ``flatten`` is done with it, so nothing is lost by
     collecting only afterwards.
     """
-    path = Path(path)
+    return _on_deep_stack(_read_flat, Path(path))
+
+
+def _read_flat(path: Path) -> Flat:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        snapshot = read_snapshot(path)
+        snapshot = _read_snapshot(path)
         try:
             return flatten(snapshot, repr(str(path)))
         except (TypeError, AttributeError, KeyError, ValueError, IndexError,

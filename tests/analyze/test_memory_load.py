@@ -243,6 +243,32 @@ def test_frames_nesting_lists_deep_are_a_layout_error(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "unrecognised snapshot layout (RecursionError" in proc.stderr
 
+@pytest.mark.parametrize("where", ["key", "frame", "xz"])
+def test_tuples_nested_a_million_deep_are_an_error_not_a_crash(tmp_path, where):
+    # Hashing a tuple recurses in C with no depth check: a dict key (or a frame field, which
+    # flatten hashes to share identical frames) nesting tuples a million deep overflowed the
+    # 8 MiB stack and killed the process with SIGSEGV. A pickle builds such a chain without
+    # recursion, one TUPLE1 opcode a level.
+    chain = b")" + b"\x85" * 1_000_000
+    if where == "frame":
+        snap = _small_snapshot()
+        snap["device_traces"][0][3]["frames"] = [{"name": "@DEEP@", "filename": "a.py",
+                                                  "line": 1}]
+        blob = pickle.dumps(snap, protocol=2)
+        mark = b"X\x06\x00\x00\x00@DEEP@"
+        assert blob.count(mark) == 1
+        blob = blob.replace(mark, chain)
+    else:
+        blob = b"\x80\x02}" + chain + b"K\x01s."  # {(((...),),): 1}
+    f = tmp_path / "memory.pickle"
+    f.write_bytes(lzma.compress(blob) if where == "xz" else blob)
+    proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", "memory", str(f)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-300:]
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert str(f) in proc.stderr
+
+
 def test_the_small_snapshot_itself_loads(tmp_path):
     from lmprof.analyze import memory
     from lmprof.analyze.db import connect
