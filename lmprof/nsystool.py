@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -30,6 +31,18 @@ def find_nsys(explicit: str | None = None) -> str:
     if not found:
         raise UserError(f"nsys not found on PATH; {INSTALL_HINT}")
     return found
+
+
+def nsys_version(nsys: str) -> str | None:
+    """The version ``nsys --version`` prints ("2025.3.1.90-253135822126v0"), or None where it
+    prints none in 60 s."""
+    try:
+        proc = subprocess.run([nsys, "--version"], capture_output=True, text=True,
+                              errors="replace", timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"\b\d{4}\.\d+\.\d+\S*", proc.stdout or "")
+    return found.group() if found else None
 
 
 def export_sqlite(nsys: str, rep: Path, out: Path | None = None) -> Path:

@@ -15,7 +15,8 @@ run.json (schema_version 1)::
                              that died without writing run.json, are written by capture sweep)
     error           str|null message for OOM/ERROR/TIMEOUT
     config          dict     every capture option (model size and dims, batch_size, context_length,
-                             warmup, steps, mode, dtype, compile, attention, device, seed, ...)
+                             warmup, steps, mode, dtype, compile, attention, device, seed, ...;
+                             nsys_args: --nsys-args of a run under nsys, null when none)
     model           dict     resolved dims (int): d_model, d_ff, num_layers, num_heads, d_head,
                              vocab_size, context_length, n_params; rope_theta, norm_eps (numbers)
     flops           dict     forward_flops, backward_flops, optimizer_flops (per step, whole batch;
@@ -24,7 +25,8 @@ run.json (schema_version 1)::
                              device, gpu_name, git_commit, float32_matmul_precision (torch's:
                              highest, high, medium); integers gpu_count, gpu_memory_bytes,
                              cudnn; bools git_dirty (tracked files changed),
-                             cuda_matmul_allow_tf32; ... (null when unknown)
+                             cuda_matmul_allow_tf32; nsys (the version of the nsys that recorded
+                             a run under nsys); ... (null when unknown)
     timings         dict     see below
     phase_windows   list     [{step, phase, start_ns, end_ns}] on CLOCK_REALTIME (epoch ns), the
                              clock of nsys's session start and of memory snapshots' time_us; a
@@ -269,7 +271,7 @@ _STR_KEYS = ("run_id", "created_utc", "kind", "status")
 # config of a `capture run` record (kind "run"): the options the tables read
 _RUN_CONFIG = {**dict.fromkeys(("batch_size", "context_length", "warmup", "steps", "d_model",
                                 "d_ff", "num_layers", "num_heads", "vocab_size"), int),
-               **dict.fromkeys(("size", "mode", "dtype", "attention", "device"), str),
+               **dict.fromkeys(("size", "mode", "dtype", "attention", "device", "nsys_args"), str),
                **dict.fromkeys(("compile", "nsys", "memory"), bool)}
 # model of a record (the resolved config, ``lmprof.model.flops.model_summary``): the sizes the
 # memory and FLOP tables read; any other key is a scalar
@@ -280,7 +282,7 @@ _MODEL = {**dict.fromkeys(("vocab_size", "context_length", "d_model", "d_ff", "n
 # peak FLOP/s); any other key is a scalar
 _ENVIRONMENT = {**dict.fromkeys(("hostname", "platform", "python", "torch", "triton", "cuda",
                                  "driver", "device", "gpu_name", "git_commit",
-                                 "float32_matmul_precision"), str),
+                                 "float32_matmul_precision", "nsys"), str),
                 **dict.fromkeys(("gpu_count", "gpu_memory_bytes", "cudnn"), int),
                 **dict.fromkeys(("git_dirty", "cuda_matmul_allow_tf32"), bool)}
 _WINDOW = {"step": int, "phase": str, "start_ns": int, "end_ns": int}

@@ -190,11 +190,18 @@ def _run(target: Path, spec, prep, nsys: str | None, nsys_args: str | None, quie
               help="Also rerun finished cells whose status is OOM, ERROR or TIMEOUT.")
 @click.option("--force-mix", is_flag=True,
               help="Add this grid's cells to a sweep directory written by a different grid.")
+@click.option("--nsys-path", type=PathParam(), default=None,
+              help="Path to the nsys executable for the cells under Nsight Systems (else $NSYS, "
+                   "else PATH).")
+@click.option("--nsys-args", type=str, default=None,
+              help="Extra flags passed to 'nsys profile' in every cell under Nsight Systems, as "
+                   "one quoted string.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and its size; run nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No plan, progress bar or summary.")
 def sweep_cmd(grid_file: str | None, out: str, name: str | None, gpus: str | None,
               shard: str | None, timeout_s: float, retry_failed: bool, force_mix: bool,
-              dry_run: bool, quiet: bool, **kwargs) -> None:
+              nsys_path: str | None, nsys_args: str | None, dry_run: bool, quiet: bool,
+              **kwargs) -> None:
     """Run every cell of a grid of 'capture run' options, each in a fresh process.
 
     Each cell ends with a run directory under OUT/NAME/cells/ whatever happens to it (status OK,
@@ -213,10 +220,14 @@ def sweep_cmd(grid_file: str | None, out: str, name: str | None, gpus: str | Non
     sweep_mod.check_out(Path(out))
     file_values = sweep_mod.load_grid_file(grid_file) if grid_file else {}
     grid = sweep_mod.build_grid(file_values, kwargs, grid_file)
+    if (nsys_path or nsys_args) and not any(cell.spec.nsys for cell in grid.cells()):
+        flag = "--nsys-path" if nsys_path else "--nsys-args"
+        raise UserError(f"{flag} applies to cells under Nsight Systems: add --nsys yes")
+    nsys_mod.split_args(nsys_args)  # (refused here, before any work)
     opts = sweep_mod.Options(
         shard=sweep_mod.parse_shard(shard), gpus=sweep_mod.parse_gpus(gpus),
         timeout_s=timeout_s or None, retry_failed=retry_failed, force_mix=force_mix,
-        dry_run=dry_run, quiet=quiet,
+        dry_run=dry_run, quiet=quiet, nsys_path=nsys_path, nsys_args=nsys_args,
     )
     root = Path(out) / (name or f"sweep-{grid.grid_hash[:8]}")
     sys.exit(sweep_mod.run_sweep(grid, root, opts, click.echo))
@@ -274,7 +285,8 @@ def _run_under_nsys(nsys: str, target: Path, spec, nsys_args: str | None, quiet:
     elif record["status"] == "OK":
         record["status"] = "ERROR"
         record["error"] = f"nsys produced no report (exit status {proc.returncode})"
-    record["config"]["nsys"] = True
+    record["config"].update(nsys=True, nsys_args=nsys_args)
+    record.setdefault("environment", {})["nsys"] = nsystool.nsys_version(nsys)
     record.pop("run_dir", None)
     rundir.write_run(target, record)
     return record

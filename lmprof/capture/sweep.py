@@ -271,7 +271,8 @@ def build_grid(file_values: dict[str, Any], cli_values: dict[str, Any],
     return Grid(axes=axes, fixed=fixed)
 
 
-def check_cells(cells: list[Cell], gpus: list[int] | None) -> dict[str, tuple[bool, int]]:
+def check_cells(cells: list[Cell], gpus: list[int] | None, nsys_path: str | None = None
+                ) -> dict[str, tuple[bool, int]]:
     """Every check ``capture run`` does before starting work, for every cell; nothing starts.
 
     Returns each cell's expected cost, (compiled, FLOPs of all its steps), for ordering the work
@@ -300,7 +301,7 @@ def check_cells(cells: list[Cell], gpus: list[int] | None) -> dict[str, tuple[bo
         flops = sum(step_flops(cfg, cell.spec.batch_size, cell.spec.mode).values())
         costs[cell.name] = (cell.spec.compile, flops * (cell.spec.warmup + cell.spec.steps))
     if any(cell.spec.nsys for cell in cells):  # (capture run's own; every cell finds the same)
-        nsystool.find_nsys(None)
+        nsystool.find_nsys(nsys_path)
     return costs
 
 
@@ -455,8 +456,10 @@ _PRCTL = _load_prctl()  # looked up here: the child must not import between fork
 class Launcher:
     """Runs one cell in a fresh process and always returns its finished run.json record."""
 
-    def __init__(self, root: Path, grid_hash: str, timeout_s: float | None, slots: int = 1):
+    def __init__(self, root: Path, grid_hash: str, timeout_s: float | None, slots: int = 1,
+                 nsys_argv: list[str] | None = None):
         self.root = root
+        self.nsys_argv = nsys_argv or []  # (capture run's nsys options, for cells under nsys)
         self.slots = slots
         self.grid_hash = grid_hash
         self.timeout_s = timeout_s
@@ -476,13 +479,18 @@ class Launcher:
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.slots))
         return env
 
+    def command(self, cell: Cell, target: Path) -> list[str]:
+        """The ``capture run`` that runs ``cell`` into ``target``."""
+        nsys = self.nsys_argv if cell.spec.nsys else []
+        return [sys.executable, "-m", "lmprof.capture", "run", *spec_to_argv(cell.spec), *nsys,
+                "--run-dir", str(target), "--quiet"]
+
     def __call__(self, cell: Cell, gpu: int | None) -> dict[str, Any]:
         attempt = self.root / sweepdir.STAGING / f"{cell.name}.{os.getpid()}"
         shutil.rmtree(attempt, ignore_errors=True)
         target = attempt / cell.name
         target.mkdir(parents=True)
-        cmd = [sys.executable, "-m", "lmprof.capture", "run", *spec_to_argv(cell.spec),
-               "--run-dir", str(target), "--quiet"]
+        cmd = self.command(cell, target)
         t0 = time.perf_counter()
         timed_out = False
         with open(target / sweepdir.CELL_LOG, "wb") as log:
@@ -652,6 +660,14 @@ class Options:
     force_mix: bool = False
     dry_run: bool = False
     quiet: bool = False
+    nsys_path: str | None = None  # capture run's --nsys-path and --nsys-args, for nsys cells
+    nsys_args: str | None = None
+
+    def nsys_argv(self) -> list[str]:
+        """The nsys options of the cells under nsys: the nsys found now, as an absolute path (a
+        cell runs from the same folder, but a bare name would be looked up on PATH again)."""
+        argv = ["--nsys-path", nsystool.find_nsys(self.nsys_path)] if self.nsys_path else []
+        return argv + (["--nsys-args", self.nsys_args] if self.nsys_args else [])
 
 
 def describe(grid: Grid, n_cells: int) -> str:
@@ -664,7 +680,7 @@ def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]
     from tqdm import tqdm
 
     all_cells = grid.cells()
-    costs = check_cells(all_cells, opts.gpus)
+    costs = check_cells(all_cells, opts.gpus, opts.nsys_path)
     plan = shard_cells(all_cells, opts.shard)
     open_sweep_dir(root, grid, opts.force_mix, write=not opts.dry_run)
     done = {c.name: finished_status(root, c) for c in plan}
@@ -734,7 +750,7 @@ def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]
             postfix()
 
     slots: list[int | None] = list(opts.gpus) if opts.gpus else [None]
-    launcher = Launcher(root, grid.grid_hash, opts.timeout_s, len(slots))
+    launcher = Launcher(root, grid.grid_hash, opts.timeout_s, len(slots), opts.nsys_argv())
     if len(slots) > 1:
         todo = longest_first(todo, costs)
     try:

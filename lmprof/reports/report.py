@@ -277,12 +277,14 @@ def _runs_overview(runs: list[dict[str, Any]]) -> str:
     envs = {}
     for r in runs:
         e = r.get("environment", {})
-        key = (e.get("gpu_name") or e.get("device"), e.get("torch"), e.get("cuda"), e.get("triton"))
+        key = (e.get("gpu_name") or e.get("device"), e.get("torch"), e.get("cuda"), e.get("triton"),
+               e.get("nsys"))
         envs.setdefault(key, 0)
         envs[key] += 1
     lines = [f"{len(runs)} run(s)."]
-    for (dev, torch_v, cuda_v, triton_v), n in sorted(envs.items(), key=str):
-        # (a value run.json leaves null is '-', not "None")
+    for (dev, torch_v, cuda_v, triton_v, nsys_v), n in sorted(envs.items(), key=str):
+        # (a value run.json leaves null is '-', not "None"; nsys only for runs it recorded)
         lines.append(md_text(f"- {n} on {dev or '-'}: torch {torch_v or '-'}, "
-                             f"CUDA {cuda_v or '-'}, triton {triton_v or '-'}"))
+                             f"CUDA {cuda_v or '-'}, triton {triton_v or '-'}"
+                             + (f", nsys {nsys_v}" if nsys_v else "")))
     return "\n".join(lines)

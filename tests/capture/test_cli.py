@@ -232,6 +232,61 @@ def test_nsys_run_writes_into_the_given_run_dir(monkeypatch, tmp_path):
     assert not out.exists()
 
 
+def _fake_nsys(tmp_path: Path) -> Path:
+    """A stand-in for nsys (this machine has no GPU): '--version' prints a version; 'profile'
+    logs its arguments to bin/profile.args, writes the run's run.json (the nsys fixture's) into
+    the child's --run-dir and an empty report; 'export' copies the fixture's SQLite export."""
+    fixture = ROOT / "tests" / "data" / "h200-lmprof-nsys"
+    fake = tmp_path / "bin" / "nsys"
+    fake.parent.mkdir()
+    fake.write_text(f"""#!{sys.executable}
+import json, shutil, sys
+args = sys.argv[1:]
+if args == ["--version"]:
+    print("NVIDIA Nsight Systems version 2025.3.1.90-253135822126v0")
+    sys.exit(0)
+out = [a.split("=", 1)[1] for a in args if a.startswith("--output=")][0]
+if args[0] == "export":
+    shutil.copyfile({str(fixture / "report.sqlite")!r}, out)
+    sys.exit(0)
+json.dump(args, open({str(fake.parent / "profile.args")!r}, "w"))
+run_dir = args[args.index("--run-dir") + 1]
+record = json.load(open({str(fixture / "run.json")!r}))
+record["artifacts"] = dict()
+json.dump(record, open(run_dir + "/run.json", "w"))
+open(out + ".nsys-rep", "wb").close()
+""")
+    fake.chmod(0o755)
+    return fake
+
+
+def test_nsys_run_records_the_nsys_version_and_the_extra_flags(monkeypatch, tmp_path):
+    """run.json says which nsys recorded the run and with which extra flags (--nsys-args):
+    neither was kept, so a report could not tell how its trace was taken."""
+    import dataclasses
+    import json
+
+    from lmprof.capture import runner
+
+    real_prepare = runner.prepare
+    monkeypatch.setattr(runner, "prepare",
+                        lambda spec: real_prepare(dataclasses.replace(spec, nsys=False)))
+    fake = _fake_nsys(tmp_path)
+    extra = "--cuda-memory-usage=true --gpu-metrics-devices='none'"
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(capture, ["run", *TINY, "--nsys", "--nsys-path", str(fake),
+                                          "--nsys-args", extra, "--run-dir", str(run_dir),
+                                          "--quiet"])
+    assert result.exit_code == 0, result.output
+    args = json.loads((fake.parent / "profile.args").read_text())
+    child = args.index(sys.executable)
+    assert args[child - 2:child] == ["--cuda-memory-usage=true", "--gpu-metrics-devices=none"]
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["environment"]["nsys"] == "2025.3.1.90-253135822126v0"
+    assert record["config"]["nsys_args"] == extra
+    assert record["artifacts"]["nsys_sqlite"] == "report.sqlite"
+
+
 @pytest.mark.parametrize("fault, memory_steps, expected", [
     (None, None, ["warmup", "start", "step", "step", "stop", "dump"]),
     # --memory-steps 1 of 2: the snapshot is dumped between the steps, inside the range

@@ -335,6 +335,48 @@ def test_nsys_cells_without_nsys_are_refused_before_any_starts(tmp_path, capsys,
     assert rc == 0  # (a grid without nsys cells does not need it)
 
 
+def test_nsys_path_and_args_reach_the_nsys_cells(tmp_path, capsys, monkeypatch):
+    """capture sweep takes capture run's --nsys-path and --nsys-args and gives them to its
+    cells under nsys (it had neither: a sweep's nsys came from PATH or $NSYS only, with nsys's
+    default flags); they are refused where no cell runs under nsys, as capture run refuses
+    them without --nsys. (The cells' CUDA is faked, as above.)"""
+    from lmprof.capture import runner
+
+    real = runner.check_spec
+    monkeypatch.setattr(runner, "check_spec",
+                        lambda spec, device: real(dataclasses.replace(spec, nsys=False), device))
+    fake = tmp_path / "nsys"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.delenv("NSYS", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    base = ["sweep", *TINY, "--context-length", "16", "--out", str(tmp_path / "out"),
+            "--dry-run"]
+    rc, out, err = cli([*base, "--nsys", "no,yes", "--nsys-path", str(fake),
+                        "--nsys-args", "--cuda-memory-usage=true"], capsys)
+    assert rc == 0, err
+    for flags, problem in (
+            (["--nsys-args", "--cuda-memory-usage=true"], "--nsys-args applies to cells under "
+                                                         "Nsight Systems: add --nsys yes"),
+            (["--nsys-path", str(fake)], "--nsys-path applies to cells under Nsight Systems"),
+            (["--nsys", "yes", "--nsys-path", str(tmp_path / "no")],
+             f"--nsys-path {str(tmp_path / 'no')!r} is not an executable nsys"),
+            (["--nsys", "yes", "--nsys-args", "'unclosed"], "--nsys-args \"'unclosed\": ")):
+        rc, _, err = cli([*base, *flags], capsys)
+        assert rc == 2 and problem in err and len(err.splitlines()) == 1, err
+
+    cells = sweep.build_grid({}, {"context_length": "16", "device": "cpu",
+                                  "nsys": "no,yes"}).cells()
+    launcher = sweep.Launcher(tmp_path, "h", None, nsys_argv=[
+        "--nsys-path", str(fake), "--nsys-args", "--cuda-memory-usage=true"])
+    plain, traced = sorted(cells, key=lambda c: c.spec.nsys)
+    assert "--nsys-path" not in launcher.command(plain, tmp_path / "a")
+    cmd = launcher.command(traced, tmp_path / "b")
+    assert cmd[cmd.index("--nsys-path") + 1] == str(fake)
+    assert cmd[cmd.index("--nsys-args") + 1] == "--cuda-memory-usage=true"
+    assert "--nsys" in cmd and cmd[cmd.index("--run-dir") + 1] == str(tmp_path / "b")
+
+
 def test_bf16_cells_on_a_gpu_without_bf16_are_refused_before_any_starts(tmp_path, capsys,
                                                                         monkeypatch):
     """capture run refuses bf16 where the GPU lacks it (a V100) before any work; a sweep did

@@ -230,3 +230,14 @@ def test_memory_plots_alt_text_says_what_each_draws(tmp_path):
         "timeline": "allocated and reserved memory (MiB) over time of small ctx256 train fp32",
         "categories": "allocated memory (MiB) by inferred category over time of small ctx256 "
                       "train fp32"}
+
+
+def test_the_overview_names_the_nsys_that_recorded_a_run(tmp_path):
+    def edit(record):
+        record["environment"]["nsys"] = "2025.3.1.90-253135822126v0"
+
+    runs = [_edited(NSYS, tmp_path / "runs" / "a", edit), NSYS]
+    md = _report([str(r) for r in runs], tmp_path / "rep")
+    lines = [ln for ln in md.splitlines() if ln.startswith("- 1 on NVIDIA H200")]
+    assert len(lines) == 2 and lines[0].endswith(", nsys 2025.3.1.90-253135822126v0")
+    assert "nsys" not in lines[1]  # (a run.json from before, which names no nsys)
