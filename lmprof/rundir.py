@@ -47,9 +47,10 @@ timings::
     total_s         float    wall time of the run in process: the model's build, warm-up and
                              measured steps, the hooks around them (profiler start/stop, memory
                              snapshot dump) and the memory's release after
-    steps           list     per measured step: {"step": i, "<phase>_s": seconds, "step_s": s}
+    steps           list     per measured step done: {"step": i, "<phase>_s": seconds, "step_s": s}
+                             (a run that failed in a measured step: those before it)
     summary         dict     per phase (forward|backward|optimizer|inference|step):
-                             {mean_s, std_s, median_s, min_s, max_s, n}
+                             {mean_s, std_s, median_s, min_s, max_s, n}; a finished run's only
 """
 
 from __future__ import annotations

@@ -311,7 +311,7 @@ def execute(prep: Prepared, run_dir: Path, hooks: Hooks, progress: bool) -> dict
             torch.cuda.reset_peak_memory_stats(prep.device)
         for hook in hooks.before_measured:
             hook()
-        measured = []
+        measured = timings["steps"] = []  # (kept as they complete, as the warm-up steps)
         for i in range(spec.steps):
             bar.set_postfix_str("measured")
             times = runner.step(i, warmup=False)
@@ -326,7 +326,6 @@ def execute(prep: Prepared, run_dir: Path, hooks: Hooks, progress: bool) -> dict
             }
         for hook in hooks.after_measured:
             record["artifacts"].update(hook())
-        timings["steps"] = measured
         keys = [k for k in measured[0] if k.endswith("_s")]
         timings["summary"] = {k[:-2]: summarize([m[k] for m in measured]) for k in keys}
     except Exception as exc:  # noqa: BLE001 — every failure becomes a recorded status

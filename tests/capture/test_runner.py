@@ -210,6 +210,27 @@ def test_failure_in_warmup_calls_the_hooks_without_windows(tmp_path, monkeypatch
     assert record["timings"]["warmup_steps_s"] == []
 
 
+def test_failure_in_a_measured_step_keeps_the_steps_done_before_it(tmp_path, monkeypatch):
+    """A run that fails in its third measured step kept no step times at all, though its
+    phase_windows (and its nsys trace) hold the two steps that ended: they are kept, as the
+    warm-up steps are; the summary stays a finished run's."""
+    real = runner.StepRunner.step
+
+    def step(self, i, warmup):
+        if i == 2 and not warmup:
+            raise RuntimeError("failed in step 2")
+        return real(self, i, warmup=warmup)
+
+    monkeypatch.setattr(runner.StepRunner, "step", step)
+    run_dir, record = run(tmp_path, warmup=1, steps=4)
+    loaded = rundir.load_run(run_dir)
+    assert loaded["status"] == "ERROR" and "failed in step 2" in loaded["error"]
+    steps = loaded["timings"]["steps"]
+    assert [s["step"] for s in steps] == [0, 1] and all(s["step_s"] > 0 for s in steps)
+    assert sorted({w["step"] for w in loaded["phase_windows"]}) == [0, 1]
+    assert "summary" not in loaded["timings"]
+
+
 def test_memory_recorder_on_failure_keeps_the_right_snapshot(tmp_path, monkeypatch):
     """The recorder's failure path without a GPU (torch.cuda's memory calls faked): recording
     -> dumped then stopped, without a synchronize; an OOM before recording -> the state dumped;
