@@ -377,6 +377,44 @@ def test_nsys_path_and_args_reach_the_nsys_cells(tmp_path, capsys, monkeypatch):
     assert "--nsys" in cmd and cmd[cmd.index("--run-dir") + 1] == str(tmp_path / "b")
 
 
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # (a zombie has ended: reparented where nothing reaps it)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="needs Linux /proc")
+def test_a_timed_out_cell_ends_with_every_process_it_started(tmp_path, monkeypatch):
+    """A cell's timeout killed its process group only. nsys starts its agent (and the profiled
+    program) in sessions of their own: on an H200 a timed-out nsys cell left
+    'nsys --start-agent' running after the sweep. Every process the cell started goes now,
+    whatever its session. (The cell here is a stand-in that starts a sleeper in a new session,
+    as nsys does, and hangs.)"""
+    pidfile = tmp_path / "sleeper.pid"
+    script = ("import subprocess, sys, time\n"
+              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
+              "start_new_session=True)\n"
+              f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+              "time.sleep(600)\n")
+    monkeypatch.setattr(sweep.Launcher, "command",
+                        lambda self, cell, target: [sys.executable, "-c", script])
+    cell = sweep.build_grid({}, {"context_length": "16", "device": "cpu"}).cells()[0]
+    launcher = sweep.Launcher(tmp_path / "sweep", "h", 3.0)
+    record = launcher(cell, None)
+    assert record["status"] == "TIMEOUT"
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert not _alive(pid), "the sleeper in its own session outlived the cell"
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_bf16_cells_on_a_gpu_without_bf16_are_refused_before_any_starts(tmp_path, capsys,
                                                                         monkeypatch):
     """capture run refuses bf16 where the GPU lacks it (a V100) before any work; a sweep did
