@@ -29,6 +29,7 @@ finally:
 from lmprof import rundir  # noqa: E402
 from lmprof import nsystool  # noqa: E402
 from lmprof.capture import nsys as nsys_mod  # noqa: E402
+from lmprof.capture import proctree  # noqa: E402
 from lmprof.capture.attention import attention_cmd  # noqa: E402
 from lmprof.capture.options import (add_run_options, add_sweep_options,  # noqa: E402
                                     spec_from_kwargs, spec_to_argv)
@@ -272,11 +273,19 @@ def _run_under_nsys(nsys: str, target: Path, spec, nsys_args: str | None, quiet:
     # (the child ends itself once this process is gone: nsys starts it in a session of its own,
     # out of reach of a kill of this process group)
     env = {**os.environ, nsys_mod.OWNER_ENV: str(os.getpid())}
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True, env=env)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=None, text=True, env=env) as proc:
+        try:
+            out = proc.communicate()[0]
+        except BaseException:
+            # Ctrl-C, SIGTERM: nsys goes with what it started in sessions of its own (its agent;
+            # the profiled run ends with its owner, this process), which a kill of nsys leaves
+            proctree.kill_tree(proc.pid)
+            raise
     try:
         record = rundir.load_run(target)
     except UserError:
-        tail = (proc.stdout or "").strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+        tail = (out or "").strip().splitlines()[-1:] or \
+            [f"exit status {proc.returncode}"]
         raise UserError(f"the run under nsys wrote no run.json: {tail[0]}") from None
     rep = target / f"{nsys_mod.REPORT_BASENAME}.nsys-rep"
     if rep.is_file():

@@ -45,6 +45,7 @@ from typing import Any, Callable
 
 import lmprof
 from lmprof import nsystool, rundir, sweepdir
+from lmprof.capture import proctree
 from lmprof.capture.options import GRID_FIELDS, RUN_OPTIONS, spec_to_argv
 from lmprof.capture.runner import RunSpec
 from lmprof.errors import UserError
@@ -569,58 +570,11 @@ class Launcher:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill a cell: its process group and every process under it in other sessions.
-
-    nsys starts its agent and the profiled program in sessions of their own, out of reach of a
-    kill of the cell's group: on an H200 a timed-out nsys cell left ``nsys --start-agent``
-    running after the sweep. The cell's processes are stopped first (SIGSTOP), then looked for
-    again, so that one forked meanwhile is found too, and then all are killed."""
-    found: set[int] = set()
-    for _ in range(3):
-        more = set(_descendants(proc.pid)) - found
-        if not more and found:
-            break
-        found |= more
-        for pid in more:
-            _signal(pid, signal.SIGSTOP)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGSTOP)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    for pid in found:
-        _signal(pid, signal.SIGKILL)
+    """Kill a cell: its process group and every process under it in other sessions (nsys
+    starts its agent and the profiled program in sessions of their own: on an H200 a timed-out
+    nsys cell left ``nsys --start-agent`` running after the sweep)."""
+    proctree.kill_tree(proc.pid, group=True)
     proc.wait()
-
-
-def _signal(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
-
-
-def _descendants(pid: int) -> list[int]:
-    """The processes under ``pid`` (its children, theirs, ...), whatever their session or
-    group, from /proc's parent ids; [] where there is no /proc (not Linux)."""
-    children: dict[int, list[int]] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return []
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-            ppid = int(stat.rsplit(b")", 1)[1].split()[1])  # (the name may hold ') ')
-        except (OSError, IndexError, ValueError):
-            continue  # (ended meanwhile)
-        children.setdefault(ppid, []).append(int(name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def _last_line(log: Path) -> str:

@@ -287,6 +287,62 @@ def test_nsys_run_records_the_nsys_version_and_the_extra_flags(monkeypatch, tmp_
     assert record["artifacts"]["nsys_sqlite"] == "report.sqlite"
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="needs Linux /proc")
+def test_a_stopped_nsys_run_ends_with_every_process_nsys_started(tmp_path):
+    """SIGTERM (or Ctrl-C) to 'capture run --nsys' killed nsys but not what nsys had started
+    in sessions of its own (its agent, seen left running on an H200). The nsys here is a
+    stand-in that starts a sleeper in a new session and hangs; capture run's device check is
+    bypassed as above (this machine has no GPU)."""
+    import signal
+    import time
+
+    fake = tmp_path / "nsys"
+    pidfile = tmp_path / "sleeper.pid"
+    fake.write_text(f"""#!{sys.executable}
+import subprocess, sys, time
+p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                     start_new_session=True, stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+open({str(pidfile)!r}, "w").write(str(p.pid))
+time.sleep(600)
+""")
+    fake.chmod(0o755)
+    code = ("import dataclasses, sys\n"
+            "from lmprof.capture import runner\n"
+            "real = runner.prepare\n"
+            "runner.prepare = lambda spec: real(dataclasses.replace(spec, nsys=False))\n"
+            "from lmprof.capture.cli import main\n"
+            "main(sys.argv[1:])\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, "run", *TINY, "--nsys", "--nsys-path",
+                             str(fake), "--out", str(tmp_path / "runs"), "--quiet"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not pidfile.is_file() or not pidfile.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    sleeper = int(pidfile.read_text())
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+
+    def alive() -> bool:
+        try:
+            stat = Path(f"/proc/{sleeper}/stat").read_text()
+        except OSError:
+            return False
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+    deadline = time.monotonic() + 5
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert not alive(), "the process nsys started in its own session outlived the run"
+    finally:
+        if alive():
+            os.kill(sleeper, signal.SIGKILL)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
 @pytest.mark.parametrize("fault, memory_steps, expected", [
     (None, None, ["warmup", "start", "step", "step", "stop", "dump"]),
     # --memory-steps 1 of 2: the snapshot is dumped between the steps, inside the range
