@@ -339,7 +339,11 @@ def _check_options(impls, ds, seqs, dtypes, iters, warmup, batch, heads) -> None
 @click.option("--label", type=str, default=None, help="Label used in the run id.")
 def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, warmup, device,
                   out, label) -> None:
-    """Time attention implementations (CS336 benchmark, leaderboard, sweep) into a run directory."""
+    """Time attention implementations (CS336 benchmark, leaderboard, sweep) into a run directory.
+
+    Exit status: 0 when every row is OK, OOM or UNSUPPORTED; 1 when a row is ERROR (all rows
+    are still saved and shown); 2 for bad options; 130 for Ctrl-C and 143 for SIGTERM (the rows
+    finished before are kept)."""
     # each value once, in the order given (as --part): a repeated one timed the same cells twice
     parts = tuple(dict.fromkeys(parts or ("a", "b", "c")))
     impls, seqs, ds, dtypes = (tuple(dict.fromkeys(v)) for v in (impls, seqs, ds, dtypes))
@@ -428,6 +432,14 @@ def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, w
     from lmprof.reports.sections.attention import render_tables
 
     click.echo(render_tables(results))
+    failed = [r for part in ("part_a", "part_b", "part_c") for r in results.get(part, ())
+              if r.get("status") == "ERROR"]
+    if failed:  # (OOM and UNSUPPORTED rows are results; an ERROR row is a failure to look at)
+        first = failed[0]
+        where = " ".join(f"{k}={first[k]}" for k in ("dtype", "seq", "d") if k in first)
+        click.echo(f"error: {len(failed)} row{'s' * (len(failed) != 1)} failed (ERROR): "
+                   f"{first['impl']} {where}: {first['error']}", err=True)
+        raise SystemExit(1)
 
 
 def _dtypes(dtypes, default) -> list[torch.dtype]:

@@ -250,3 +250,42 @@ def test_flash_without_triton_exits_2_with_one_line(tmp_path, impls):
     assert proc.stderr.strip().splitlines() == [
         "error: --impl flash is not available: import of triton halted; None in sys.modules"]
     assert not (tmp_path / "runs").exists()
+
+
+def test_an_error_row_makes_the_exit_status_1(tmp_path, monkeypatch, capsys):
+    """A row that failed for no reason of memory or support (ERROR: a kernel that did not
+    compile, a CUDA error) left the exit status 0, so a script or CI job saw a good run. Such
+    rows now exit 1 once every row is saved and shown (as capture sweep does for an ERROR
+    cell); OOM and UNSUPPORTED rows are results and keep 0."""
+    from lmprof.capture import attention
+    from lmprof.capture.cli import main
+
+    real = attention.make_impl
+
+    def make_impl(impl):
+        if impl == "sdpa-math":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(impl)
+
+    monkeypatch.setattr(attention, "make_impl", make_impl)
+    args = ["attention", "--part", "a", "--seq", "8", "--d", "16", "--device", "cpu",
+            "--out", str(tmp_path / "runs"), "--iters", "1", "--warmup", "0", "--impl", "naive"]
+    def status(argv) -> int:
+        try:
+            main(argv)
+        except SystemExit as exit_:
+            return exit_.code
+        return 0
+
+    assert status(args) == 0
+    capsys.readouterr()
+    code = status([*args, "--impl", "sdpa-math"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "| naive" in out or "naive" in out  # (the tables are printed first)
+    assert err.strip().splitlines()[-1].startswith("error: 1 row failed (ERROR): sdpa-math")
+    assert "illegal memory access" in err
+    from lmprof import rundir
+
+    record = rundir.load_run(rundir.resolve_run_dir(tmp_path / "runs" / "latest"))
+    assert record["status"] == "OK"  # (the run itself finished: its rows say what failed)
