@@ -23,8 +23,8 @@ import gc
 import gzip
 import io
 import lzma
-import pickle
 import os
+import pickle
 import re
 import threading
 import zlib

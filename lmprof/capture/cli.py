@@ -284,8 +284,7 @@ def _run_under_nsys(nsys: str, target: Path, spec, nsys_args: str | None, quiet:
     try:
         record = rundir.load_run(target)
     except UserError:
-        tail = (out or "").strip().splitlines()[-1:] or \
-            [f"exit status {proc.returncode}"]
+        tail = (out or "").strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
         raise UserError(f"the run under nsys wrote no run.json: {tail[0]}") from None
     rep = target / f"{nsys_mod.REPORT_BASENAME}.nsys-rep"
     if rep.is_file():

@@ -18,17 +18,21 @@ import signal
 def kill_tree(pid: int, group: bool = False) -> None:
     """SIGKILL ``pid``, every process under it, and with ``group`` its process group (whose
     leader ``pid`` is). Processes that ended meanwhile are skipped."""
+    def stop_root() -> None:  # (first: a stopped process forks no more children)
+        if group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGSTOP)
+        _signal(pid, signal.SIGSTOP)
+
     found: set[int] = set()
     for _ in range(3):
+        stop_root()
         more = set(descendants(pid)) - found
         if found and not more:
             break
         found |= more
         for other in more:
             _signal(other, signal.SIGSTOP)
-        if group:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGSTOP)
     if group:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)

@@ -570,9 +570,8 @@ class Launcher:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill a cell: its process group and every process under it in other sessions (nsys
-    starts its agent and the profiled program in sessions of their own: on an H200 a timed-out
-    nsys cell left ``nsys --start-agent`` running after the sweep)."""
+    """Kill a cell: its process group and every process under it in other sessions (nsys's
+    agent: ``proctree``)."""
     proctree.kill_tree(proc.pid, group=True)
     proc.wait()
 
