@@ -12,7 +12,7 @@ import duckdb
 
 from lmprof import phases
 from lmprof.analyze import magic
-from lmprof.analyze.options import format_option, out_option
+from lmprof.analyze.options import format_option, out_option, refuse_db_in_place_of
 from lmprof.errors import PathParam, UserError
 
 # The names of lmprof.analyze.kernel_tables.TABLES, in order (a test checks), known without
@@ -243,6 +243,7 @@ def kernels_cmd(reports, attribution, phase_ranges, skip_steps, softmax_ranges, 
     from lmprof.analyze import kernel_names
     from lmprof.render import Table, emit
 
+    refuse_db_in_place_of(db, out=out)
     options = trace_options(attribution, phase_ranges, softmax_ranges, matmul_ranges,
                             full_range_names, skip_steps)
     with open_traces(reports, options, db, nsys_path, defer=True) as (_, traces, inputs):

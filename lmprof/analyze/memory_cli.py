@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from lmprof.analyze.options import format_option, out_option
+from lmprof.analyze.options import format_option, out_option, refuse_db_in_place_of
 from lmprof.errors import PathParam
 
 
@@ -37,6 +37,8 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
     from lmprof.analyze.snapshot import display_site
     from lmprof.errors import UserError
     from lmprof.render import emit
+
+    refuse_db_in_place_of(db, out=out, plots=plots)
 
     if run_dir and len(inputs) != 1:
         raise UserError("--run pairs one raw snapshot with its run.json; give exactly one input")

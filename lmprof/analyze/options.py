@@ -3,9 +3,11 @@ from here, not from ``analyze.cli``, which imports those modules to register the
 
 from __future__ import annotations
 
+import os
+
 import click
 
-from lmprof.errors import PathParam
+from lmprof.errors import PathParam, UserError
 from lmprof.render import FORMATS  # light: pandas is imported on use
 
 format_option = click.option(
@@ -16,3 +18,12 @@ format_option = click.option(
 out_option = click.option(
     "--out", type=PathParam(file_okay=False), default=None,
     help="Also write each table to OUT/<table>.<format>.")
+
+
+def refuse_db_in_place_of(db: str | None, **folders: str | None) -> None:
+    """``--db FILE`` that is the path of an output folder (``--out X --db X``): refused before
+    any work, where it failed only after every table was written into the folder."""
+    for flag, folder in folders.items():
+        if db and folder and os.path.realpath(db) == os.path.realpath(folder):
+            raise UserError(f"--db {db!r} is the --{flag} folder: give the database a file of "
+                            "its own (in that folder, say)")

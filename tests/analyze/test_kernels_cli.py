@@ -1292,3 +1292,18 @@ def test_the_cross_run_tables_say_what_they_show(tmp_path):
         assert not part[1].startswith("|") and part[2].startswith("|"), (title, part[:3])
     header = out[out.index("## softmax vs matmul by run"):].split("\n\n")[2].splitlines()[0]
     assert "Matmul GEMM (ms)" in header, header
+
+
+@pytest.mark.parametrize("command", ["kernels", "memory"])
+def test_db_that_is_the_out_folder_is_refused_before_any_work(tmp_path, command):
+    """--out X --db X wrote every table into the folder X and then failed ("cannot write --db
+    'X': Is a directory"); the clash is refused first, and nothing is written."""
+    source = REPORT if command == "kernels" else (
+        ROOT / "tests" / "data" / "h200-small-fp32" / "memory.pickle.xz")
+    target = tmp_path / "X"
+    for db in (target, tmp_path / "." / "X"):
+        proc = run_proc(command, str(source), "--out", str(target), "--db", str(db),
+                        "--format", "csv")
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.count("\n") == 1 and "is the --out folder" in proc.stderr
+        assert not target.exists()
