@@ -468,12 +468,16 @@ def run_files(record: dict[str, Any] | None) -> list[Path]:
     return files
 
 
+_SPECIAL = {stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket",
+            stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
+
+
 def refuse_overwrite(outputs: Iterable[str | Path], inputs: Iterable[str | Path],
                      option: str) -> None:
     """A one-line UserError, raised before anything is written, where an output path is one of
     the command's input files: the same file (or a hard link to it), or a symbolic link that
-    leads to one, told apart by (device, inode) with links followed. An output that does not
-    exist yet is no input. ``option`` names what chose the output (``--out``, ``--db``). One
+    leads to one, told apart by (device, inode) with links followed; or where it is a named
+    pipe, socket or device, not a file. An output that does not exist yet is no input. ``option`` names what chose the output (``--out``, ``--db``). One
     stat per path."""
     known: dict[tuple[int, int], Path] = {}
     for path in inputs:
@@ -486,6 +490,10 @@ def refuse_overwrite(outputs: Iterable[str | Path], inputs: Iterable[str | Path]
             st = os.stat(path)
         except (OSError, ValueError):  # not there yet, or a link that leads nowhere
             continue
+        special = _SPECIAL.get(stat.S_IFMT(st.st_mode))
+        if special:  # (writing a named pipe waits for a reader for ever)
+            raise UserError(f"{option}: {str(path)!r} is {special}, not a file: give another "
+                            "output path")
         source = known.get((st.st_dev, st.st_ino))
         if source is not None:
             how = "links to" if os.path.islink(path) else "is"

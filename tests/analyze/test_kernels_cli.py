@@ -1307,3 +1307,17 @@ def test_db_that_is_the_out_folder_is_refused_before_any_work(tmp_path, command)
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.count("\n") == 1 and "is the --out folder" in proc.stderr
         assert not target.exists()
+
+
+def test_a_named_pipe_where_a_table_goes_is_refused_not_waited_on(tmp_path):
+    """A FIFO in --out named like a table (left by a shell's process substitution, say) made
+    the command wait for a reader for ever; it is refused before anything is written."""
+    out = tmp_path / "out"
+    out.mkdir()
+    os.mkfifo(out / "gpu_idle.csv")
+    proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", "kernels", str(REPORT),
+                           "--out", str(out), "--format", "csv"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "gpu_idle.csv' is a named pipe" in proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_idle.csv"]
