@@ -477,8 +477,8 @@ def refuse_overwrite(outputs: Iterable[str | Path], inputs: Iterable[str | Path]
     """A one-line UserError, raised before anything is written, where an output path is one of
     the command's input files: the same file (or a hard link to it), or a symbolic link that
     leads to one, told apart by (device, inode) with links followed; or where it is a named
-    pipe, socket or device, not a file. An output that does not exist yet is no input. ``option`` names what chose the output (``--out``, ``--db``). One
-    stat per path."""
+    pipe, socket or device, not a file. An output that does not exist yet is no input.
+    ``option`` names what chose the output (``--out``, ``--db``). One stat per path."""
     known: dict[tuple[int, int], Path] = {}
     for path in inputs:
         with contextlib.suppress(OSError, ValueError):
