@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import os
 
 import torch
@@ -1049,7 +1050,8 @@ def _record(name: str, compiled) -> None:
 def _scale(d: int, scale: float | None) -> float:
     if scale is None:
         return 1.0 / math.sqrt(d)
-    if not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+    # (any real number: numpy's float32 is no Python float; a bool is refused)
+    if not (isinstance(scale, numbers.Real) and not isinstance(scale, bool)
             and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a positive finite number, got {scale!r}")
     return float(scale)

@@ -111,6 +111,14 @@ def test_three_dim_inputs_and_explicit_scale(gen):
     check_against_reference(gen, (2, 50, 16), (2, 70, 16), torch.float32, False, scale=0.3)
 
 
+def test_a_numpy_scale_is_a_number(gen):
+    """scale=np.float32(0.3) (as read from a numpy config) was refused ("must be a positive
+    finite number"): numpy's float32 is no Python float. Any real number counts, as for SDPA."""
+    np = pytest.importorskip("numpy")
+    check_against_reference(gen, (1, 1, 20, 16), (1, 1, 20, 16), torch.float32, False,
+                            scale=np.float32(0.3))
+
+
 def test_single_row_and_tiny_lengths(gen):
     check_against_reference(gen, (1, 1, 1, 16), (1, 1, 1, 16), torch.float32, True)
     check_against_reference(gen, (1, 1, 3, 16), (1, 1, 130, 16), torch.float32, True)
@@ -324,7 +332,7 @@ def test_bad_input_raises_value_error(inputs, message):
         fa.flash_attention(*inputs)
 
 
-@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), True])
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), True, "0.3", 1j])
 def test_bad_scale(scale):
     with pytest.raises(ValueError, match="scale"):
         fa.flash_attention(*_bad(), scale=scale)
