@@ -64,10 +64,7 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
     if under_nsys:
         nsys_mod.exit_with_owner()
     spec = spec_from_kwargs(kwargs)
-    if (nsys_path or nsys_args) and not spec.nsys:
-        flag = "--nsys-path" if nsys_path else "--nsys-args"
-        raise UserError(f"{flag} applies to a run under Nsight Systems: add --nsys")
-    nsys_mod.split_args(nsys_args)  # (refused here, before any work)
+    nsys_mod.check_options(nsys_path, nsys_args, spec.nsys, "a run", "--nsys")
     if not spec.memory and run_dir is None:
         # (not for a sweep's cell, given its --run-dir: a grid may give them beside --memory
         # yes,no, and each cell gets the grid's options)
@@ -221,10 +218,8 @@ def sweep_cmd(grid_file: str | None, out: str, name: str | None, gpus: str | Non
     sweep_mod.check_out(Path(out))
     file_values = sweep_mod.load_grid_file(grid_file) if grid_file else {}
     grid = sweep_mod.build_grid(file_values, kwargs, grid_file)
-    if (nsys_path or nsys_args) and not any(cell.spec.nsys for cell in grid.cells()):
-        flag = "--nsys-path" if nsys_path else "--nsys-args"
-        raise UserError(f"{flag} applies to cells under Nsight Systems: add --nsys yes")
-    nsys_mod.split_args(nsys_args)  # (refused here, before any work)
+    nsys_mod.check_options(nsys_path, nsys_args, any(cell.spec.nsys for cell in grid.cells()),
+                           "cells", "--nsys yes")
     opts = sweep_mod.Options(
         shard=sweep_mod.parse_shard(shard), gpus=sweep_mod.parse_gpus(gpus),
         timeout_s=timeout_s or None, retry_failed=retry_failed, force_mix=force_mix,

@@ -71,6 +71,17 @@ def profile_command(nsys: str, run_dir: Path, child_argv: list[str], extra: str 
     return cmd + split_args(extra) + child_argv
 
 
+def check_options(nsys_path: str | None, nsys_args: str | None, under_nsys: bool, what: str,
+                  add: str) -> None:
+    """``--nsys-path`` / ``--nsys-args`` (capture run's and sweep's), refused before any work
+    where nothing runs under nsys (``what``: "a run", "cells"; ``add``: the flag that would)
+    and where the extra flags do not split."""
+    if (nsys_path or nsys_args) and not under_nsys:
+        flag = "--nsys-path" if nsys_path else "--nsys-args"
+        raise UserError(f"{flag} applies to {what} under Nsight Systems: add {add}")
+    split_args(nsys_args)
+
+
 def split_args(extra: str | None) -> list[str]:
     """``--nsys-args`` as a shell would split it (it is never run through one); one-line
     UserError where it does not split (an unclosed quote)."""
