@@ -5,6 +5,9 @@ and the profiled program in sessions of their own, so a timed-out sweep cell und
 ``capture run --nsys`` stopped by Ctrl-C or SIGTERM, left the agent running (seen on an H200).
 :func:`kill_tree` finds the processes under a pid through /proc's parent ids, stops them
 (SIGSTOP: none forks meanwhile), looks again for any forked before the stop, then kills all.
+nsys's agent is not under nsys: on an H100 (nsys 2025.3.1) its parent is 1 from the start, a
+session of its own, named after the nsys process (``--session-name profile-<pid of nsys>``), so
+it is found by that name (:func:`nsys_agents`) and killed with them.
 Without /proc (not Linux) it kills what it can: the process, and its group where asked.
 """
 
@@ -16,8 +19,9 @@ import signal
 
 
 def kill_tree(pid: int, group: bool = False) -> None:
-    """SIGKILL ``pid``, every process under it, and with ``group`` its process group (whose
-    leader ``pid`` is). Processes that ended meanwhile are skipped."""
+    """SIGKILL ``pid``, every process under it, the nsys agents of those processes
+    (:func:`nsys_agents`), and with ``group`` its process group (whose leader ``pid`` is).
+    Processes that ended meanwhile are skipped."""
     def stop_root() -> None:  # (first: a stopped process forks no more children)
         if group:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -33,10 +37,11 @@ def kill_tree(pid: int, group: bool = False) -> None:
         found |= more
         for other in more:
             _signal(other, signal.SIGSTOP)
+    agents = nsys_agents({pid, *found})  # (while the stopped processes keep their pids)
     if group:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
-    for other in (pid, *found):
+    for other in (pid, *found, *agents):
         _signal(other, signal.SIGKILL)
 
 
@@ -45,17 +50,37 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
+def nsys_agents(pids: set[int]) -> list[int]:
+    """The processes ``nsys --start-agent --session-name profile-P`` whose P is one of
+    ``pids`` (the agent an ``nsys profile`` of pid P started), from /proc's command lines;
+    [] where there is no /proc."""
+    names = {f"profile-{p}".encode() for p in pids}
+    found = []
+    for name in _pids():
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue  # (ended meanwhile)
+        if b"--start-agent" not in args:
+            continue
+        if {args[i + 1] for i, a in enumerate(args[:-1]) if a == b"--session-name"} & names:
+            found.append(int(name))
+    return found
+
+
+def _pids() -> list[str]:
+    try:
+        return [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
+
+
 def descendants(pid: int) -> list[int]:
     """The processes under ``pid`` (its children, theirs, ...), whatever their session or
     group, from /proc's parent ids; [] where there is no /proc."""
     children: dict[int, list[int]] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return []
-    for name in names:
-        if not name.isdigit():
-            continue
+    for name in _pids():
         try:
             with open(f"/proc/{name}/stat", "rb") as f:
                 stat = f.read()

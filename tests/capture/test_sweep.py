@@ -415,6 +415,45 @@ def test_a_timed_out_cell_ends_with_every_process_it_started(tmp_path, monkeypat
             os.kill(pid, signal.SIGKILL)
 
 
+# A stand-in for nsys: it starts its agent as nsys 2025.3 does on an H100 (seen with ps): through
+# a process that exits at once, so that the agent is nobody's child (parent 1), in a session of
+# its own, named after the nsys process ('--session-name profile-<pid of nsys>').
+_NSYS_WITH_AGENT = """
+import os, subprocess, sys, time
+agent = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', "
+         "'import time; time.sleep(600)', '--start-agent', '--session-name', "
+         "'profile-' + sys.argv[1]], start_new_session=True, stdout=subprocess.DEVNULL, "
+         "stderr=subprocess.DEVNULL); print(p.pid)")
+pid = subprocess.run([sys.executable, '-c', agent, str(os.getpid())], capture_output=True,
+                     text=True).stdout.strip()
+open(sys.argv[1], 'w').write(pid)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="needs Linux /proc")
+def test_a_timed_out_nsys_cell_ends_the_nsys_agent_that_is_nobodys_child(tmp_path, monkeypatch):
+    """On an H100 a timed-out nsys cell, and a capture run --nsys ended by SIGTERM, left
+    'nsys --start-agent --session-name profile-<pid of nsys>' running: its parent is 1 from the
+    start, so no walk down from the cell finds it. The agent of each killed nsys goes too (found
+    by the session name that names it). (nsys here is a stand-in that starts its agent so.)"""
+    pidfile = tmp_path / "agent.pid"
+    monkeypatch.setattr(sweep.Launcher, "command", lambda self, cell, target: [
+        sys.executable, "-c", _NSYS_WITH_AGENT, str(pidfile)])
+    cell = sweep.build_grid({}, {"context_length": "16", "device": "cpu"}).cells()[0]
+    record = sweep.Launcher(tmp_path / "sweep", "h", 3.0)(cell, None)
+    assert record["status"] == "TIMEOUT"
+    agent = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(agent) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert not _alive(agent), "the nsys agent outlived the cell"
+    finally:
+        if _alive(agent):
+            os.kill(agent, signal.SIGKILL)
+
+
 def test_bf16_cells_on_a_gpu_without_bf16_are_refused_before_any_starts(tmp_path, capsys,
                                                                         monkeypatch):
     """capture run refuses bf16 where the GPU lacks it (a V100) before any work; a sweep did
