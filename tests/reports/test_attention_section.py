@@ -419,6 +419,33 @@ def test_an_implementation_has_one_colour_in_every_panel_and_plot(tmp_path, monk
     assert [t.get_text() for t in legend.get_texts()] == ["flash", "sdpa-cudnn", "sdpa-efficient"]
 
 
+def test_every_implementation_has_its_own_colour_whatever_else_a_plot_draws(tmp_path,
+                                                                           monkeypatch):
+    """The implementations other than the default four took the free colours in name order
+    plot by plot: flash-split was C4 in a plot without flash-atomic and C5 in one with it (a
+    run's own plot and the plot of runs together in one report disagreed), and of all of
+    capture attention's implementations naive and sdpa-math were both drawn C7."""
+    from matplotlib.colors import to_hex
+
+    from lmprof.capture.attention import IMPLS
+
+    figures = _drawn(monkeypatch)
+    assert section.plot_tflops([_row("flash", 1024, 1.0), _row("flash-split", 1024, 1.1)],
+                               tmp_path / "a.png")
+    assert section.plot_tflops([_row("flash-atomic", 1024, 1.2),
+                                _row("flash-split", 1024, 1.1)], tmp_path / "b.png")
+    assert section.plot_tflops([_row(impl, 1024, 1.0 + i) for i, impl in enumerate(IMPLS)],
+                               tmp_path / "c.png")
+    colours = {}
+    for fig in figures:
+        for ax in fig.axes:
+            for line in ax.get_lines():
+                colours.setdefault(line.get_label(), set()).add(to_hex(line.get_color()))
+    assert set(colours) == set(IMPLS)
+    assert all(len(c) == 1 for c in colours.values()), colours
+    assert len({c for cs in colours.values() for c in cs}) == len(IMPLS), colours
+
+
 def test_dollar_signs_in_an_implementations_name_are_drawn_as_text(tmp_path, monkeypatch):
     """An attention.json's names are the file's text: matplotlib read a pair of '$' in them as
     mathtext, so an implementation named 'a$\\frac$' ended the report in a ParseSyntaxException

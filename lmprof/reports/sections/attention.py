@@ -9,6 +9,7 @@ fastest SDPA backend at each point).
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pandas as pd
@@ -222,14 +223,21 @@ def render_tables(results: dict[str, Any], run: str = "") -> str:
     return "\n\n".join(parts) + "\n"
 
 
-# part c's implementations, one colour each in every panel and every plot of a report; any other
-# takes the next free colour in name order
-_IMPL_COLORS = {"flash": "C0", "sdpa-cudnn": "C1", "sdpa-efficient": "C2", "sdpa-flash": "C3"}
+# every implementation of ``capture attention`` (capture.attention.IMPLS), one colour each in
+# every panel and every plot (dealt plot by plot, one took another colour where the plot drew
+# another implementation too); any other name (a hand-edited file) takes the next free colour
+# of a plot in name order
+_IMPL_COLORS = {"flash": "C0", "sdpa-cudnn": "C1", "sdpa-efficient": "C2", "sdpa-flash": "C3",
+                "flash-split": "C4", "flash-atomic": "C5", "flash-gluon": "C6", "naive": "C7",
+                "naive-compiled": "C8", "sdpa-default": "C9", "sdpa-math": "#000000"}
+# (tab20's light colours, which no implementation above takes)
+_FREE_COLORS = ("#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2",
+                "#c7c7c7", "#dbdb8d", "#9edae5")
 
 
 def _impl_colors(impls) -> dict[str, str]:
-    free = iter(c for c in (f"C{i}" for i in range(10)) if c not in _IMPL_COLORS.values())
-    return {impl: _IMPL_COLORS.get(impl) or next(free, "C7") for impl in sorted(impls)}
+    free = itertools.cycle(_FREE_COLORS)
+    return {impl: _IMPL_COLORS.get(impl) or next(free) for impl in sorted(impls)}
 
 
 # under each plot_tflops image: the table beside it gives times, the plot rates
