@@ -7,7 +7,8 @@ clock (``memory_events.time_us`` is epoch µs; an nsys export's session start is
 ``TARGET_INFO_SESSION_START_TIME`` in epoch ns). Every table carries ``snapshot_id``.
 
 Loaded as is (one row per item of the snapshot):
-    memory_snapshots      one row per loaded snapshot: path, label, run config, phase_source,
+    memory_snapshots      one row per loaded snapshot: path, label, run config (size: the
+                          size named with what its dims change, "small (2 layers)"), phase_source,
                           status (run.json's: OK, or OOM / ERROR for a snapshot of a failure),
                           completed_steps (training steps done before the dump; NULL: unknown),
                           release_action (where memory is released: memory_replay.release_action)
@@ -224,13 +225,17 @@ def _snapshot_row(path: Path, run: dict | None, phase_source: str, layout: str, 
                   ) -> dict[str, list]:
     n = con.execute("SELECT count(*) FROM memory_trace WHERE snapshot_id = ?",
                     [sid]).fetchall()[0][0]
+    from lmprof.reports.comparisons import model_label
+
     c = (run or {}).get("config") or {}
     m = (run or {}).get("model") or {}
     return {
         "path": [str(path)], "label": [label or snapshot_label(path, run)],
         "run_dir": [(run or {}).get("run_dir")], "run_id": [(run or {}).get("run_id")],
         "layout": [layout], "has_trace": [n > 0], "trace_entries": [n],
-        "phase_source": [phase_source], "size": [c.get("size")],
+        "phase_source": [phase_source],
+        # (a size whose dims were changed is another model, named as the report's grids name it)
+        "size": [model_label(run) if run else None],
         "batch_size": [c.get("batch_size")],
         "context_length": [c.get("context_length") or m.get("context_length")],
         "d_model": [m.get("d_model") or c.get("d_model")],

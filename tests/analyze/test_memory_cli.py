@@ -214,6 +214,38 @@ def test_peak_by_context_keeps_attention_apart(tmp_path):
     assert f"{PEAK / 2**20:.1f}" in table and str(PEAK) not in table  # 2774.5
 
 
+def test_peak_by_context_keeps_a_size_with_other_dims_apart(tmp_path):
+    """A run of a size with its dims changed (capture run --model small --d-model 1024 --d-ff
+    4096 --num-layers 24 --num-heads 16: the medium model's dims) is another model, as the
+    report's sweep tables name it; the memory tables called both runs "small" and the peak by
+    context length gave that one row the larger model's peak, the 12-layer small's gone."""
+    data = ROOT / "tests" / "data"
+    small, big = data / "h200-lmprof-memory", tmp_path / "big"
+    big.mkdir()
+    medium = data / "h200-lmprof-memory-medium"
+    (big / "memory.pickle.xz").write_bytes((medium / "memory.pickle.xz").read_bytes())
+    record = json.loads((medium / "run.json").read_text())
+    record["config"].update(size="small", d_model=1024, d_ff=4096, num_layers=24, num_heads=16)
+    (big / "run.json").write_text(json.dumps(record))
+    peaks = {}  # each snapshot's own peak, analysed alone
+    for d in (small, big):
+        res = CliRunner().invoke(analyze, ["memory", str(d), "--format", "json"],
+                                 catch_exceptions=False)
+        (row,) = json.loads(res.output)["memory_peak"]
+        peaks[d] = row["peak_allocated_bytes"]
+    assert peaks[big] > peaks[small]
+    res = CliRunner().invoke(analyze, ["memory", str(small), str(big), "--format", "json"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    tables = json.loads(res.output)
+    rows = tables["memory_peak_by_context"]
+    assert sorted(r["train_fp32_peak_bytes"] for r in rows) == sorted(peaks.values())
+    sizes = {r["size"]: r["train_fp32_peak_bytes"] for r in rows}
+    assert sizes["small"] == peaks[small]
+    assert sizes["small (d_model 1024, d_ff 4096, 24 layers, 16 heads)"] == peaks[big]
+    assert {r["size"] for r in tables["memory_compare"]} == set(sizes)
+
+
 def test_largest_allocations_show_first_alloc_in_ms():
     # first_alloc_us is NULL for memory allocated before recording, so its column holds integers
     # with gaps: markdown must still turn µs into the ms its header names (it printed µs)
