@@ -9,6 +9,7 @@ DuckDB's ``.df()`` makes of the same result (``tests/analyze/test_render_rows.py
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -616,11 +617,29 @@ def emit(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: str | Pat
         refuse_overwrite(files.values(), inputs, "--out")
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
-            for name, df in tables.items():
-                text = render(df, fmt, shorten, raw)  # (csv ends its last row with a newline)
-                files[name].write_text(text if text.endswith("\n") else text + "\n")
         except OSError as exc:
-            raise UserError(f"cannot write to --out {str(out_dir)!r}: {exc.strerror or exc}") from None
+            _write_error(exc, out_dir, None)
+        for name, df in tables.items():
+            text = render(df, fmt, shorten, raw)  # (csv ends its last row with a newline)
+            try:
+                files[name].write_text(text if text.endswith("\n") else text + "\n")
+            except OSError as exc:
+                _write_error(exc, out_dir, files[name])
         if owner is not None:
             retire_stale(out_dir, owner, [f"{name}.{fmt}" for name in tables])
     return "\n".join(parts).rstrip("\n")  # (the caller's echo ends the last line)
+
+
+def _write_error(exc: OSError, out_dir: Path, file: Path | None) -> None:
+    """A table ``file`` (None: the folder) that could not be written under ``--out``. The
+    machine's trouble (a full disk, an I/O error: the file was opened, so emptied, and is left
+    half-written) removes the file and is an OSError naming it (exit 1); any other (a folder in
+    the way, no permission: nothing was written) a one-line UserError (exit 2)."""
+    from lmprof.errors import MACHINE_ERRNOS
+
+    if exc.errno in MACHINE_ERRNOS:
+        if file is not None:
+            with contextlib.suppress(OSError):
+                file.unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror, str(file or out_dir)) from None
+    raise UserError(f"cannot write to --out {str(out_dir)!r}: {exc.strerror or exc}") from None

@@ -1321,3 +1321,28 @@ def test_a_named_pipe_where_a_table_goes_is_refused_not_waited_on(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "gpu_idle.csv' is a named pipe" in proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["gpu_idle.csv"]
+
+
+def test_a_full_disk_under_out_is_the_machines_error_and_leaves_no_half_table(tmp_path,
+                                                                               monkeypatch):
+    """The disk fills while --out's tables are written (ENOSPC halfway through a file, as a
+    full 64 KiB tmpfs gave): one line naming that file, exit 1 (the machine's error, as the
+    README says, not 2), and no half-written table left behind (an empty top_kernels.csv was)."""
+    import errno
+    import pathlib
+
+    real_write_text = pathlib.Path.write_text
+
+    def disk_full(self, text, *args, **kwargs):
+        if self.name == "top_kernels.csv":
+            real_write_text(self, text[:len(text) // 2], *args, **kwargs)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write_text(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", disk_full)
+    out = tmp_path / "out"
+    code, stdout, err = run("kernels", str(REPORT), "--format", "csv", "--out", str(out))
+    assert code == 1, err
+    assert err.count("\n") == 1 and "No space left on device" in err, err
+    assert str(out / "top_kernels.csv") in err, err
+    assert not (out / "top_kernels.csv").exists() and stdout == ""
