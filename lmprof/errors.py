@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import sys
 import warnings
 from typing import Iterator
@@ -61,7 +62,8 @@ MACHINE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG)
 
 
 def run_cli(group: click.Group, argv: list[str] | None = None) -> None:
-    """Run a click group so that user errors print one line and exit 2, never a traceback."""
+    """Run a click group so that user errors print one line and exit 2, never a traceback (the
+    machine's, a full disk or an I/O error, one line and exit 1)."""
     try:
         group.main(args=argv, standalone_mode=False)
     except UserError as exc:
@@ -98,11 +100,32 @@ def run_cli(group: click.Group, argv: list[str] | None = None) -> None:
             sys.exit(0)
         raise
     except Exception as exc:  # noqa: BLE001 - only DuckDB's two input errors become a line
+        if (machine := machine_error(exc)) is not None:  # (DuckDB's write on a full disk)
+            where = f": {machine.filename!r}" if machine.filename else ""
+            click.echo(f"error: {machine.strerror}{where}", err=True)
+            sys.exit(1)
         message = damaged_input(exc)
         if message is None:
             raise
         click.echo(f"error: {message}", err=True)
         sys.exit(EXIT_USAGE)
+
+
+def machine_error(exc: BaseException) -> OSError | None:
+    """``exc`` as the OSError of the machine's trouble that it is (``MACHINE_ERRNOS``), else
+    None: such an OSError itself, or DuckDB's error for a write the system refused, which gives
+    the system's words and the file (``Could not write file "k.duckdb.wal": No space left on
+    device``) but no errno."""
+    if isinstance(exc, OSError):
+        return exc if exc.errno in MACHINE_ERRNOS else None
+    if not type(exc).__module__.lstrip("_").startswith("duckdb"):
+        return None
+    text = str(exc)
+    for number in MACHINE_ERRNOS:
+        if os.strerror(number) in text:
+            named = re.search(r'file "([^"]+)"', text)
+            return OSError(number, os.strerror(number), named.group(1) if named else None)
+    return None
 
 
 def damaged_input(exc: BaseException) -> str | None:

@@ -18,7 +18,7 @@ import duckdb
 
 from lmprof import rundir
 from lmprof.analyze import magic, sqlfile
-from lmprof.errors import UserError, damaged_input
+from lmprof.errors import UserError, damaged_input, machine_error
 
 
 def connect(path: str | Path | None = None,
@@ -47,6 +47,8 @@ def connect(path: str | Path | None = None,
         con = duckdb.connect(str(path) if path else ":memory:",
                              config={"allow_unsigned_extensions": True} if extension else {})
     except (duckdb.IOException, duckdb.InvalidInputException) as exc:
+        if (machine := machine_error(exc)) is not None:  # (a full disk: exit 1)
+            raise machine from None
         raise UserError(f"cannot open DuckDB database {str(path)!r}: {str(exc).splitlines()[0]}") from None
     if extension is not None:
         try:
@@ -93,6 +95,8 @@ def staged(path: str | Path | None, inputs: Iterable[str | Path] = ()) -> Iterat
         try:
             op()
         except OSError as exc:
+            if machine_error(exc) is not None:  # (a full disk: exit 1, naming PATH)
+                raise OSError(exc.errno, exc.strerror, str(target)) from None
             raise UserError(f"cannot write --db {str(target)!r}: {exc.strerror or exc}") from None
 
     try:
@@ -107,6 +111,11 @@ def staged(path: str | Path | None, inputs: Iterable[str | Path] = ()) -> Iterat
         try:
             yield str(work)
         except Exception as exc:  # noqa: BLE001 - DuckDB's words about the copy name PATH
+            machine = machine_error(exc)
+            if machine is not None and machine.filename and \
+                    os.path.realpath(machine.filename).startswith(os.path.realpath(work)):
+                # the copy (or its write-ahead log) could not be written: a full disk, exit 1
+                raise OSError(machine.errno, machine.strerror, str(target)) from None
             message = damaged_input(exc)
             if message is None or str(work) not in message:
                 raise

@@ -39,7 +39,7 @@ import duckdb
 
 from lmprof.analyze import db, magic
 from lmprof.analyze.sqlfile import insert_rows, literal
-from lmprof.errors import UserError
+from lmprof.errors import UserError, machine_error
 
 # Tables every nsys export has, whatever was traced; their absence means "not an nsys export".
 REQUIRED_TABLES = ("StringIds", "ANALYSIS_DETAILS")
@@ -351,6 +351,8 @@ def _run_load(duck: duckdb.DuckDBPyConnection, export: Export, target: str, sql:
     try:
         export.rows[target] = duck.execute(sql).fetchall()[0][0]  # CREATE ... AS: its row count
     except duckdb.Error as exc:
+        if (machine := machine_error(exc)) is not None:  # (writing --db on a full disk)
+            raise machine from None
         raise UserError(f"{str(path)!r}: cannot read table {source}: {_first_line(exc)}") \
             from None
     except UnicodeDecodeError:  # DuckDB's message quoted the value's bytes, which are not UTF-8
