@@ -594,14 +594,36 @@ def cross_run(traces: list[Trace]) -> dict[str, Any] | None:
     return out
 
 
-def keep_notes(notes: dict[str, str], new: dict[str, str], tables: dict[str, Any]) -> None:
-    """The notes of several reports' stacked tables: one report's note about why its table is
-    empty (no ranges, no communication kernels) gives way to the note of a report whose table
-    has rows, which is what the stacked table shows."""
-    for name, note in new.items():
-        table = tables.get(name)
-        if name not in notes or (table is not None and not table.empty):
-            notes[name] = note
+def _split_note(name: str, note: str) -> tuple[str, str]:
+    """One report's note of table ``name`` as (what the table shows, or why it is empty; what
+    ``_notes`` said there about the report: CUDA graphs traced whole, NCCL kernels' waiting,
+    skipped steps, the ranges to name, ...)."""
+    for base in (TABLES[name][2], _MISSING_NOTES.get(TABLES[name][1] or "")):
+        if base and base in note:
+            before, after = note.split(base, 1)
+            return base, f"{before.strip()} {after.strip()}".strip()
+    return note, ""
+
+
+def stacked_notes(runs: list[tuple[str, dict[str, str], dict[str, Any]]]) -> dict[str, str]:
+    """The notes of several reports' stacked tables, from each report's (label, notes,
+    tables): what a table shows, from a report whose table has rows (one report's note about
+    why its table is empty, no ranges or no communication kernels, gives way to it: the stacked
+    table shows those rows), then what each report's note said about that report, after the
+    runs it was said of (all of them: no label). One report's whole note, as before, lost the
+    others' words: the missing kernels of graphs traced whole, NCCL's waiting."""
+    notes: dict[str, str] = {}
+    for name in runs[0][1] if runs else ():
+        split = [(label, *_split_note(name, n[name]), t.get(name)) for label, n, t in runs]
+        with_rows = [s for s in split if s[3] is not None and not s[3].empty]
+        said: dict[str, list[str]] = {}
+        for label, _, extra, _ in split:
+            if extra:
+                said.setdefault(extra, []).append(label)
+        notes[name] = " ".join([(with_rows or split)[0][1], *(
+            extra if len(labels) == len(runs) else f"{', '.join(labels)}: {extra}"
+            for extra, labels in said.items())])
+    return notes
 
 
 def several_reports(traces: list[Trace], names: tuple[str, ...], top: int | None
@@ -612,10 +634,10 @@ def several_reports(traces: list[Trace], names: tuple[str, ...], top: int | None
     from lmprof.render import Table
 
     per_run: dict[str, list[Any]] = {n: [] for n in names}
-    notes: dict[str, str] = {}
+    each: list[tuple[str, dict[str, str], dict[str, Any]]] = []
     for tr in traces:
         t, n = results(tr, names, top)
-        keep_notes(notes, n, t)
+        each.append((str(tr.label), n, t))
         for name, table in t.items():
             if table is None or table.empty:
                 continue
@@ -633,6 +655,7 @@ def several_reports(traces: list[Trace], names: tuple[str, ...], top: int | None
     if cross is None:
         return None
     tables.update(asked_cross_run(cross, names))
+    notes = stacked_notes(each)
     notes.update({name: CROSS_RUN_NOTES[name] for name in tables if name in CROSS_RUN_NOTES})
     return tables, notes
 

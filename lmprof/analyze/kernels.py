@@ -92,16 +92,17 @@ def several_reports(traces: list[Trace], names: tuple[str, ...] = DEFAULT_TABLES
     """The named tables of every trace stacked with a ``run`` column first (tables empty in
     every trace stay empty), then the cross-run tables of those asked for; and the notes."""
     per_run: dict[str, list[pd.DataFrame]] = {n: [] for n in names}
-    notes = {}
+    each = []
     for tr in traces:
         t, n = tables(tr, names, top)
-        kt.keep_notes(notes, n, t)
+        each.append((str(tr.label), n, t))
         for name, df in t.items():
             if not df.empty:
                 per_run[name].append(df.assign(run=tr.label)[["run", *df.columns]])
     out = {n: (pd.concat(dfs, ignore_index=True) if dfs else pd.DataFrame())
            for n, dfs in per_run.items()}
     out.update(kt.asked_cross_run(cross_run(traces), names))
+    notes = kt.stacked_notes(each)
     notes.update({name: kt.CROSS_RUN_NOTES[name] for name in out if name in kt.CROSS_RUN_NOTES})
     return out, notes
 

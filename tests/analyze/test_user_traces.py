@@ -722,3 +722,32 @@ def test_names_quoted_in_notes_are_text_not_html(exports, tmp_path):
     assert code == 0, err
     text = (tmp_path / "r" / "report.md").read_text()
     assert "'\\<b>x'" in text and "<b>" not in text.replace("\\<b>", "")
+
+
+def test_several_reports_keep_what_each_ones_note_says_about_it(exports):
+    """Several reports stacked: a stacked table's note was one report's whole (the last with
+    rows), so what another report's note said about that report was lost, in any order: a
+    trace of CUDA graphs traced whole beside one of kernels had no word that its graphs' kernels
+    are missing (its step showed 0 ms of kernels), and a DDP trace beside a one-GPU one none
+    that its NCCL kernels count their waiting. Each such word stays, after the run it is about."""
+    con = sqlite3.connect(exports / "graph" / "report.sqlite")
+    n, ns = con.execute("SELECT count(*), sum(\"end\" - start) FROM "
+                        "CUPTI_ACTIVITY_KIND_GRAPH_TRACE").fetchone()
+    con.close()
+    graphs = f"{n} CUDA graph launch(es) ran {ns / 1e6:.3f} ms of GPU work"
+    nccl = "Communication (NCCL) kernels count their whole duration"
+    for first, second, said, tables in (
+            ("graph", "graphnode", graphs, ("phase_timing", "top_kernels", "gpu_idle")),
+            ("graphnode", "graph", graphs, ("phase_timing", "top_kernels", "gpu_idle")),
+            ("ddp", "plain", nccl, ("top_kernels", "class_breakdown", "gemm_fraction")),
+            ("plain", "ddp", nccl, ("top_kernels", "class_breakdown", "gemm_fraction"))):
+        args = [str(exports / name / "report.sqlite") for name in (first, second)]
+        code, out, err = run("kernels", *args, *PHASE_ARGS,
+                             *[a for t in tables for a in ("--table", t)])
+        assert code == 0, err
+        about = "graph" if said == graphs else "ddp"
+        for table in tables:
+            section = out.split(f"## {table.replace('_', ' ')}\n")[1].split("\n|")[0]
+            assert said in section and f"{about}: " in section, (first, second, table, section)
+            other = "graphnode" if about == "graph" else "plain"
+            assert f"{other}: " not in section, section  # (said of the run it is about only)
