@@ -398,18 +398,23 @@ def test_a_timed_out_cell_ends_with_every_process_it_started(tmp_path, monkeypat
               "start_new_session=True)\n"
               f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
               "time.sleep(600)\n")
-    monkeypatch.setattr(sweep.Launcher, "command",
-                        lambda self, cell, target: [sys.executable, "-c", script])
+    _time_out_and_check_gone(tmp_path, monkeypatch, [sys.executable, "-c", script], pidfile,
+                             "the sleeper in its own session outlived the cell")
+
+
+def _time_out_and_check_gone(tmp_path, monkeypatch, command, pidfile, message):
+    """Run a cell whose command is ``command`` with a 3 s timeout; the process whose pid it
+    wrote into ``pidfile`` must be gone within 5 s of the TIMEOUT."""
+    monkeypatch.setattr(sweep.Launcher, "command", lambda self, cell, target: command)
     cell = sweep.build_grid({}, {"context_length": "16", "device": "cpu"}).cells()[0]
-    launcher = sweep.Launcher(tmp_path / "sweep", "h", 3.0)
-    record = launcher(cell, None)
+    record = sweep.Launcher(tmp_path / "sweep", "h", 3.0)(cell, None)
     assert record["status"] == "TIMEOUT"
     pid = int(pidfile.read_text())
     deadline = time.monotonic() + 5
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     try:
-        assert not _alive(pid), "the sleeper in its own session outlived the cell"
+        assert not _alive(pid), message
     finally:
         if _alive(pid):
             os.kill(pid, signal.SIGKILL)
@@ -438,20 +443,9 @@ def test_a_timed_out_nsys_cell_ends_the_nsys_agent_that_is_nobodys_child(tmp_pat
     start, so no walk down from the cell finds it. The agent of each killed nsys goes too (found
     by the session name that names it). (nsys here is a stand-in that starts its agent so.)"""
     pidfile = tmp_path / "agent.pid"
-    monkeypatch.setattr(sweep.Launcher, "command", lambda self, cell, target: [
-        sys.executable, "-c", _NSYS_WITH_AGENT, str(pidfile)])
-    cell = sweep.build_grid({}, {"context_length": "16", "device": "cpu"}).cells()[0]
-    record = sweep.Launcher(tmp_path / "sweep", "h", 3.0)(cell, None)
-    assert record["status"] == "TIMEOUT"
-    agent = int(pidfile.read_text())
-    deadline = time.monotonic() + 5
-    while _alive(agent) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        assert not _alive(agent), "the nsys agent outlived the cell"
-    finally:
-        if _alive(agent):
-            os.kill(agent, signal.SIGKILL)
+    _time_out_and_check_gone(tmp_path, monkeypatch,
+                             [sys.executable, "-c", _NSYS_WITH_AGENT, str(pidfile)], pidfile,
+                             "the nsys agent outlived the cell")
 
 
 def test_bf16_cells_on_a_gpu_without_bf16_are_refused_before_any_starts(tmp_path, capsys,
