@@ -86,15 +86,21 @@ def cell(g: pd.DataFrame, col: str) -> Any:
 
 def _grid(df: pd.DataFrame, keys: list[str], col: str) -> pd.DataFrame:
     """``col`` per configuration (``keys``) × context length, one cell per pair (``cell``);
-    columns ``ctx <n>`` in increasing context, rows in the order of ``df``; ``runs_in_cell``
-    (a frame attribute) holds the largest number of runs behind one cell."""
-    cells, most = {}, 0
+    columns ``ctx <n>`` in increasing context, rows in the order of ``df``. Frame attributes
+    of the cells shown: ``runs_in_cell``, the largest number of runs of one configuration
+    (warm-up included) behind one cell; ``warmups_in_cell``, whether a cell holds runs of
+    several warm-ups (where ``keys`` leave the warm-up out)."""
+    cells, most, warmups = {}, 0, False
     for key, g in df.groupby([*keys, "context"], dropna=False, sort=False):
         # a value no run recorded is None: the group's NaN, a new object for each group, made
         # one "ctx ?" column per group (values under the wrong one) and printed "nan"
         key = tuple(None if pd.isna(v) else v for v in key)
-        cells.setdefault(key[:-1], {})[key[-1]] = cell(g, col)
-        most = max(most, len(g))
+        value = cells.setdefault(key[:-1], {})[key[-1]] = cell(g, col)
+        if value is None:  # (not shown: a run that recorded nothing is no repeat)
+            continue
+        # runs that differ only in the warm-up that ``keys`` leave out are no repeats
+        runs = g.groupby("warmup", dropna=False).size() if "warmup" in g else pd.Series([len(g)])
+        most, warmups = max(most, int(runs.max())), warmups or len(runs) > 1
     contexts = sorted({c for row in cells.values() for c in row},
                       key=lambda c: (c is None, c or 0))  # unknown last
     names = {c: "ctx ?" if c is None else f"ctx {int(c)}" for c in contexts}
@@ -102,6 +108,7 @@ def _grid(df: pd.DataFrame, keys: list[str], col: str) -> pd.DataFrame:
             for key, row in cells.items() if any(v is not None for v in row.values())]
     table = pd.DataFrame(rows, columns=[*keys, *names.values()])
     table.attrs["runs_in_cell"] = most
+    table.attrs["warmups_in_cell"] = warmups
     return table
 
 
@@ -208,7 +215,8 @@ def gemm_grid(df: pd.DataFrame, shares: dict[str, dict[str, float] | None]) -> p
     for _, r in df[df["nsys_sqlite"].notna()].iterrows():
         for phase, pct in (shares.get(r["run_dir"]) or {}).items():
             rows.append({**{k: r[k] for k in keys}, "phase": phase,
-                         "context": r["context"], "status": "OK", "gemm_pct": pct})
+                         "context": r["context"], "warmup": r["warmup"], "status": "OK",
+                         "gemm_pct": pct})
     if not rows:
         return pd.DataFrame()
     table = _grid(pd.DataFrame(rows), [*keys, "phase"], "gemm_pct")

@@ -763,3 +763,27 @@ def test_context_plot_failure_labels_stay_inside_their_panel(tmp_path, monkeypat
     assert sorted(text for text, _, _ in labels) == ["OOM", "TIMEOUT"]
     for text, box, panel in labels:
         assert panel.x0 <= box.x0 and box.x1 <= panel.x1, text
+
+
+def test_runs_merged_only_across_warmups_are_not_called_repeats(tmp_path):
+    """The h200-oom cells (warm-up 0 and 1, each run once) beside a run that recorded its peak:
+    the peak memory grid keeps both OOM cells in one cell, as it does any runs that differ only
+    in warm-up, and said "Some configurations were run more than once (up to 2 runs)", which no
+    configuration was. It says they share a cell; a true rerun of one is still called one."""
+    oom, peak = DATA / "h200-oom", DATA / "h200-lmprof-memory"
+
+    def memory_note(paths: list[Path], out: Path) -> str:
+        ctx = ReportContext(runs=load_runs([str(p) for p in paths]), out_dir=out)
+        text = sweep_section.section(ctx)
+        return text.split("### Peak memory by context length")[1].split("\n\n")[1]
+
+    note = memory_note([oom, peak], tmp_path / "r")
+    assert "run more than once" not in note, note
+    assert "differ only in warm-up steps share a cell" in note, note
+    rerun = tmp_path / "rerun"
+    shutil.copytree(oom / "warmup0", rerun)
+    record = json.loads((rerun / "run.json").read_text())
+    record["run_id"] += "-again"
+    (rerun / "run.json").write_text(json.dumps(record))
+    note = memory_note([oom, peak, rerun], tmp_path / "r2")
+    assert "run more than once (up to 2 runs)" in note, note

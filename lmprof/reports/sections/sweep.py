@@ -45,11 +45,16 @@ def _ctx_cols(df: pd.DataFrame, unit: str, scale: float, fmt: str) -> dict:
 
 
 def _repeats(t: pd.DataFrame) -> str:
-    """The note for a table some of whose cells come from more than one run."""
-    if t.attrs.get("runs_in_cell", 1) <= 1:
-        return ""
-    return (" Some configurations were run more than once (up to "
-            f"{t.attrs['runs_in_cell']} runs): their cells show the median of their OK runs.")
+    """The note for a table some of whose cells come from more than one run: a configuration
+    run again, or runs that differ only in warm-up where the table leaves it out."""
+    note = ""
+    if t.attrs.get("runs_in_cell", 1) > 1:
+        note += (" Some configurations were run more than once (up to "
+                 f"{t.attrs['runs_in_cell']} runs): their cells show the median of their OK runs.")
+    if t.attrs.get("warmups_in_cell"):
+        note += (" Runs that differ only in warm-up steps share a cell: the median of their OK "
+                 "runs.")
+    return note
 
 
 def _step_grid(df: pd.DataFrame) -> str | None:
