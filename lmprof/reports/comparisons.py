@@ -141,7 +141,7 @@ def speedup(df: pd.DataFrame, column: str, base: Any) -> pd.DataFrame:
         return pd.DataFrame()
     keys = [k for k in CONFIG if k != column]
     shown = [k for k in ("size", "context", "batch", "mode", "dtype", "compile", "attention",
-                         "nsys", "memory") if k != column]
+                         "warmup", "device", "nsys", "memory") if k != column]
     peaks = df["peak_allocated_bytes"].notna().any() if "peak_allocated_bytes" in df else False
     rows, most = [], 0
     for _, g in df.groupby(keys, dropna=False, sort=False):
@@ -173,6 +173,9 @@ def speedup(df: pd.DataFrame, column: str, base: Any) -> pd.DataFrame:
                 row["other_peak_bytes"] = peak if isinstance(peak, float) else None
             rows.append(row)
     table = pd.DataFrame(rows)
+    # warm-up and device where the pairs differ in them (else rows alike but for their times)
+    table = table.drop(columns=[k for k in ("warmup", "device")
+                                if k in table and table[k].nunique(dropna=False) < 2])
     table.attrs["runs_in_cell"] = most
     return table
 

@@ -787,3 +787,43 @@ def test_runs_merged_only_across_warmups_are_not_called_repeats(tmp_path):
     (rerun / "run.json").write_text(json.dumps(record))
     note = memory_note([oom, peak, rerun], tmp_path / "r2")
     assert "run more than once (up to 2 runs)" in note, note
+
+
+def test_speedup_rows_name_the_warmup_and_device_they_differ_in(tmp_path):
+    """The h200-lmprof-memory run copied as fp32 and bf16 runs of warm-up 3 and 0, and as a
+    pair on another card: the bf16 table paired each warm-up (and card) on its own, but showed
+    neither, so its rows were alike in every column but the times (1.44 and 1.67 side by
+    side). Warm-up and device are shown where the rows differ in them, and only there."""
+    source = json.loads((DATA / "h200-lmprof-memory" / "run.json").read_text())
+    step = source["timings"]["summary"]["step"]["mean_s"]
+    pairs = {"w3": (3, "NVIDIA H200", 1.0), "w0": (0, "NVIDIA H200", 1.5),
+             "h100": (3, "NVIDIA H100 80GB HBM3", 2.0)}
+
+    def bf16_table(names: list[str]) -> list[dict[str, str]]:
+        root = tmp_path / "-".join(names)
+        for name in names:
+            warmup, gpu, scale = pairs[name]
+            for dtype, speed in (("fp32", 1.0), ("bf16", 2.0)):
+                rec = json.loads(json.dumps(source))
+                rec["run_id"] += f"-{name}-{dtype}"
+                rec["config"].update(warmup=warmup, dtype=dtype)
+                rec["environment"]["gpu_name"] = gpu
+                rec["timings"]["summary"]["step"]["mean_s"] = step * scale / speed
+                rec["artifacts"] = {}
+                (root / rec["run_id"]).mkdir(parents=True)
+                rundir.write_run(root / rec["run_id"], rec)
+        part = section_text(root, root / "r").split("### bf16/fp16 vs fp32")[1].split("###")[0]
+        lines = [[c.strip() for c in line.strip("|").split("|")] for line in part.splitlines()
+                 if line.startswith("|")]
+        return [dict(zip(lines[0], row)) for row in lines[2:]]
+
+    rows = bf16_table(["w3", "w0"])
+    assert sorted((r["Warm-up"], r["Base step (ms)"]) for r in rows) == [
+        ("0", f"{step * 1.5e3:.2f}"), ("3", f"{step * 1e3:.2f}")], rows
+    assert "Device" not in rows[0]
+    rows = bf16_table(["w3", "h100"])
+    assert sorted((r["Device"], r["Base step (ms)"]) for r in rows) == [
+        ("NVIDIA H100 80GB HBM3", f"{step * 2e3:.2f}"), ("NVIDIA H200", f"{step * 1e3:.2f}")]
+    assert "Warm-up" not in rows[0]
+    (row,) = bf16_table(["w3"])
+    assert "Warm-up" not in row and "Device" not in row and row["Speedup (×)"] == "2.00"
