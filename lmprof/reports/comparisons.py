@@ -187,7 +187,7 @@ def _status(cell: Any) -> str:
 def _compared(column: str, value: Any, base: Any) -> str:
     if column == "compile":
         return "compiled vs eager" if value else "eager vs compiled"
-    return f"{value} vs {base}"
+    return f"{'?' if pd.isna(value) else value} vs {base}"  # (a value run.json leaves out)
 
 
 # Peak memory and GEMM share do not depend on the warm-up: runs that differ only in it share a row.

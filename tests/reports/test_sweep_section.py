@@ -827,3 +827,46 @@ def test_speedup_rows_name_the_warmup_and_device_they_differ_in(tmp_path):
     assert "Warm-up" not in rows[0]
     (row,) = bf16_table(["w3"])
     assert "Warm-up" not in row and "Device" not in row and row["Speedup (×)"] == "2.00"
+
+
+def test_a_setting_a_run_json_leaves_out_is_empty_not_nan(tmp_path, monkeypatch):
+    """The h200-lmprof-memory run copied as fp32/bf16 runs, a pair of them without a warm-up,
+    one without a dtype and one without an attention (a run.json of an older lmprof, or edited):
+    the benchmark table leaves such a cell empty, but the sweep tables printed "nan" there and
+    made "3.0" of the others' warm-up ("256.0" of a context), compared "nan vs fp32" and
+    "nan vs naive", and the plot named a line "small nan"."""
+    import matplotlib.pyplot as plt
+
+    source = json.loads((DATA / "h200-lmprof-memory" / "run.json").read_text())
+    root = tmp_path / "runs"
+    for name, ctx, dtype, lacks in (("a", 256, "fp32", None), ("b", 256, "bf16", None),
+                                    ("c", 512, "fp32", None), ("d", 256, "fp32", "warmup"),
+                                    ("e", 256, "bf16", "warmup"), ("f", 256, None, "dtype"),
+                                    ("g", 512, None, "dtype"), ("h", 256, "fp32", "attention")):
+        rec = json.loads(json.dumps(source))
+        rec["run_id"] += f"-{name}"
+        rec["config"].update(context_length=ctx, dtype=dtype)
+        rec["config"].pop(lacks, None)
+        rec["artifacts"] = {}
+        (root / name).mkdir(parents=True)
+        rundir.write_run(root / name, rec)
+    labels = []
+    real_plot = plt.Axes.plot
+    monkeypatch.setattr(plt.Axes, "plot", lambda self, x, y, *a, **k: (
+        labels.append(k.get("label")), real_plot(self, x, y, *a, **k))[1])
+    text = section_text(root, tmp_path / "r")
+    assert "nan" not in text.lower() and ".0 " not in text, text
+    rows = {}
+    for part in text.split("\n### ")[1:]:
+        lines = [[c.strip() for c in line.strip("|").split("|")] for line in part.splitlines()
+                 if line.startswith("|")]
+        rows[part.splitlines()[0]] = [dict(zip(lines[0], row)) for row in lines[2:]]
+    grid = rows["Step time over the grid"]
+    assert sorted((r["Dtype"], r["Attention"], r["Warm-up"]) for r in grid) == [
+        ("", "naive", "3"), ("bf16", "naive", ""), ("bf16", "naive", "3"), ("fp32", "", "3"),
+        ("fp32", "naive", ""), ("fp32", "naive", "3")], grid
+    assert sorted((r["Compared"], r["Context"], r["Warm-up"]) for r in rows["bf16/fp16 vs fp32"]
+                  ) == [("? vs fp32", "256", "3"), ("? vs fp32", "512", "3"),
+                        ("bf16 vs fp32", "256", ""), ("bf16 vs fp32", "256", "3")]
+    assert [r["Compared"] for r in rows["Attention implementations vs naive"]] == ["? vs naive"]
+    assert sorted(label for label in labels if label) == ["small ? (memory)", "small fp32 (memory)"], labels

@@ -36,8 +36,16 @@ def _md(df: pd.DataFrame, scaled: dict[str, tuple[str, float, Any]]) -> str:
         elif df[col].dtype == bool:
             out[display_name(col)] = df[col].map(yes_no)
         else:
-            out[display_name(col)] = df[col]
+            out[display_name(col)] = [_setting(v, "") for v in df[col]]
     return escaped(out).to_markdown(index=False, disable_numparse=True)
+
+
+def _setting(v, missing: str) -> Any:
+    """A configuration value as the benchmark table prints it: ``missing`` where a run.json
+    leaves it out, a whole number as one (pandas made "nan" of it and "3.0" of the others')."""
+    if v is None or (isinstance(v, float) and v != v):
+        return missing
+    return int(v) if isinstance(v, float) and v.is_integer() else v
 
 
 def _ctx_cols(df: pd.DataFrame, unit: str, scale: float, fmt: str) -> dict:
@@ -197,6 +205,8 @@ def _time_vs_context(ctx: ReportContext, df: pd.DataFrame) -> str | None:
         last = max(c for _, lg, failed in mode_lines for c in (*lg["context"], *failed))
         for key, lg, failed in mode_lines:
             size, batch, dtype, compiled, attention, warmup, device, nsys, memory = key
+            size, batch, dtype, attention, warmup, device = (
+                _setting(v, "?") for v in (size, batch, dtype, attention, warmup, device))
             label = f"{size} {dtype}" + (" compiled" if compiled else "") + (
                 f" {attention}" if attention != "naive" else "") + (
                 f" ({profiled(nsys, memory)})" if nsys or memory else "") + (
