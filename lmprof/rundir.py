@@ -636,6 +636,23 @@ def config_order(record: dict[str, Any]) -> tuple:
             str(record.get("run_dir", "")))
 
 
+def model_label(record: dict[str, Any]) -> str:
+    """The run's size, with what its model has other than that size's table and the default
+    vocabulary ("tiny (8 layers, vocab 50000)"): every grid names and keeps apart its models by
+    it. A size not in the table (or none: "custom") lists the dims the run recorded."""
+    from lmprof.model.config import SIZES, ModelConfig
+
+    size = (record.get("config") or {}).get("size") or "custom"
+    model = record.get("model") or {}
+    preset = dict(zip(("d_model", "d_ff", "num_layers", "num_heads"), SIZES.get(size, ())))
+    preset["vocab_size"] = ModelConfig.vocab_size
+    names = {"d_model": "d_model {}", "d_ff": "d_ff {}", "num_layers": "{} layer{}",
+             "num_heads": "{} head{}", "vocab_size": "vocab {}"}
+    other = [text.format(model[k], "" if model[k] == 1 else "s") for k, text in names.items()
+             if model.get(k) is not None and model[k] != preset.get(k)]
+    return f"{size} ({', '.join(other)})" if other else size
+
+
 def run_label(record: dict[str, Any], sep: str = " ") -> str:
     """A short label from a run's config: size, context, mode, dtype, compile, attention."""
     c = record.get("config", {})

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable
 
 import duckdb
 
+from lmprof import rundir
 from lmprof.analyze import db, sqlfile
 from lmprof.analyze.trace import CALL_SUFFIX, Trace
 from lmprof.errors import reading
@@ -522,15 +523,21 @@ def by_size_and_context(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from lmprof.model.config import SIZES
 
     rank = {name: i for i, name in enumerate(SIZES)}
-    return sorted(rows, key=lambda r: (rank.get(r["size"], len(rank)),
+    # (a size with other dims, "small (2 layers)", after the size's own runs)
+    return sorted(rows, key=lambda r: (rank.get(str(r["size"]).split(" (")[0], len(rank)),
+                                       " (" in str(r["size"]), str(r["size"]),
                                        r["context_length"] is None, r["context_length"] or 0,
                                        str(r["run"])))
 
 
 def size_context(trace: Trace) -> dict[str, Any]:
-    """A cross-run row's labels: run, model size, context length (from run.json)."""
-    c = (trace.record or {}).get("config") or {}
-    return {"run": trace.label, "size": c.get("size"), "context_length": c.get("context_length")}
+    """A cross-run row's labels: run, model size (named with the dims it changes, as the
+    report's grids name it: rundir.model_label, "small (2 layers)"), context length (from
+    run.json)."""
+    record = trace.record or {}
+    c = record.get("config") or {}
+    size = rundir.model_label(record) if c.get("size") else None
+    return {"run": trace.label, "size": size, "context_length": c.get("context_length")}
 
 
 def gemm_row(trace: Trace, pct: dict[str, Any]) -> dict[str, Any]:

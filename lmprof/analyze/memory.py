@@ -225,8 +225,6 @@ def _snapshot_row(path: Path, run: dict | None, phase_source: str, layout: str, 
                   ) -> dict[str, list]:
     n = con.execute("SELECT count(*) FROM memory_trace WHERE snapshot_id = ?",
                     [sid]).fetchall()[0][0]
-    from lmprof.reports.comparisons import model_label
-
     c = (run or {}).get("config") or {}
     m = (run or {}).get("model") or {}
     return {
@@ -235,7 +233,7 @@ def _snapshot_row(path: Path, run: dict | None, phase_source: str, layout: str, 
         "layout": [layout], "has_trace": [n > 0], "trace_entries": [n],
         "phase_source": [phase_source],
         # (a size whose dims were changed is another model, named as the report's grids name it)
-        "size": [model_label(run) if run else None],
+        "size": [rundir.model_label(run) if run else None],
         "batch_size": [c.get("batch_size")],
         "context_length": [c.get("context_length") or m.get("context_length")],
         "d_model": [m.get("d_model") or c.get("d_model")],

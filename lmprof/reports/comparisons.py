@@ -13,29 +13,13 @@ from typing import Any, Callable
 import pandas as pd
 
 from lmprof import rundir
+from lmprof.rundir import model_label
 from lmprof.reports.tables import benchmark_table
 
 # What identifies a configuration (besides the option a table compares). A run under nsys or
 # recording memory history is timed with the profiler's overhead: never the same as a plain run.
 CONFIG = ["size", "d_model", "batch", "context", "mode", "dtype", "compile", "attention",
           "warmup", "device", "nsys", "memory"]
-
-
-def model_label(record: dict[str, Any]) -> str:
-    """The run's size, with what its model has other than that size's table and the default
-    vocabulary ("tiny (8 layers, vocab 50000)"): every grid names and keeps apart its models by
-    it. A size not in the table (or none: "custom") lists the dims the run recorded."""
-    from lmprof.model.config import SIZES, ModelConfig
-
-    size = (record.get("config") or {}).get("size") or "custom"
-    model = record.get("model") or {}
-    preset = dict(zip(("d_model", "d_ff", "num_layers", "num_heads"), SIZES.get(size, ())))
-    preset["vocab_size"] = ModelConfig.vocab_size
-    names = {"d_model": "d_model {}", "d_ff": "d_ff {}", "num_layers": "{} layer{}",
-             "num_heads": "{} head{}", "vocab_size": "vocab {}"}
-    other = [text.format(model[k], "" if model[k] == 1 else "s") for k, text in names.items()
-             if model.get(k) is not None and model[k] != preset.get(k)]
-    return f"{size} ({', '.join(other)})" if other else size
 
 
 def _first_steps(record: dict[str, Any]) -> tuple[float | None, float | None]:

@@ -67,13 +67,21 @@ def edit(path: Path, *statements: str) -> Path:
 
 
 def write_run_json(run_dir: Path, size: str = "small", context_length: int = 128,
-                   batch_size: int = 4, d_model: int = 768, num_heads: int = 12,
-                   sqlite_name: str = "report.sqlite", summary: dict | None = None) -> Path:
+                   batch_size: int = 4, d_model: int | None = None, num_heads: int | None = None,
+                   sqlite_name: str = "report.sqlite", summary: dict | None = None,
+                   num_layers: int | None = None) -> Path:
+    """A run.json of ``size`` (its dims from the size table, unless given) beside an export."""
+    from lmprof.model.config import SIZES
+
+    table = dict(zip(("d_model", "d_ff", "num_layers", "num_heads"), SIZES[size]))
+    d_model = d_model or table["d_model"]
+    num_heads = num_heads or table["num_heads"]
+    num_layers = num_layers or table["num_layers"]
     record = {
         "schema_version": 1, "run_id": f"test-{size}-ctx{context_length}", "status": "OK",
         "config": {"size": size, "context_length": context_length, "batch_size": batch_size,
                    "mode": "train", "dtype": "fp32", "compile": False, "attention": "naive"},
-        "model": {"d_model": d_model, "d_ff": 4 * d_model, "num_layers": 12,
+        "model": {"d_model": d_model, "d_ff": 4 * d_model, "num_layers": num_layers,
                   "num_heads": num_heads, "vocab_size": 10000, "context_length": context_length,
                   "d_head": d_model // num_heads},
         # a phase given by its mean only gets the rest of run.json's summary keys around it

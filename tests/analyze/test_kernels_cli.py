@@ -179,6 +179,28 @@ def test_several_reports_and_run_directories(tmp_path):
     assert {r["run"] for r in per_run} == {r["run"] for r in cross}
 
 
+def test_a_size_with_other_dims_is_its_own_model_in_the_cross_run_tables(tmp_path):
+    """A small run whose model has 2 layers was 'small' in gemm_fraction_by_run (and
+    softmax_vs_matmul_by_run), the same size as the 12-layer small beside it, while the
+    report's sweep grids (rundir.model_label) call it 'small (2 layers)'. Its size is
+    now named as there, and it still sorts with the small runs (the CS336 order)."""
+    runs = []
+    for name, size, layers in (("medium", "medium", None), ("small2", "small", 2),
+                               ("small", "small", None)):
+        d = tmp_path / name
+        d.mkdir()
+        writable_copy(d)
+        write_run_json(d, size=size, context_length=128, num_layers=layers)
+        runs.append(str(d))
+    code, out, err = run("kernels", *runs, "--format", "json", "--out", str(tmp_path / "o"),
+                         "--table", "gemm_fraction", "--table", "softmax_vs_matmul")
+    assert code == 0, err
+    for table in ("gemm_fraction_by_run", "softmax_vs_matmul_by_run"):
+        rows = json.loads((tmp_path / "o" / f"{table}.json").read_text())
+        sizes = list(dict.fromkeys(r["size"] for r in rows))
+        assert sizes == ["small", "small (2 layers)", "medium"], (table, sizes)
+
+
 def test_one_export_named_twice_is_one_and_equal_labels_are_told_apart(tmp_path):
     for name in ("a", "b"):
         d = tmp_path / name
