@@ -112,10 +112,12 @@ def warmup_effect(df: pd.DataFrame) -> pd.DataFrame:
     groups = [g for _, g in df.groupby(keys, dropna=False, sort=False) if g["warmup"].nunique() > 1]
     if not groups:
         return pd.DataFrame()
-    cols = ["size", "context", "batch", "mode", "dtype", "compile", "attention", "nsys",
-            "memory", "warmup", "status", "step_mean_s", "step_std_s", "first_measured_step_s",
-            "first_step_s"]
-    return pd.concat([g.sort_values("warmup")[cols] for g in groups], ignore_index=True)
+    cols = ["size", "context", "batch", "mode", "dtype", "compile", "attention", "device",
+            "nsys", "memory", "warmup", "status", "step_mean_s", "step_std_s",
+            "first_measured_step_s", "first_step_s"]
+    table = pd.concat([g.sort_values("warmup")[cols] for g in groups], ignore_index=True)
+    # the device where the rows differ in it (each is paired per device: rows alike else)
+    return table.drop(columns=["device"]) if table["device"].nunique(dropna=False) < 2 else table
 
 
 def speedup(df: pd.DataFrame, column: str, base: Any) -> pd.DataFrame:

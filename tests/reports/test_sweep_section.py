@@ -870,3 +870,37 @@ def test_a_setting_a_run_json_leaves_out_is_empty_not_nan(tmp_path, monkeypatch)
                         ("bf16 vs fp32", "256", ""), ("bf16 vs fp32", "256", "3")]
     assert [r["Compared"] for r in rows["Attention implementations vs naive"]] == ["? vs naive"]
     assert sorted(label for label in labels if label) == ["small ? (memory)", "small fp32 (memory)"], labels
+
+
+def test_warmup_effect_names_the_device_its_rows_differ_in(tmp_path):
+    """The h200-lmprof-memory run copied at warm-up 3 and 0 on an H200 and on an H100: the
+    warm-up table pairs runs per device, but showed no device, so the two cards' rows were
+    alike in every column but their times. The device is shown where the rows differ in it,
+    and only there."""
+    source = json.loads((DATA / "h200-lmprof-memory" / "run.json").read_text())
+    step = source["timings"]["summary"]["step"]["mean_s"]
+
+    def warmup_table(gpus: dict[str, float]) -> list[dict[str, str]]:
+        root = tmp_path / "-".join(g.split()[1] for g in gpus)
+        for gpu, scale in gpus.items():
+            for warmup in (3, 0):
+                rec = json.loads(json.dumps(source))
+                rec["run_id"] += f"-{gpu.split()[1]}-w{warmup}"
+                rec["config"]["warmup"] = warmup
+                rec["environment"]["gpu_name"] = gpu
+                rec["timings"]["summary"]["step"]["mean_s"] = step * scale
+                rec["artifacts"] = {}
+                (root / rec["run_id"]).mkdir(parents=True)
+                rundir.write_run(root / rec["run_id"], rec)
+        part = section_text(root, root / "r").split("### Warm-up effect")[1].split("###")[0]
+        lines = [[c.strip() for c in line.strip("|").split("|")] for line in part.splitlines()
+                 if line.startswith("|")]
+        return [dict(zip(lines[0], row)) for row in lines[2:]]
+
+    rows = warmup_table({"NVIDIA H200": 1.0, "NVIDIA H100 80GB HBM3": 2.0})
+    assert len(rows) == 4
+    means = {(r["Device"], r["Warm-up"]): r for r in rows}
+    assert set(means) == {(g, w) for g in ("NVIDIA H200", "NVIDIA H100 80GB HBM3")
+                          for w in ("0", "3")}, rows
+    assert len({r["Step mean (ms)"] for r in rows if r["Device"] == "NVIDIA H200"}) == 1
+    assert "Device" not in warmup_table({"NVIDIA H200": 1.0})[0]
