@@ -95,7 +95,9 @@ def create_run_dir(out_root: Path, label: str) -> Path:
     """A new, empty ``<out_root>/<run-id>`` (out_root created and proven writable first). The
     label becomes part of a directory name: letters, digits and ``. _ + -`` only, so that no
     label names another folder (``../x``, ``a/b``). An ``out_root`` that is or lies in a sweep
-    directory is refused: ``analyze`` reads a sweep as its cells, and a run put there is none."""
+    directory is refused: ``analyze`` reads a sweep as its cells, and a run put there is none;
+    so is one that is or lies in a run directory (``--out runs/latest``): ``analyze`` reads it
+    as its own run, and a run put there is never listed."""
     from lmprof.sweepdir import enclosing_sweep
 
     check_name(label, "--label")
@@ -103,6 +105,7 @@ def create_run_dir(out_root: Path, label: str) -> Path:
         raise UserError(f"--out {str(out_root)!r} is {'' if sweep == out_root.resolve() else 'inside '}"
                         f"the sweep directory {str(sweep)!r}, whose runs are its cells: "
                         "give a folder outside it")
+    check_out_of_runs(out_root)
     check_writable_dir(out_root)
     while True:  # runs of one label started in one second may draw the same random part
         run_dir = out_root / new_run_id(label)
@@ -111,6 +114,25 @@ def create_run_dir(out_root: Path, label: str) -> Path:
             return run_dir
         except FileExistsError:
             continue
+
+
+def enclosing_run(path: str | Path) -> Path | None:
+    """The run directory (a folder holding run.json) that ``path`` is or lies in (resolved, so
+    ``runs/latest`` is the run it names), else None."""
+    where = Path(path).resolve()
+    return next((folder for folder in (where, *where.parents) if (folder / RUN_FILE).is_file()),
+                None)
+
+
+def check_out_of_runs(out_root: Path) -> None:
+    """Refuse an ``--out`` that is or lies in a run directory (``runs/latest``, a run's folder):
+    what is made there nests in that run, where ``analyze`` (which reads the folder as the one
+    run it holds) never looks; one line naming the run and the folder that holds it."""
+    if (run := enclosing_run(out_root)) is not None:
+        where = "" if run == out_root.resolve() else "inside "
+        raise UserError(f"--out {str(out_root)!r} is {where}the run directory {str(run)!r}, "
+                        f"where analyze never looks: give the folder of runs "
+                        f"({str(run.parent)!r}) or another outside it")
 
 
 def check_name(name: str, option: str) -> str:

@@ -377,7 +377,8 @@ def _visible_device(gpu: int) -> str:
 def check_out(out: Path) -> None:
     """Refuse an ``--out`` that is a sweep directory or lies inside one: the sweep would be made
     in it, where ``analyze`` (which reads a sweep directory as its cells) never looks, and a
-    sweep given as ``--out`` to resume it ran its whole grid again there."""
+    sweep given as ``--out`` to resume it ran its whole grid again there; likewise one that is
+    or lies in a run directory (``--out runs/latest``)."""
     folder = sweepdir.enclosing_sweep(out)
     if folder is not None and folder == out.resolve():
         raise UserError(f"--out {str(out)!r} is a sweep directory, not the folder that holds "
@@ -385,6 +386,7 @@ def check_out(out: Path) -> None:
     if folder is not None:
         raise UserError(f"--out {str(out)!r} is inside the sweep directory {str(folder)!r}; "
                         "give a folder outside it")
+    rundir.check_out_of_runs(out)
 
 
 def open_sweep_dir(root: Path, grid: Grid, force_mix: bool, write: bool = True) -> None:

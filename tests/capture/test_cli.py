@@ -678,6 +678,26 @@ def test_a_run_out_in_a_sweep_directory_is_refused(tmp_path, command, where):
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
+@pytest.mark.parametrize("command", [["run", *TINY], ["precision", "--device", "cpu"]])
+@pytest.mark.parametrize("where", ["latest", "run", "run/sub"])
+def test_a_run_out_in_a_run_directory_is_refused(tmp_path, command, where):
+    """`--out runs/latest` (or a run's own folder) put the new run inside the last run's
+    directory: `analyze runs runs/` read that folder as the one run it holds and never listed
+    the new one, and runs/latest still named the old run. Refused before any work, one line,
+    nothing written."""
+    runs = tmp_path / "runs"
+    old = runs / "20261206T000000Z-tiny-ctx16-train-fp32-0001"
+    old.mkdir(parents=True)
+    (old / "run.json").write_text("{}")
+    (runs / "latest").symlink_to(old.name, target_is_directory=True)
+    out = {"latest": runs / "latest", "run": old, "run/sub": old / "sub"}[where]
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    proc = cli(*command, "--out", str(out))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"the run directory {str(old)!r}" in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
 _OWNER = """
 import os, subprocess, sys, time
 child = subprocess.Popen(

@@ -754,6 +754,25 @@ def test_out_a_sweep_directory_or_inside_one_is_refused(inside, tmp_path, capsys
     assert rc == 2 and sorted(root.rglob("*")) == before
 
 
+@pytest.mark.parametrize("where", ["latest", "run", "run/sub"])
+def test_out_a_run_directory_or_inside_one_is_refused(where, tmp_path, capsys):
+    """`--out runs/latest`: the sweep was made inside the last run's folder, which analyze reads
+    as that one run, so `analyze runs runs/` never listed the sweep's cells."""
+    runs = tmp_path / "runs"
+    old = runs / "20261206T000000Z-tiny-ctx16-train-fp32-0001"
+    old.mkdir(parents=True)
+    (old / rundir.RUN_FILE).write_text("{}")
+    (runs / rundir.LATEST).symlink_to(old.name, target_is_directory=True)
+    out = {"latest": runs / rundir.LATEST, "run": old, "run/sub": old / "sub"}[where]
+    before = sorted(tmp_path.rglob("*"))
+    for extra in ("--dry-run", "--quiet"):
+        rc, _, err = cli(["sweep", *TINY, "--context-length", "16", "--out", str(out), extra],
+                         capsys)
+        assert rc == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+        assert f"the run directory {str(old)!r}" in err
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 def test_a_run_json_of_another_cell_copied_in_is_not_that_cell_finished(tmp_path, capsys):
     """cells/B/run.json copied from cell A (by hand, a bad rsync): B is still to run, not
     finished with A's config and numbers."""
