@@ -36,6 +36,10 @@ from lmprof.capture.options import (add_run_options, add_sweep_options,  # noqa:
 from lmprof.errors import PathParam, UserError, run_cli  # noqa: E402
 
 
+# the options of a run that records memory history (--memory), refused without it
+MEMORY_OPTIONS = ("memory_steps", "memory_stacks", "memory_max_entries")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def capture() -> None:
     """Capture timings, Nsight Systems reports and memory snapshots of the Transformer LM."""
@@ -69,7 +73,7 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
         # (not for a sweep's cell, given its --run-dir: a grid may give them beside --memory
         # yes,no, and each cell gets the grid's options)
         source = click.get_current_context().get_parameter_source
-        for name in ("memory_steps", "memory_stacks", "memory_max_entries"):
+        for name in MEMORY_OPTIONS:
             if source(name) is click.core.ParameterSource.COMMANDLINE:
                 raise UserError(f"--{name.replace('_', '-')} applies to a run that records "
                                 "memory history: add --memory")
@@ -220,6 +224,11 @@ def sweep_cmd(grid_file: str | None, out: str, name: str | None, gpus: str | Non
     grid = sweep_mod.build_grid(file_values, kwargs, grid_file)
     nsys_mod.check_options(nsys_path, nsys_args, any(cell.spec.nsys for cell in grid.cells()),
                            "cells", "--nsys yes")
+    # (as capture run refuses them without --memory; beside --memory no,yes each cell takes them)
+    given = [n for n in MEMORY_OPTIONS if grid.fixed.get(n) is not None]
+    if given and not any(cell.spec.memory for cell in grid.cells()):
+        raise UserError(f"--{given[0].replace('_', '-')} applies to cells that record memory "
+                        "history: add --memory yes")
     opts = sweep_mod.Options(
         shard=sweep_mod.parse_shard(shard), gpus=sweep_mod.parse_gpus(gpus),
         timeout_s=timeout_s or None, retry_failed=retry_failed, force_mix=force_mix,

@@ -377,6 +377,33 @@ def test_nsys_path_and_args_reach_the_nsys_cells(tmp_path, capsys, monkeypatch):
     assert "--nsys" in cmd and cmd[cmd.index("--run-dir") + 1] == str(tmp_path / "b")
 
 
+@pytest.mark.parametrize("given", [["--memory-steps", "1"], ["--memory-stacks", "all"],
+                                   ["--memory-max-entries", "5"], ["--grid", "grid.yaml"]],
+                         ids=["steps", "stacks", "max-entries", "grid-file"])
+def test_memory_options_without_a_cell_recording_memory_are_refused(given, tmp_path, capsys,
+                                                                    monkeypatch):
+    """`capture run --memory-steps 1` without --memory is refused (exit 2); a sweep took the
+    same options without any cell under --memory, ran every cell without memory history and
+    said nothing (the cells' configs kept the unused option). Refused as --nsys-args is where
+    no cell runs under nsys; beside --memory no,yes they stay the cells' options. (Memory
+    history needs CUDA: the cells' check is faked, as for nsys above.)"""
+    from lmprof.capture import runner
+
+    real = runner.check_spec
+    monkeypatch.setattr(runner, "check_spec",
+                        lambda spec, device: real(dataclasses.replace(spec, memory=False), device))
+    (tmp_path / "grid.yaml").write_text("memory_steps: 1\n")
+    given = [str(tmp_path / g) if g == "grid.yaml" else g for g in given]
+    base = ["sweep", *TINY, "--context-length", "16", "--out", str(tmp_path / "out"),
+            "--dry-run", *given]
+    flag = "--memory-steps" if "--grid" in given else given[0]
+    rc, _, err = cli(base, capsys)
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert f"{flag} applies to cells that record memory history: add --memory yes" in err
+    rc, out, err = cli([*base, "--memory", "no,yes"], capsys)
+    assert rc == 0 and "2 cells" in out, err
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
