@@ -146,13 +146,17 @@ def check_name(name: str, option: str) -> str:
 
 
 def check_writable_dir(path: Path) -> Path:
-    """Create ``path`` if needed and prove it writable, or raise a one-line UserError."""
+    """Create ``path`` if needed and prove it writable, or raise a one-line UserError; a full
+    disk (or out of inodes, over quota, an I/O error) is the machine's OSError naming ``path``
+    (exit 1), as ``write_json`` raises it."""
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".lmprof-write-test-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
+        if exc.errno in MACHINE_ERRNOS:
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
         raise UserError(f"output directory {str(path)!r} is not writable: {exc.strerror or exc}") from None
     return path
 

@@ -555,6 +555,38 @@ def test_a_run_whose_run_json_cannot_be_written_leaves_no_empty_run_directory(mo
     assert sorted(p.name for p in out.iterdir()) == ["earlier-run"]
 
 
+@pytest.mark.parametrize("command", [["run", *TINY, "-q"],
+                                     ["sweep", *TINY, "--context-length", "16", "-q"],
+                                     ["precision", "--device", "cpu", "-q"]],
+                         ids=["run", "sweep", "precision"])
+def test_an_out_folder_the_full_disk_cannot_hold_is_the_machines_error(monkeypatch, tmp_path,
+                                                                       capsys, command):
+    """--out on a file system out of space or inodes (a tmpfs with nr_inodes=3 gave it): the
+    folder cannot be made, ENOSPC. That is the machine's trouble, exit 1 with one line naming
+    the folder, as for run.json on a full disk; it was 'output directory ... is not writable:
+    No space left on device', exit 2, the status of a mistake in the user's options."""
+    import errno
+    import pathlib
+
+    from lmprof.capture.cli import main
+
+    out = tmp_path / "runs"
+    real_mkdir = pathlib.Path.mkdir
+
+    def disk_full(self, *args, **kwargs):
+        if self == out or out in self.parents:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "mkdir", disk_full)
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, "--out", str(out)])
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "No space left on device" in err, err
+    assert str(out) in err and not out.exists()
+
+
 def test_a_run_ended_by_sigterm_exits_143_and_leaves_no_run_directory(tmp_path):
     """SIGTERM (kill, a job's time limit) during the steps ends the run as Ctrl-C does: exit
     143 with one line, and the unfinished run directory goes (the process died of the signal
