@@ -117,11 +117,22 @@ def create_run_dir(out_root: Path, label: str) -> Path:
 
 
 def enclosing_run(path: str | Path) -> Path | None:
-    """The run directory (a folder holding run.json) that ``path`` is or lies in (resolved, so
-    ``runs/latest`` is the run it names), else None."""
+    """The run directory (a folder holding an lmprof run.json: a JSON object with a run_id and
+    a schema_version) that ``path`` is or lies in (resolved, so ``runs/latest`` is the run it
+    names), else None. Another tool's run.json in a folder above (a project's) is no run."""
     where = Path(path).resolve()
-    return next((folder for folder in (where, *where.parents) if (folder / RUN_FILE).is_file()),
-                None)
+    return next((folder for folder in (where, *where.parents)
+                 if _is_run_record(folder / RUN_FILE)), None)
+
+
+def _is_run_record(path: Path) -> bool:
+    try:
+        if not path.is_file() or path.stat().st_size > 64 * 2**20:
+            return False
+        record = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(record, dict) and "run_id" in record and "schema_version" in record
 
 
 def check_out_of_runs(out_root: Path) -> None:

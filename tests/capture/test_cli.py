@@ -1,5 +1,6 @@
 """`capture` and `analyze` as a user runs them: help, a real run, bad options (exit 2)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -720,7 +721,7 @@ def test_a_run_out_in_a_run_directory_is_refused(tmp_path, command, where):
     runs = tmp_path / "runs"
     old = runs / "20261206T000000Z-tiny-ctx16-train-fp32-0001"
     old.mkdir(parents=True)
-    (old / "run.json").write_text("{}")
+    (old / "run.json").write_text(json.dumps({"schema_version": 1, "run_id": old.name}))
     (runs / "latest").symlink_to(old.name, target_is_directory=True)
     out = {"latest": runs / "latest", "run": old, "run/sub": old / "sub"}[where]
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
@@ -728,6 +729,18 @@ def test_a_run_out_in_a_run_directory_is_refused(tmp_path, command, where):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert f"the run directory {str(old)!r}" in proc.stderr and "Traceback" not in proc.stderr
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_another_tools_run_json_above_out_is_no_run(tmp_path):
+    """A project folder may hold a run.json of its own (another tool's): --out under it is no
+    run directory, and a run is made there."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "run.json").write_text(json.dumps({"name": "train", "steps": 3}))
+    proc = cli("run", *TINY, "--warmup", "0", "--steps", "1", "-q", "--out",
+               str(project / "runs"))
+    assert proc.returncode == 0, proc.stderr
+    assert (project / "runs" / "latest" / "run.json").is_file()
 
 
 _OWNER = """

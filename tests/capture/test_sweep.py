@@ -788,7 +788,7 @@ def test_out_a_run_directory_or_inside_one_is_refused(where, tmp_path, capsys):
     runs = tmp_path / "runs"
     old = runs / "20261206T000000Z-tiny-ctx16-train-fp32-0001"
     old.mkdir(parents=True)
-    (old / rundir.RUN_FILE).write_text("{}")
+    (old / rundir.RUN_FILE).write_text(json.dumps({"schema_version": 1, "run_id": old.name}))
     (runs / rundir.LATEST).symlink_to(old.name, target_is_directory=True)
     out = {"latest": runs / rundir.LATEST, "run": old, "run/sub": old / "sub"}[where]
     before = sorted(tmp_path.rglob("*"))
