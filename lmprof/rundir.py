@@ -168,8 +168,33 @@ def check_writable_dir(path: Path) -> Path:
     except OSError as exc:
         if exc.errno in MACHINE_ERRNOS:
             raise OSError(exc.errno, exc.strerror, str(path)) from None
+        blocker = _not_a_folder(path)
+        if blocker is not None:  # (mkdir's own words, "File exists", say not what is there)
+            raise UserError(f"output directory {str(path)!r} cannot be made: {str(blocker[0])!r} "
+                            f"is a {blocker[1]}, not a folder") from None
         raise UserError(f"output directory {str(path)!r} is not writable: {exc.strerror or exc}") from None
     return path
+
+
+def _not_a_folder(path: Path) -> tuple[Path, str] | None:
+    """The first of ``path`` and its parents that exists but is no folder (a broken link
+    counts as existing), with what it is; None if there is none."""
+    for p in (*reversed(path.parents), path):
+        try:
+            mode = p.lstat().st_mode
+        except OSError:
+            return None  # (nothing there: the folders below would be made)
+        if stat.S_ISLNK(mode):
+            try:
+                mode = p.stat().st_mode
+            except OSError:
+                return p, "broken link"
+        if stat.S_ISDIR(mode):
+            continue
+        kind = ("named pipe" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode)
+                else "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "file")
+        return p, kind
+    return None
 
 
 def write_json(path: Path, obj: Any, indent: int = 1) -> None:

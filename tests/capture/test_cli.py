@@ -124,7 +124,25 @@ def test_unwritable_out(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     proc = cli("run", *TINY, "--out", str(blocker / "runs"))
-    assert proc.returncode == 2 and "not writable" in proc.stderr
+    assert proc.returncode == 2 and f"{str(blocker)!r} is a file, not a folder" in proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["broken link", "named pipe"])
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_an_out_that_is_no_folder_is_named_with_what_it_is(tmp_path, kind, command):
+    """An --out that cannot be made a folder said 'output directory X is not writable: File
+    exists' (for a sweep, naming X/sweep-<hash>): nothing says that X is a broken link or a
+    named pipe. The line now names what is in the way and what it is. (A plain file is
+    refused by the option's type already: "Directory X is a file".)"""
+    runs = tmp_path / "runs"
+    if kind == "broken link":
+        runs.symlink_to(tmp_path / "gone" / "runs")
+    else:
+        os.mkfifo(runs)
+    proc = cli(command, *TINY, "--out", str(runs))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"{str(runs)!r} is a {kind}, not a folder" in proc.stderr, proc.stderr
+    assert "File exists" not in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_bf16_refused_where_the_gpu_lacks_it(monkeypatch):
