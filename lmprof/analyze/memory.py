@@ -507,11 +507,6 @@ def categories(con) -> pd.DataFrame:
                      f", v.max_bytes DESC, list_position({list(CATEGORIES)!r}, v.category)")
 
 
-def bytes_per_element(dtype: str | None) -> int:
-    return {"fp32": 4, "float32": 4, "tf32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2,
-            "float16": 2}.get(str(dtype), 4)
-
-
 def _state_tensor_bytes(s, train: bool) -> Counter | None:
     """How many tensors of each byte size the parameters (and AdamW's two moments in training)
     are, from the snapshot's model config; None where run.json did not give its shape."""
@@ -592,8 +587,9 @@ def model_state(con, cats: pd.DataFrame | None = None) -> pd.DataFrame:
                                         "backward that outlive it" if traced else
                                         "no trace: not measurable"})
         if not any(pd.isna(v) for v in (s.batch_size, s.context_length, s.d_model)):
-            resid = int(s.batch_size) * int(s.context_length) * int(s.d_model) * \
-                bytes_per_element(s.dtype)
+            # fp32 whatever --dtype is: under autocast (bf16/fp16 runs) the embedding's output
+            # is fp32 and each residual add (fp32 x + a bf16 sublayer output) promotes to it
+            resid = int(s.batch_size) * int(s.context_length) * int(s.d_model) * 4
             rows.append({"snapshot": s.label, "quantity": "residual stream, one layer "
                          "(batch × context × d_model × bytes)", "expected_bytes": resid,
                          "measured_bytes": None, "measured_as": ""})

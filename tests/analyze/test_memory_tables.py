@@ -200,6 +200,35 @@ def test_model_state_is_reconciled_to_the_byte():
     assert rounding["measured_bytes"] > 0
 
 
+def test_the_residual_stream_of_an_autocast_run_is_fp32():
+    """A bf16 run (tests/data/h200-naive-vs-flash/naive: autocast, batch 4, context 1024,
+    d_model 768): the embedding's output and each block's two residual adds are fp32 tensors
+    under autocast (fp32 x + a bf16 sublayer output promotes to fp32), as the snapshot's
+    allocations made at those lines of transformer.py show; the row said 2 bytes an element."""
+    from lmprof import rundir
+
+    run_dir = ROOT / "tests" / "data" / "h200-naive-vs-flash" / "naive"
+    run = rundir.load_run(run_dir)
+    assert run["config"]["dtype"] == "bf16"
+    snap = pickle.loads(lzma.decompress((run_dir / "memory.pickle.xz").read_bytes()))
+    source = (ROOT / "lmprof" / "model" / "transformer.py").read_text().splitlines()
+    adds = {i + 1 for i, line in enumerate(source)
+            if line.strip() in ("x = x + self.attn(self.norm1(x))",
+                                "return x + self.ffn(self.norm2(x))")}
+    assert len(adds) == 2
+    def model_line(e):  # the innermost frame of the model's source
+        return next((f["line"] for f in e["frames"] if f["filename"].endswith("transformer.py")),
+                    None)
+
+    sizes = {e["size"] for trace in snap["device_traces"] for e in trace
+             if e["action"] == "alloc" and model_line(e) in adds}
+    c = connect()
+    memory.load_memory(c, run_dir / "memory.pickle.xz", run)
+    got = dict(zip(*(memory.model_state(c)[k] for k in ("quantity", "expected_bytes"))))
+    residual = got["residual stream, one layer (batch × context × d_model × bytes)"]
+    assert sizes == {4 * 1024 * 768 * 4} and residual == 4 * 1024 * 768 * 4
+
+
 def test_stack_inference_makes_no_inference_phase_of_frees_alone(tmp_path):
     """A training capture read by its call stacks alone (no run.json, no user_metadata tags):
     the few frees under forward-looking frames after the last optimizer step (the loop letting
