@@ -138,7 +138,9 @@ def tiled_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
 
 
 class TiledAttentionFn(torch.autograd.Function):
-    """The tiled reference as an autograd op; saves (q, k, v, o, lse) like the kernel."""
+    """The tiled reference as an autograd op; saves (q, k, v, o, lse) like the kernel, and like it
+    has first-order gradients only: the saved o and lse carry no graph back to q, k, v, so a
+    graph of the gradients would silently miss their terms (``create_graph=True`` raises)."""
 
     @staticmethod
     def forward(ctx, q, k, v, is_causal: bool, scale: float | None):
@@ -149,6 +151,10 @@ class TiledAttentionFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
+        if torch.is_grad_enabled():  # autograd runs a backward with grad mode on for create_graph
+            raise RuntimeError("attention_tiled has no second-order gradients: its backward "
+                               "cannot run under create_graph=True (use attention_naive for "
+                               "double backward)")
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = tiled_backward(q, k, v, o, lse, do, ctx.is_causal, ctx.scale)
         return dq, dk, dv, None, None
@@ -156,5 +162,6 @@ class TiledAttentionFn(torch.autograd.Function):
 
 def attention_tiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
                     scale: float | None = None) -> torch.Tensor:
-    """FlashAttention-2 in plain PyTorch (readable, slow): same results and saved tensors as the kernel."""
+    """FlashAttention-2 in plain PyTorch (readable, slow): same results and saved tensors as the
+    kernel, and first-order gradients only, as the kernel (``create_graph=True`` raises)."""
     return TiledAttentionFn.apply(q, k, v, is_causal, scale)

@@ -543,6 +543,22 @@ def test_second_order_gradients_are_refused(gen, loss):
     assert torch.isfinite(dq).all()
 
 
+@pytest.mark.parametrize("loss", ["sum", "square"])
+def test_tiled_reference_refuses_second_order_gradients(gen, loss):
+    """attention_tiled's backward, like the kernel's, computes the gradients from the saved o
+    and L, which carry no graph back to q, k, v: under create_graph=True it gave second-order
+    gradients with those terms missing (d/dq of sum(dq) of o.square().sum() 0.84 off the
+    formula's in one draw), silently. It raises, as flash_attention does; first order still runs."""
+    q, k, v = (randn(gen, 1, 1, 5, 16, dtype=torch.float64).requires_grad_() for _ in range(3))
+    o = ref.attention_tiled(q, k, v)
+    out = o.sum() if loss == "sum" else o.square().sum()
+    with pytest.raises(RuntimeError, match="no second-order gradients"):
+        torch.autograd.grad(out, q, create_graph=True)
+    (dq,) = torch.autograd.grad(ref.attention_tiled(q, k, v).sum(), q)
+    (want,) = torch.autograd.grad(naive_o(q, k, v).sum(), q)
+    assert max_err(dq, want, "dq") < 1e-10, f"seed {gen.initial_seed()}"
+
+
 @pytest.mark.parametrize("flag", ["yes", 1, None])
 def test_is_causal_must_be_a_bool(flag):
     with pytest.raises(ValueError, match="is_causal must be True or False"):
