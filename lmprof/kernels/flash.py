@@ -41,10 +41,11 @@ programs are launched heaviest first (longest loops first) so the last wave is s
 groups of up to 16 heads (so that the programs running at once share those heads' K and V —
 for dK/dV, Q and dO — in L2).
 
-Inputs: (B, h, T, d) or (B, T, d); Tq and Tk independent and any length ≥ 1 (up to the indexing
-limits: each element offset inside one head below 2^31, ``_too_large``; for a backward at most
-65535 key tiles, ``_kv_grid_problem``); B and h ≥ 1 too (an empty input raises, where torch's
-SDPA returns an empty output); d 16–128. First-order gradients only (``create_graph=True``
+Inputs: dense (B, h, T, d) or (B, T, d) tensors (sparse and nested ones, which SDPA takes, are
+refused); Tq and Tk independent and any length ≥ 1 (up to the indexing limits: each element
+offset inside one head below 2^31, ``_too_large``; for a backward at most 65535 key tiles,
+``_kv_grid_problem``); B and h ≥ 1 too (an empty input raises, where torch's SDPA returns an
+empty output); d 16–128. First-order gradients only (``create_graph=True``
 raises). A power-of-two
 d uses the tile exactly; any other d in range runs with the head dimension padded to the next
 power of two inside the kernel (masked loads and stores, no copies; arithmetic as for the padded
@@ -857,6 +858,7 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        _check_dense(name, t)
         if not t.is_floating_point():
             raise ValueError(f"{name} has dtype {t.dtype}; flash_attention takes floating-point "
                              "tensors (float16, bfloat16, float32)")
@@ -890,6 +892,14 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"inputs too large for the Triton kernels: {problem}")
 
 
+def _check_dense(name: str, t: torch.Tensor) -> None:
+    """Sparse and nested tensors (SDPA takes jagged ones) have no rows at strides to read."""
+    if t.is_nested or t.layout != torch.strided:
+        kind = "nested" if t.is_nested else str(t.layout).removeprefix("torch.")
+        raise ValueError(f"{name} is a {kind} tensor; flash_attention takes dense (strided, "
+                         "not nested) tensors")
+
+
 def _check_causal(is_causal) -> None:
     if not isinstance(is_causal, bool):  # as SDPA: a flag, not anything truthy ("False")
         raise ValueError(f"is_causal must be True or False, got {is_causal!r}")
@@ -907,6 +917,7 @@ def _check_saved(q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.
     for name, t in (("o", o), ("do", do), ("lse", lse)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        _check_dense(name, t)
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}")
     for name, t in (("o", o), ("do", do)):

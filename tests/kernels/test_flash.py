@@ -578,6 +578,38 @@ def test_host_wrappers_take_is_causal_as_a_bool_too(flag):
         fa.flash_backward(q, k, v, o, lse, torch.ones_like(o), flag)
 
 
+def _jagged(shape):  # (B, h, j, d) with ragged sequences, as SDPA takes nested tensors
+    b, h, t, d = shape
+    return torch.nested.nested_tensor([torch.randn(t - i, h, d) for i in range(b)],
+                                      layout=torch.jagged, device=DEVICE).transpose(1, 2)
+
+
+@pytest.mark.parametrize("make", [
+    lambda s: torch.randn(s, device=DEVICE).to_sparse(),
+    lambda s: torch.nested.nested_tensor([torch.randn(s[1:])] * s[0], device=DEVICE),
+    _jagged,
+], ids=["sparse", "nested", "nested-jagged"])
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_sparse_and_nested_inputs_are_refused_by_name(make):
+    """A sparse or nested tensor (SDPA takes jagged ones) failed deep in the host code with
+    torch's words for something else: "unsupported memory format option Contiguous",
+    "NestedIntNode object has no attribute 'neg'", "Internal error: NestedTensorImpl doesn't
+    support sizes. Please file an issue."; it is a ValueError naming the input and its layout
+    (flash_backward's o and dO: "Cannot access storage of SparseTensorImpl")."""
+    shape = (2, 2, 20, 16)
+    q = make(shape)
+    k = v = torch.randn(shape, device=DEVICE)
+    for args, name in (((q, k, v), "q"), ((k, q, q), "k")):
+        with pytest.raises(ValueError, match=f"{name} is a .*tensor; flash_attention takes "
+                                             "dense"):
+            fa.flash_attention(*args)
+    o, lse = fa.flash_forward(k, k, k)  # flash_backward's o and dO too
+    for args, name in (((k, k, k, q, lse, o), "o"), ((k, k, k, o, lse, q), "do")):
+        with pytest.raises(ValueError, match=f"{name} is a .*tensor; flash_attention takes "
+                                             "dense"):
+            fa.flash_backward(*args)
+
+
 def test_meta_tensors_are_refused_by_name(monkeypatch):
     monkeypatch.setattr(fa, "INTERPRET", True)  # even where the interpreter would take CPU ones
     q, k, v = (torch.randn(1, 1, 8, 16, device="meta") for _ in range(3))
