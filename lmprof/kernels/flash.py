@@ -1058,13 +1058,22 @@ def _record(name: str, compiled) -> None:
         COMPILED[name] = compiled
 
 
+# The kernels take scale·log2(e) as a float32: scales whose product is no normal float32 would
+# round to 0 (0 · -inf at masked keys: NaN) or to inf (NaN for every input).
+_FP32_RANGE = torch.finfo(torch.float32)
+SCALE_MIN, SCALE_MAX = _FP32_RANGE.tiny / LOG2E, _FP32_RANGE.max / LOG2E
+
+
 def _scale(d: int, scale: float | None) -> float:
     if scale is None:
         return 1.0 / math.sqrt(d)
-    # (any real number: numpy's float32 is no Python float; a bool is refused)
+    # (any real number: numpy's float32 is no Python float; a bool is refused; an int past a
+    # float's range compares without overflow, and NaN fails the comparison)
     if not (isinstance(scale, numbers.Real) and not isinstance(scale, bool)
-            and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+            and SCALE_MIN <= scale <= SCALE_MAX):
+        raise ValueError(f"scale must be a positive finite number that float32 holds (the "
+                         f"kernels' arithmetic): {SCALE_MIN:.2g} to {SCALE_MAX:.2g}, "
+                         f"got {scale!r}")
     return float(scale)
 
 
@@ -1293,13 +1302,15 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
     """softmax(q·kᵀ·scale [+ causal mask])·v with the FlashAttention-2 Triton kernels.
 
     q: (B, h, Tq, d) or (B, Tq, d); k, v: (B, h, Tk, d) or (B, Tk, d). ``scale`` defaults to
-    1/√d. ``is_causal`` aligns top-left like torch SDPA. ``backward`` picks the backward kernels:
-    "auto" (default: "gluon" where it applies and Tk ≥ 16384, else "split"), "split" (dK/dV and
-    dQ kernels), "atomic" (one kernel, dQ by atomic adds) or "gluon" (the Hopper kernel of
-    ``flash_gluon``: 16-bit, d_head 64, sm_90). ``forward``: "auto" (default: "gluon" — 16-bit,
-    d_head 64 or 128, sm_90 — where it applies and Tk ≥ ``flash_gluon.AUTO_MIN_KEYS_FORWARD
-    [d_head]``, else "triton"), "triton" or "gluon". An explicit "gluon" that cannot run raises
-    ValueError at once. Returns o shaped like q (contiguous).
+    1/√d; any other is a positive number from ``SCALE_MIN`` to ``SCALE_MAX`` (8.1e-39 to 2.4e38:
+    the kernels compute with scale·log2(e) as a float32). ``is_causal`` aligns top-left like
+    torch SDPA. ``backward`` picks the backward kernels: "auto" (default: "gluon" where it
+    applies and Tk ≥ 16384, else "split"), "split" (dK/dV and dQ kernels), "atomic" (one
+    kernel, dQ by atomic adds) or "gluon" (the Hopper kernel of ``flash_gluon``: 16-bit, d_head
+    64, sm_90). ``forward``: "auto" (default: "gluon" — 16-bit, d_head 64 or 128, sm_90 — where
+    it applies and Tk ≥ ``flash_gluon.AUTO_MIN_KEYS_FORWARD[d_head]``, else "triton"),
+    "triton" or "gluon". An explicit "gluon" that cannot run raises ValueError at once. Returns
+    o shaped like q (contiguous).
     """
     check_inputs(q, k, v)
     _scale(q.shape[-1], scale)

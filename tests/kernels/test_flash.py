@@ -338,6 +338,22 @@ def test_bad_scale(scale):
         fa.flash_attention(*_bad(), scale=scale)
 
 
+@pytest.mark.parametrize("scale,inside", [(1e-50, 1e-30), (1e-39, 1e-30), (1e39, 0.5),
+                                           (10**400, 0.5)],
+                         ids=["1e-50", "1e-39-subnormal", "1e39", "int-10**400"])
+def test_a_scale_float32_cannot_hold_is_refused(gen, scale, inside):
+    """The kernels compute with scale·log2(e) in float32: scale=1e-50 (positive, finite, so
+    accepted) rounded to 0 there and o was all NaN (0 · -inf at the masked keys) where torch's
+    fp32 attention is finite; 1e39 became inf (NaN for every input); the int 10**400 raised
+    OverflowError from math.isfinite. Each is a ValueError naming the range (whose low end is
+    float32's smallest normal: 1e-39 is refused too); a scale inside it still matches the
+    reference."""
+    with pytest.raises(ValueError, match="scale must be a positive finite number .*float32"):
+        fa.flash_attention(*_bad(), scale=scale)
+    check_against_reference(gen, (1, 1, 20, 16), (1, 1, 20, 16), torch.float32, True,
+                            scale=inside)
+
+
 def test_bad_backward_mode():
     with pytest.raises(ValueError, match="backward"):
         fa.flash_attention(*_bad(), backward="fast")
