@@ -154,13 +154,23 @@ def _timer(env: dict[str, Any]) -> str:
     return "medians of 3 timed calls after an untimed one (do_bench needs CUDA)"
 
 
+# the implementations of ``capture attention`` that run the Triton kernels (flash-gluon's Gluon
+# kernels have no interpreter: on CPU its rows are UNSUPPORTED)
+_TRITON_IMPLS = ("flash", "flash-split", "flash-atomic")
+
+
 def _interpreted(env: dict[str, Any], rows: list[dict]) -> str:
-    """A caption's last words where its flash rows ran on CPU, where the Triton kernels run
-    only in Triton's interpreter (``capture attention`` needs TRITON_INTERPRET=1 there)."""
-    if env.get("device") != "cpu" or not any(r.get("impl") == "flash" for r in rows):
+    """A caption's last words where its Triton rows (flash, flash-split, flash-atomic) ran on
+    CPU, where the Triton kernels run only in Triton's interpreter (``capture attention`` needs
+    TRITON_INTERPRET=1 there)."""
+    impls = list(dict.fromkeys(r.get("impl") for r in rows if r.get("impl") in _TRITON_IMPLS))
+    if env.get("device") != "cpu" or not impls:
         return ""
-    return (" On CPU flash runs in Triton's interpreter (TRITON_INTERPRET=1): its times are the "
-            "interpreter's, not a kernel's.")
+    one = len(impls) == 1
+    names = " and ".join([", ".join(impls[:-1]), impls[-1]] if not one else impls)
+    return (f" On CPU {names} run{'s' * one} in Triton's interpreter "
+            f"(TRITON_INTERPRET=1): {'its' if one else 'their'} times are the interpreter's, "
+            "not a kernel's.")
 
 
 def _part_a_memory(env: dict[str, Any]) -> str:
