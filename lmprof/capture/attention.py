@@ -308,6 +308,37 @@ def _check_options(impls, ds, seqs, dtypes, iters, warmup, batch, heads) -> None
                             f"{MAX_HEAD_DIM} (drop --impl flash to time others)")
 
 
+def _batch_heads(part: str, seq: int, d: int, batch, heads) -> tuple[int, int]:
+    """(batch, heads) of a cell of ``part``: the options where given, else the part's own
+    (part a has no head dimension: 1)."""
+    if part == "a":
+        return batch or PART_A["batch"], 1
+    if part == "b":
+        return batch or PART_B["batch"], heads or PART_B["heads"]
+    return batch or max(1, PART_C["tokens"] // seq), heads or max(1, PART_C["width"] // d)
+
+
+def _check_sizes(parts, seqs, ds, dtypes, batch, heads) -> None:
+    """Every cell's q, k, v within the bytes a tensor holds (below 2^63): each size below 2^31,
+    their product may not be, and such a cell was an ERROR row ("Storage size calculation
+    overflowed")."""
+    defaults = {"a": (PART_A["seq"], PART_A["d"], PART_A["dtype"]),
+                "b": ((PART_B["seq"],), (PART_B["d"],), (PART_B["dtype"],)),
+                "c": (PART_C["seq"], PART_C["d"], PART_C["dtype"])}
+    for part in parts:
+        part_seqs, part_ds, part_dtypes = defaults[part]
+        for dt in dtypes or part_dtypes:
+            size = devices.DTYPES[dt].itemsize
+            for seq in seqs or part_seqs:
+                for d in ds or part_ds:
+                    b, h = _batch_heads(part, seq, d, batch, heads)
+                    shape = (b, seq, d) if part == "a" else (b, h, seq, d)
+                    if b * h * seq * d * size >= 2**63:
+                        raise UserError(f"part {part}: q of shape ({', '.join(map(str, shape))}) "
+                                        f"in {dt} is too large (beyond the 2^63 bytes of a "
+                                        "tensor)")
+
+
 @click.command("attention")
 @click.option("--part", "parts", type=click.Choice(["a", "b", "c"]), multiple=True,
               help="Which part to run (repeatable): a = CS336 attention benchmark, b = leaderboard "
@@ -355,6 +386,7 @@ def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, w
             raise UserError(f"--{name} applies to part a (add --part a)")
     if heads is not None and parts == ("a",):
         raise UserError("--heads applies to parts b and c (add --part b or c)")
+    _check_sizes(parts, seqs, ds, dtypes, batch, heads)
     dev = devices.resolve_device(device)
     for dt in dtypes:
         devices.check_dtype(dt, dev)
@@ -483,9 +515,8 @@ def _part_b(rows: list[dict], impls, seqs, ds, dtypes, batch, heads, causal, dev
         for seq in seqs or (PART_B["seq"],):
             for d in ds or (PART_B["d"],):
                 for impl in impls or PART_B["impls"]:
-                    row = run_bench_cell(impl, batch or PART_B["batch"], heads or PART_B["heads"],
-                                         seq, d, dt, PART_B["causal"] if causal is None else causal,
-                                         dev)
+                    row = run_bench_cell(impl, *_batch_heads("b", seq, d, batch, heads), seq, d,
+                                         dt, PART_B["causal"] if causal is None else causal, dev)
                     rows.append(row)
                     finished(row)
 
@@ -495,8 +526,7 @@ def _part_c(rows: list[dict], impls, seqs, ds, dtypes, batch, heads, causal, dev
     for dt in _dtypes(dtypes, PART_C["dtype"]):
         for d in ds or PART_C["d"]:
             for seq in seqs or PART_C["seq"]:
-                b = batch or max(1, PART_C["tokens"] // seq)
-                h = heads or max(1, PART_C["width"] // d)
+                b, h = _batch_heads("c", seq, d, batch, heads)
                 for impl in impls or PART_C["impls"]:
                     row = run_bench_cell(impl, b, h, seq, d, dt,
                                          PART_C["causal"] if causal is None else causal, dev)

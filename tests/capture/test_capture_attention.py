@@ -58,6 +58,15 @@ def test_parts_a_and_b_write_a_run_directory(tmp_path):
     (["--part", "a", "--impl", "naive", "--seq", str(2**64)], f"--seq {2**64} is too large"),
     (["--part", "b", "--batch", str(2**64)], f"--batch {2**64} is too large"),
     (["--part", "a", "--iters", str(2**70)], f"--iters {2**70} is too large"),
+    # each size below 2^31 but q of more bytes than a tensor holds (2^63): an ERROR row per
+    # cell ("Storage size calculation overflowed") and exit 1
+    (["--part", "b", "--impl", "naive", "--batch", str(2**31 - 1), "--heads", str(2**31 - 1)],
+     f"part b: q of shape ({2**31 - 1}, {2**31 - 1}, 16384, 64) in bf16 is too large"),
+    (["--part", "a", "--impl", "naive", "--seq", str(2**31 - 1), "--d", str(2**31 - 1)],
+     f"part a: q of shape (8, {2**31 - 1}, {2**31 - 1}) in fp32 is too large"),
+    (["--part", "c", "--impl", "naive", "--seq", "128", "--d", str(2**30), "--dtype", "fp16",
+      "--heads", str(2**31 - 1)],
+     f"part c: q of shape (128, {2**31 - 1}, 128, {2**30}) in fp16 is too large"),
     # (an unset shell variable: it ran under the default label)
     (["--part", "a", "--impl", "naive", "--seq", "8", "--d", "8", "--label", ""], "--label ''"),
 ])
