@@ -625,3 +625,15 @@ def test_a_cpu_runs_portable_flash_kernels_are_said_to_be_the_interpreters_too()
     results["part_b"] = [_row("flash-gluon", 16384, None, status="UNSUPPORTED")]
     part_b = section.render_tables(results).split("(part b)")[1].split("###")[0]
     assert "Triton" not in part_b and "interpreter" not in part_b
+
+
+def test_part_b_compares_only_bf16_rows_with_the_bf16_matmul_rate():
+    """The matmul rate is measured in bf16 (an 8192³ product, 700 TFLOP/s here); a part b run
+    with --dtype fp32 showed its fp32 rows as a share of it ("% of matmul" 5 for 35 TFLOP/s),
+    where fp32 matmuls run at a fraction of bf16's: the share is of a matmul of the row's own
+    dtype only, and the column says which."""
+    rows = [{**_row("flash", 16384, 4.0), "e2e_tflops": 350.0},
+            {**_row("flash", 16384, 40.0), "dtype": "float32", "e2e_tflops": 35.0}]
+    table = section.part_b_table(rows, 700.0)
+    assert "% of matmul" not in table
+    assert table["% of bf16 matmul"].tolist() == ["50", ""]

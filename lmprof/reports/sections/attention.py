@@ -2,9 +2,9 @@
 
 Reads each run's ``attention`` artifact (attention.json, written by ``lmprof.capture.attention``):
 part a (CS336 benchmark: mean forward/backward ms, memory before backward, OOM rows), part b
-(leaderboard configuration: do_bench medians and TFLOP/s against the card's measured bf16 matmul
-rate) and part c (sweep: TFLOP/s per implementation and the speed-up of the flash kernel over the
-fastest SDPA backend at each point).
+(leaderboard configuration: do_bench medians and TFLOP/s, a bf16 row's against the card's
+measured bf16 matmul rate) and part c (sweep: TFLOP/s per implementation and the speed-up of
+the flash kernel over the fastest SDPA backend at each point).
 """
 
 from __future__ import annotations
@@ -51,9 +51,14 @@ def part_a_table(rows: list[dict]) -> pd.DataFrame:
 
 
 def part_b_table(rows: list[dict], matmul_tflops: float | None) -> pd.DataFrame:
+    """Part b's rows; ``matmul_tflops``, the card's measured bf16 matmul rate, is what the bf16
+    rows' fwd+bwd rate is a share of (another dtype's matmuls run at another rate: fp32's at a
+    fraction of it)."""
     out = []
     for r in rows:
-        pct = (lambda t: _fmt(100 * t / matmul_tflops if (t and matmul_tflops) else None, ".0f"))
+        rate = r.get("e2e_tflops")
+        pct = 100 * rate / matmul_tflops if (rate and matmul_tflops
+                                              and r["dtype"] == "bfloat16") else None
         out.append({
             "Implementation": _impl(r), "Shape (B, H, T, d)": f"{r['batch']}, {r['heads']}, "
             f"{r['seq']}, {r['d']}", "Dtype": r["dtype"], "Causal": "yes" if r["causal"] else "no",
@@ -63,7 +68,7 @@ def part_b_table(rows: list[dict], matmul_tflops: float | None) -> pd.DataFrame:
             "Fwd TFLOP/s": _fmt(r.get("fwd_tflops"), ".1f"),
             "Bwd TFLOP/s": _fmt(r.get("bwd_tflops"), ".1f"),
             "Fwd+bwd TFLOP/s": _fmt(r.get("e2e_tflops"), ".1f"),
-            "% of matmul": pct(r.get("e2e_tflops")),
+            "% of bf16 matmul": _fmt(pct, ".0f"),
             "Status": _status(r),
         })
     return pd.DataFrame(out)
