@@ -231,7 +231,8 @@ def render_tables(results: dict[str, Any], run: str = "") -> str:
     if results.get("part_c"):
         parts += [f"### Sweep against SDPA (part c){of}",
                   f"Forward + backward (`o.sum().backward()`), {_timer(env)}, in ms; "
-                  "batch·seq = 16384 tokens and heads·d = 2048 unless overridden."
+                  "batch·seq = 16384 tokens (batch 1 beyond 16384 keys) and heads·d = 2048 "
+                  "unless overridden; the Shape column gives each row's."
                   + _interpreted(env, results["part_c"]),
                   formatted_markdown(part_c_table(with_shape(results["part_c"]),
                                                   keys=("dtype", "d", "seq", "shape")))]
