@@ -789,6 +789,26 @@ def test_runs_merged_only_across_warmups_are_not_called_repeats(tmp_path):
     assert "run more than once (up to 2 runs)" in note, note
 
 
+def _variants_table(root: Path, heading: str, variants) -> list[dict[str, str]]:
+    """The sweep section's table under ``heading`` (rows as dicts by column) for copies of the
+    h200-lmprof-memory run under ``root``: a run per variant (run-id suffix, config changes,
+    GPU name, mean step time in s)."""
+    source = json.loads((DATA / "h200-lmprof-memory" / "run.json").read_text())
+    for suffix, config, gpu, mean_s in variants:
+        rec = json.loads(json.dumps(source))
+        rec["run_id"] += f"-{suffix}"
+        rec["config"].update(config)
+        rec["environment"]["gpu_name"] = gpu
+        rec["timings"]["summary"]["step"]["mean_s"] = mean_s
+        rec["artifacts"] = {}
+        (root / rec["run_id"]).mkdir(parents=True)
+        rundir.write_run(root / rec["run_id"], rec)
+    part = section_text(root, root / "r").split(f"### {heading}")[1].split("###")[0]
+    lines = [[c.strip() for c in line.strip("|").split("|")] for line in part.splitlines()
+             if line.startswith("|")]
+    return [dict(zip(lines[0], row)) for row in lines[2:]]
+
+
 def test_speedup_rows_name_the_warmup_and_device_they_differ_in(tmp_path):
     """The h200-lmprof-memory run copied as fp32 and bf16 runs of warm-up 3 and 0, and as a
     pair on another card: the bf16 table paired each warm-up (and card) on its own, but showed
@@ -800,22 +820,10 @@ def test_speedup_rows_name_the_warmup_and_device_they_differ_in(tmp_path):
              "h100": (3, "NVIDIA H100 80GB HBM3", 2.0)}
 
     def bf16_table(names: list[str]) -> list[dict[str, str]]:
-        root = tmp_path / "-".join(names)
-        for name in names:
-            warmup, gpu, scale = pairs[name]
-            for dtype, speed in (("fp32", 1.0), ("bf16", 2.0)):
-                rec = json.loads(json.dumps(source))
-                rec["run_id"] += f"-{name}-{dtype}"
-                rec["config"].update(warmup=warmup, dtype=dtype)
-                rec["environment"]["gpu_name"] = gpu
-                rec["timings"]["summary"]["step"]["mean_s"] = step * scale / speed
-                rec["artifacts"] = {}
-                (root / rec["run_id"]).mkdir(parents=True)
-                rundir.write_run(root / rec["run_id"], rec)
-        part = section_text(root, root / "r").split("### bf16/fp16 vs fp32")[1].split("###")[0]
-        lines = [[c.strip() for c in line.strip("|").split("|")] for line in part.splitlines()
-                 if line.startswith("|")]
-        return [dict(zip(lines[0], row)) for row in lines[2:]]
+        return _variants_table(tmp_path / "-".join(names), "bf16/fp16 vs fp32", [
+            (f"{name}-{dtype}", {"warmup": pairs[name][0], "dtype": dtype}, pairs[name][1],
+             step * pairs[name][2] / speed)
+            for name in names for dtype, speed in (("fp32", 1.0), ("bf16", 2.0))])
 
     rows = bf16_table(["w3", "w0"])
     assert sorted((r["Warm-up"], r["Base step (ms)"]) for r in rows) == [
@@ -882,20 +890,9 @@ def test_warmup_effect_names_the_device_its_rows_differ_in(tmp_path):
 
     def warmup_table(gpus: dict[str, float]) -> list[dict[str, str]]:
         root = tmp_path / "-".join(g.split()[1] for g in gpus)
-        for gpu, scale in gpus.items():
-            for warmup in (3, 0):
-                rec = json.loads(json.dumps(source))
-                rec["run_id"] += f"-{gpu.split()[1]}-w{warmup}"
-                rec["config"]["warmup"] = warmup
-                rec["environment"]["gpu_name"] = gpu
-                rec["timings"]["summary"]["step"]["mean_s"] = step * scale
-                rec["artifacts"] = {}
-                (root / rec["run_id"]).mkdir(parents=True)
-                rundir.write_run(root / rec["run_id"], rec)
-        part = section_text(root, root / "r").split("### Warm-up effect")[1].split("###")[0]
-        lines = [[c.strip() for c in line.strip("|").split("|")] for line in part.splitlines()
-                 if line.startswith("|")]
-        return [dict(zip(lines[0], row)) for row in lines[2:]]
+        return _variants_table(root, "Warm-up effect", [
+            (f"{gpu.split()[1]}-w{warmup}", {"warmup": warmup}, gpu, step * scale)
+            for gpu, scale in gpus.items() for warmup in (3, 0)])
 
     rows = warmup_table({"NVIDIA H200": 1.0, "NVIDIA H100 80GB HBM3": 2.0})
     assert len(rows) == 4
