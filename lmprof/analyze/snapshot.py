@@ -452,13 +452,19 @@ def _stack_kind(frame_ids: tuple[int, ...], f: dict[str, list]) -> str | None:
     """Which training phase a call stack belongs to, judged from its frames alone."""
     if not frame_ids:
         return None
+    inner_py = None  # the name of the nearest Python frame inside this one
     for i in frame_ids:
         name, filename = f["name"][i], f["filename"][i]
-        if "autograd::Engine" in name or "/torch/autograd/" in filename or (
-                name == "backward" and filename.endswith("torch/_tensor.py")):
+        # Function.apply running a Function's forward (torch.compile's graph, a Triton kernel)
+        # is no backward; the backward's BackwardCFunction.apply, in the same file, runs backward
+        runs_forward = filename.endswith("/torch/autograd/function.py") and inner_py == "forward"
+        if not runs_forward and ("autograd::Engine" in name or "/torch/autograd/" in filename or (
+                name == "backward" and filename.endswith("torch/_tensor.py"))):
             return "backward"
         if "/torch/optim/" in filename:
             return "optimizer"
+        if filename.endswith(".py"):
+            inner_py = name
     return "forward"
 
 

@@ -299,3 +299,30 @@ def test_categories_of_one_size_come_in_the_categories_order():
     for _ in range(6):  # (the order of a tie varied between runs, not always)
         rows = list(memory.categories(c)["category"])
         assert rows == ["model state", "gradients", "activations", "temporaries"], rows
+
+
+@pytest.mark.parametrize("fixture", ["h200-compiled/train", "h200-naive-vs-flash/flash"])
+def test_stack_inference_keeps_an_autograd_functions_forward_in_forward(tmp_path, fixture):
+    """A torch.autograd.Function's forward (torch.compile's graph, the Triton FlashAttention)
+    runs under Function.apply in torch/autograd/function.py, a frame the stack inference read as
+    the backward's: read by its call stacks alone, the compiled run's forward allocations fell
+    in backward (its activations made 'gradients'), and each flash forward cut its step, 3 steps
+    read as 39. The entries the runner tagged 'forward' are in forward, one step per tag run."""
+    snap = pickle.loads(lzma.decompress(
+        (ROOT / "tests" / "data" / fixture / "memory.pickle.xz").read_bytes()))
+    trace = snap["device_traces"][0]
+    tags = [e.pop("user_metadata", "") for e in trace]
+    forward = {i for i, (e, tag) in enumerate(zip(trace, tags))
+               if tag == "forward" and e["action"] == "alloc"}
+    steps = sum(1 for prev, tag in zip([None, *tags], tags)
+                if tag == "forward" and prev != "forward")
+    assert forward and steps >= 1
+    path = tmp_path / "memory.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    c = connect()
+    memory.load_memory(c, path)
+    assert memory.snapshots(c)["phase_source"][0] == "inferred from call stacks"
+    phase = dict(c.execute("SELECT seq, phase FROM memory_events").fetchall())
+    assert {phase[i] for i in forward} == {"forward"}
+    got = c.execute("SELECT count(*) FROM memory_phase_windows WHERE phase = 'step'")
+    assert got.fetchall()[0][0] == steps
