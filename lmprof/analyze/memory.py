@@ -582,10 +582,11 @@ def model_state(con, cats: pd.DataFrame | None = None) -> pd.DataFrame:
                                          "allocated before recording, alive at dump")})
         if adam:
             rows.append({"snapshot": s.label, "quantity": "gradients", "expected_bytes": p,
-                         "measured_bytes": measured(["gradients"]) if traced else None,
+                         "measured_bytes": _most_requested(con, s.snapshot_id, "gradients")
+                         if traced else None,
                          "measured_as": "most bytes alive at once of allocations made in "
-                                        "backward that outlive it" if traced else
-                                        "no trace: not measurable"})
+                                        "backward that outlive it (requested bytes)" if traced
+                                        else "no trace: not measurable"})
         if not any(pd.isna(v) for v in (s.batch_size, s.context_length, s.d_model)):
             # fp32 whatever --dtype is: under autocast (bf16/fp16 runs) the embedding's output
             # is fp32 and each residual add (fp32 x + a bf16 sublayer output) promotes to it
@@ -595,6 +596,23 @@ def model_state(con, cats: pd.DataFrame | None = None) -> pd.DataFrame:
                          "measured_bytes": None, "measured_as": ""})
     # (whole numbers with empty cells: nullable integers, not floats)
     return pd.DataFrame(rows).astype({"expected_bytes": "Int64", "measured_bytes": "Int64"})
+
+
+def _most_requested(con, sid: int, category: str) -> int:
+    """The most requested bytes of one category's allocations alive at once (per device, added
+    up): tensor bytes, as the expected figures are, where memory_categories.max_bytes counts
+    the allocator's blocks."""
+    rows = con.execute("SELECT device, coalesce(alloc_seq, -1), free_seq, bytes FROM "
+                       "memory_allocations WHERE snapshot_id = ? AND category = ?",
+                       [int(sid), category]).fetchall()
+    changes = sorted([(d, a, b) for d, a, _, b in rows]
+                     + [(d, f, -b) for d, _, f, b in rows if f is not None])
+    most: dict[int, int] = {}
+    level = 0
+    for i, (d, _, delta) in enumerate(changes):
+        level = (level if i and changes[i - 1][0] == d else 0) + delta
+        most[d] = max(most.get(d, 0), level)
+    return sum(most.values())
 
 
 def _matched_state_rows(con, s, state: str, expected: int, wanted: Counter,
