@@ -494,6 +494,7 @@ class Launcher:
         target = attempt / cell.name
         target.mkdir(parents=True)
         cmd = self.command(cell, target)
+        started = rundir.utc_now()  # (a stand-in record's created_utc: the run's start)
         t0 = time.perf_counter()
         timed_out = False
         with open(target / sweepdir.CELL_LOG, "wb") as log:
@@ -517,7 +518,7 @@ class Launcher:
             shutil.rmtree(attempt, ignore_errors=True)
             raise InterruptedError(f"cell {cell.name} stopped with the sweep")
         wall_s = time.perf_counter() - t0
-        record = self._record(cell, target, proc.returncode, timed_out)
+        record = self._record(cell, target, proc.returncode, timed_out, started)
         record["run_id"] = cell.name
         record["sweep"] = {"cell": cell.name, "config_hash": cell.config_hash,
                            "grid_hash": self.grid_hash, "wall_s": wall_s, "gpu": gpu}
@@ -527,7 +528,8 @@ class Launcher:
         self._publish(attempt, target, cell)
         return record
 
-    def _record(self, cell: Cell, target: Path, rc: int, timed_out: bool) -> dict[str, Any]:
+    def _record(self, cell: Cell, target: Path, rc: int, timed_out: bool,
+                started: str) -> dict[str, Any]:
         if not timed_out and (target / rundir.RUN_FILE).is_file():
             try:
                 return rundir.load_run(target)
@@ -543,7 +545,7 @@ class Launcher:
             status, error = "ERROR", f"the process died of {name}"
         else:
             status, error = "ERROR", f"exit status {rc}: {_last_line(target / sweepdir.CELL_LOG)}"
-        return _stand_in_record(cell, status, error)
+        return _stand_in_record(cell, status, error, started)
 
     def _publish(self, attempt: Path, target: Path, cell: Cell) -> None:
         """Move the finished cell into cells/ with one rename, replacing an earlier attempt, or
@@ -586,8 +588,10 @@ def _last_line(log: Path) -> str:
     return lines[-1].strip()[:300] if lines else "no output"
 
 
-def _stand_in_record(cell: Cell, status: str, error: str) -> dict[str, Any]:
-    """The run.json of a cell whose process left none: its config, what is known without torch."""
+def _stand_in_record(cell: Cell, status: str, error: str, started: str) -> dict[str, Any]:
+    """The run.json of a cell whose process left none: its config, what is known without torch;
+    ``started`` (created_utc) is when its process was launched, not when it was found dead or
+    killed (a TIMEOUT's kill comes --timeout seconds later)."""
     import platform
     import socket
 
@@ -604,7 +608,7 @@ def _stand_in_record(cell: Cell, status: str, error: str) -> dict[str, Any]:
     config = {**spec.to_dict(), "size": resolved_size(spec, device)}
     record: dict[str, Any] = {
         "run_id": cell.name,
-        "created_utc": rundir.utc_now(),
+        "created_utc": started,
         "status": status, "error": error, "config": config,
         "model": {}, "flops": {},
         "environment": {"hostname": socket.gethostname(), "python": platform.python_version(),

@@ -644,6 +644,28 @@ def test_hung_cell_times_out_with_a_record(tmp_path, capsys, monkeypatch):
     assert rec["config"]["context_length"] == 16 and rec["config"]["device"] == "cpu"
 
 
+def test_a_stand_in_record_says_when_the_cell_started_not_when_it_was_killed(tmp_path, capsys,
+                                                                            monkeypatch):
+    """run.json's created_utc is the time the run started (rundir's schema), and index.json's
+    the run's start (sweepdir): a TIMEOUT cell's stand-in said the time of the kill, --timeout
+    seconds later (an hour, by default)."""
+    import datetime as dt
+
+    monkeypatch.setenv(FAULT_ENV, "hang")
+    rc, _, _ = cli(["sweep", *TINY, "--context-length", "16", "--timeout", "3",
+                    "--out", str(tmp_path), "--quiet"], capsys)
+    after = dt.datetime.now(dt.timezone.utc)
+    assert rc == 1
+    root = only_sweep(tmp_path)
+    (rec,) = cell_records(root).values()
+    assert rec["status"] == "TIMEOUT" and rec["sweep"]["wall_s"] >= 3
+    created = dt.datetime.strptime(rec["created_utc"], "%Y-%m-%dT%H:%M:%S%z")
+    # the cell started at least wall_s before the sweep returned
+    assert created <= after - dt.timedelta(seconds=rec["sweep"]["wall_s"])
+    (entry,) = json.loads((root / "index.json").read_text())["cells"].values()
+    assert entry["created_utc"] == rec["created_utc"]
+
+
 def _processes_mentioning(text: str) -> list[int]:
     pids = []
     for d in Path("/proc").iterdir():
