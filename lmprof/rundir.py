@@ -6,11 +6,15 @@ schema is versioned: later versions add keys, never remove or re-mean them. Torc
 run.json (schema_version 1)::
 
     schema_version  int      1
-    run_id          str      "<UTC time>-<size>-ctx<T>-<mode>-<dtype>[...]-<4 hex>"
+    run_id          str      the run directory's name: "<UTC time>-<label>-<4 hex>", the label
+                             --label's, else "<size>-ctx<T>-<mode>-<dtype>[...]" (capture run),
+                             "precision-<device>", "attention-<parts>"; a sweep cell's is its
+                             cell's name, "<cell label>-<8 hex of config_hash>" (no time)
     created_utc     str      ISO-8601 time the run started
     kind            str      "run" (capture run; the default when absent) | "precision" (capture
                              precision: no timings; results in artifacts.precision) | "attention"
-                             (capture attention: config, environment, artifacts.attention only)
+                             (capture attention: config, environment, artifacts.attention and
+                             timings.total_s only)
     status          str      "OK" | "OOM" | "ERROR" | "TIMEOUT" (TIMEOUT, and ERROR for a process
                              that died without writing run.json, are written by capture sweep)
     error           str|null message for OOM/ERROR/TIMEOUT
@@ -18,13 +22,15 @@ run.json (schema_version 1)::
                              warmup, steps, mode, dtype, compile, attention, device, seed, ...;
                              nsys_args: --nsys-args of a run under nsys, null when none)
     model           dict     resolved dims (int): d_model, d_ff, num_layers, num_heads, d_head,
-                             vocab_size, context_length, n_params; rope_theta, norm_eps (numbers)
+                             vocab_size, context_length, n_params; rope_theta, norm_eps (numbers);
+                             attention (str, as config.attention)
     flops           dict     forward_flops, backward_flops, optimizer_flops (per step, whole batch;
                              integers, a float where the count is beyond 64 bits)
     environment     dict     strings hostname, platform, python, torch, triton, cuda, driver,
                              device, gpu_name, git_commit, float32_matmul_precision (torch's:
                              highest, high, medium); integers gpu_count, gpu_memory_bytes,
-                             cudnn; bools git_dirty (tracked files changed),
+                             cudnn (capture attention's runs only: cuDNN's version, null
+                             without cuDNN); bools git_dirty (tracked files changed),
                              cuda_matmul_allow_tf32; nsys (the version of the nsys that recorded
                              a run under nsys); ... (null when unknown)
     timings         dict     see below
@@ -34,7 +40,8 @@ run.json (schema_version 1)::
     artifacts       dict     relative paths: nsys_rep, nsys_sqlite, memory_snapshot (when captured;
                              with --memory also for a run that ran out of memory, or failed while
                              recording: the state at the failure), log (a sweep cell's
-                             stdout+stderr), precision (capture precision)
+                             stdout+stderr), precision (capture precision), attention (capture
+                             attention)
     artifact_errors list     only when saving an artifact after a failure failed: one line each
     peak_memory     dict     CUDA only, status OK: {allocated_bytes, reserved_bytes}, the
                              torch.cuda.max_memory_* peaks over the measured steps (reset before)
@@ -42,13 +49,16 @@ run.json (schema_version 1)::
 
 timings::
 
-    warmup_s        float    wall time of all warm-up steps (compilation included)
-    warmup_steps_s  list     per warm-up step done (a run that failed in warm-up: those before)
+    warmup_s        float    wall time of all warm-up steps (compilation included); absent
+                             where the run failed before warm-up ended
+    warmup_steps_s  list     per warm-up step done (a run that failed in warm-up: those before;
+                             absent where the model's build failed)
     total_s         float    wall time of the run in process: the model's build, warm-up and
                              measured steps, the hooks around them (profiler start/stop, memory
                              snapshot dump) and the memory's release after
     steps           list     per measured step done: {"step": i, "<phase>_s": seconds, "step_s": s}
-                             (a run that failed in a measured step: those before it)
+                             (a run that failed in a measured step: those before it; absent where
+                             the run failed before its measured steps)
     summary         dict     per phase (forward|backward|optimizer|inference|step):
                              {mean_s, std_s, median_s, min_s, max_s, n}; a finished run's only
 """
