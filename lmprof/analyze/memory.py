@@ -25,7 +25,8 @@ Loaded as is (one row per item of the snapshot):
     memory_segments       allocator segments at dump time (total/allocated/active/requested bytes)
     memory_blocks         their blocks at dump time: address, bytes, requested_bytes, state
     memory_annotations    external annotations (e.g. Optimizer.step START/END), epoch µs
-    memory_phase_windows  step, phase, start_us, end_us, source (run.json | stacks)
+    memory_phase_windows  step, phase, start_us, end_us, source (run.json | user_metadata |
+                          stacks: where the windows came from, see Phase attribution)
 Computed on load with numpy (:mod:`lmprof.analyze.memory_replay` documents its columns):
     memory_events         trace + phase/step + allocated/requested/reserved bytes after each entry
 Computed in SQL (``sql/memory_*.sql``, each documents its columns):
