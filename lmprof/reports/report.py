@@ -270,7 +270,8 @@ def _overview(ctx: ReportContext) -> str:
         if files:
             lines.append(f"{len(files)} {what}(s) without a run directory: "
                          + ", ".join(md_code(str(p)) for p, _ in files) + ".")
-    return "\n".join(lines)
+    # (paragraphs: a line right after the runs' list would read as more of its last item)
+    return "\n\n".join(lines)
 
 
 def _runs_overview(runs: list[dict[str, Any]]) -> str:

@@ -241,3 +241,18 @@ def test_the_overview_names_the_nsys_that_recorded_a_run(tmp_path):
     lines = [ln for ln in md.splitlines() if ln.startswith("- 1 on NVIDIA H200")]
     assert len(lines) == 2 and lines[0].endswith(", nsys 2025.3.1.90-253135822126v0")
     assert "nsys" not in lines[1]  # (a run.json from before, which names no nsys)
+
+
+def test_the_files_without_a_run_are_not_read_into_the_last_runs_line(tmp_path):
+    """The overview's line of files given without a run came right after the list of the runs'
+    setups: markdown reads a line that follows a list item as more of that item (a lazy
+    continuation), so the snapshot was listed as part of the last setup's line."""
+    snapshot = tmp_path / "state.pickle.xz"  # (no run.json beside it: an input of its own)
+    shutil.copy(OOM.parent / "warmup1" / "memory.pickle.xz", snapshot)
+    md = _report([str(OOM), str(snapshot)], tmp_path / "rep")
+    overview = md.split("\n## ", 1)[0].splitlines()
+    files = next(i for i, ln in enumerate(overview) if "without a run directory" in ln)
+    assert overview[files] == f"1 memory snapshot(s) without a run directory: `{snapshot}`."
+    # a blank line between them ends the list; without it the line is the list item's
+    assert overview[files - 2:files] == ["- 1 on NVIDIA H200: torch 2.11.0+cu130, CUDA 13.0, "
+                                         "triton 3.6.0", ""], overview
