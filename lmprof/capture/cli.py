@@ -208,7 +208,8 @@ def sweep_cmd(grid_file: str | None, out: str, name: str | None, gpus: str | Non
 
     Each cell ends with a run directory under OUT/NAME/cells/ whatever happens to it (status OK,
     OOM, ERROR with its message, TIMEOUT); rerunning the same sweep skips finished cells.
-    Exit status: 0 when every cell is OK or OOM, 1 when one is ERROR or TIMEOUT, 2 for bad input.
+    Exit status: 0 when every cell is OK or OOM, 1 when one is ERROR or TIMEOUT, 2 for bad input,
+    130 for Ctrl-C and 143 for SIGTERM (the cells in flight are killed and left to run again).
     """
     from lmprof.capture import sweep as sweep_mod
 
@@ -235,7 +236,15 @@ def sweep_cmd(grid_file: str | None, out: str, name: str | None, gpus: str | Non
         dry_run=dry_run, quiet=quiet, nsys_path=nsys_path, nsys_args=nsys_args,
     )
     root = Path(out) / (name or f"sweep-{grid.grid_hash[:8]}")
-    sys.exit(sweep_mod.run_sweep(grid, root, opts, click.echo))
+    # SIGTERM (kill, a job's time limit) ends the sweep as Ctrl-C does, its cells killed with
+    # every process they started (nsys's agent), rather than with the sweep's process, whose
+    # death (PR_SET_PDEATHSIG) kills the cells alone
+    with _sigterm_raises():
+        try:
+            status = sweep_mod.run_sweep(grid, root, opts, click.echo)
+        except Terminated:
+            _exit_terminated()
+    sys.exit(status)
 
 
 @capture.command("precision")

@@ -964,3 +964,49 @@ def test_sigint_mid_cell_kills_it_and_records_nothing(tmp_path):
     while _processes_mentioning(str(staging[0])) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _processes_mentioning(str(staging[0]))  # the cell was killed with the sweep
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="needs Linux /proc")
+def test_sigterm_mid_cell_ends_every_process_the_cell_started(tmp_path):
+    """SIGTERM (kill, a job's time limit) ended the sweep with the signal: its cell died of
+    PR_SET_PDEATHSIG, but what the cell had started (nsys and its agent; here a sleeper) ran on,
+    where Ctrl-C kills them all. It ends the sweep as Ctrl-C does now: every process of the cell
+    killed, nothing recorded, exit 143 (as capture run). (The cell is a stand-in that starts a
+    sleeper and hangs.)"""
+    pidfile = tmp_path / "sleeper.pid"
+    cell = ("import subprocess, sys, time\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+            f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+            "time.sleep(600)\n")
+    script = ("import sys\nfrom lmprof.capture import sweep\nfrom lmprof.capture.cli import main\n"
+              f"sweep.Launcher.command = lambda self, cell, target: [sys.executable, '-c', {cell!r}]\n"
+              "main(sys.argv[1:])\n")
+    root = tmp_path / "s"
+    proc = subprocess.Popen([sys.executable, "-c", script, "sweep", *TINY, "--context-length", "16",
+                             "--out", str(tmp_path), "--name", "s", "--quiet"],
+                            env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    pid = None
+    try:
+        deadline = time.monotonic() + 120
+        while not (pidfile.is_file() and pidfile.read_text()):
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "the cell never started"
+            time.sleep(0.05)
+        pid = int(pidfile.read_text())
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+        err = proc.stderr.read().decode()
+        deadline = time.monotonic() + 5
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid), "the cell's sleeper outlived the SIGTERMed sweep"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+        if pid is not None and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert rc == 143 and err.strip() == "terminated (SIGTERM)", (rc, err)
+    assert sweepdir.cell_dirs(root) == []
