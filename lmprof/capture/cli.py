@@ -241,10 +241,24 @@ def sweep_cmd(grid_file: str | None, out: str, name: str | None, gpus: str | Non
     # death (PR_SET_PDEATHSIG) kills the cells alone
     with _sigterm_raises():
         try:
-            status = sweep_mod.run_sweep(grid, root, opts, click.echo)
+            status = sweep_mod.run_sweep(grid, root, opts, _echo_or_drop)
         except Terminated:
             _exit_terminated()
     sys.exit(status)
+
+
+def _echo_or_drop(line: str) -> None:
+    """``click.echo`` for the sweep, which prints before its cells and after them: a reader that
+    stopped reading (``capture sweep ... | head``) stops neither the cells nor their exit status,
+    and what is left to print goes to /dev/null. (run_cli's exit 0 at a broken pipe, right for a
+    command whose output is its work, ran no cell where the plan outlasted the reader, and hid a
+    failed cell where the summary did.)"""
+    try:
+        click.echo(line)
+    except BrokenPipeError:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())  # (the unwritten rest, flushed at exit, too)
+        os.close(null)
 
 
 @capture.command("precision")

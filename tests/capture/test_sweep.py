@@ -1010,3 +1010,27 @@ def test_sigterm_mid_cell_ends_every_process_the_cell_started(tmp_path):
             os.kill(pid, signal.SIGKILL)
     assert rc == 143 and err.strip() == "terminated (SIGTERM)", (rc, err)
     assert sweepdir.cell_dirs(root) == []
+
+
+def test_a_reader_that_stops_reading_stops_neither_the_cells_nor_the_exit_status(tmp_path):
+    """`capture sweep ... | head`: a closed stdout ended the sweep with exit 0 at the first line
+    it could not print; a plan longer than the pipe took in ran no cell at all, and a broken
+    summary turned a sweep with an ERROR cell into exit 0. The output goes nowhere now, the
+    cells run and the exit status is theirs. (The stdout here is a pipe closed before the sweep
+    starts; the cells are a stand-in that leaves no run.json: ERROR.)"""
+    script = ("import sys\nfrom lmprof.capture import sweep\nfrom lmprof.capture.cli import main\n"
+              "sweep.Launcher.command = lambda self, cell, target: [sys.executable, '-c', '']\n"
+              "main(sys.argv[1:])\n")
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-c", script, "sweep", *TINY, "--context-length",
+                               "16,32", "--out", str(tmp_path), "--name", "s"],
+                              env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert proc.returncode == 1 and proc.stderr == "", (proc.returncode, proc.stderr[-2000:])
+    recs = cell_records(tmp_path / "s")
+    assert len(recs) == 2 and {r["status"] for r in recs.values()} == {"ERROR"}
+    assert sorted(json.loads((tmp_path / "s" / "index.json").read_text())["cells"]) == sorted(recs)
