@@ -5,31 +5,22 @@ import pytest
 from lmprof import annotate
 
 
-class Recorder:
-    def __init__(self):
-        self.events = []
+class Listener:
+    """Records each enter and exit; with ``on`` ("enter" or "exit") raises there after it."""
+
+    def __init__(self, on=None):
+        self.events, self.on = [], on
 
     def enter(self, name):
-        self.events.append(("enter", name))
+        self._note("enter", name)
 
     def exit(self, name):
-        self.events.append(("exit", name))
+        self._note("exit", name)
 
-
-class Raises(Recorder):
-    def __init__(self, on):
-        super().__init__()
-        self.on = on
-
-    def enter(self, name):
-        super().enter(name)
-        if self.on == "enter":
-            raise RuntimeError("enter failed")
-
-    def exit(self, name):
-        super().exit(name)
-        if self.on == "exit":
-            raise RuntimeError("exit failed")
+    def _note(self, what, name):
+        self.events.append((what, name))
+        if what == self.on:
+            raise RuntimeError(f"{what} failed")
 
 
 @pytest.fixture
@@ -55,7 +46,7 @@ def test_a_listener_that_raises_leaves_no_range_open(nvtx_depth, on):
     """A listener whose enter or exit raised left the phase's NVTX range pushed and its name in
     current() for good (every later range nested under it in a trace), and the listeners not
     yet called were never told the phase's exit (the memory recorder kept tagging it)."""
-    first, failing = Recorder(), Raises(on)
+    first, failing = Listener(), Listener(on)
     annotate.add_listener(first)
     annotate.add_listener(failing)
     try:
@@ -75,7 +66,7 @@ def test_a_listener_that_raises_leaves_no_range_open(nvtx_depth, on):
 
 
 def test_an_exception_in_a_phase_closes_it_and_tells_the_listeners(nvtx_depth):
-    rec = Recorder()
+    rec = Listener()
     annotate.add_listener(rec)
     try:
         with pytest.raises(ValueError), annotate.phase("a"), annotate.phase("b"):
