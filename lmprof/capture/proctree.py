@@ -7,7 +7,10 @@ and the profiled program in sessions of their own, so a timed-out sweep cell und
 (SIGSTOP: none forks meanwhile), looks again for any forked before the stop, then kills all.
 nsys's agent is not under nsys: on an H100 (nsys 2025.3.1) its parent is 1 from the start, a
 session of its own, named after the nsys process (``--session-name profile-<pid of nsys>``), so
-it is found by that name (:func:`nsys_agents`) and killed with them.
+it is found by that name (:func:`nsys_agents`) and killed with them. Checked on an H100
+(2026-12-07, nsys 2025.3.1): after a timed-out sweep cell under nsys and after SIGTERM of
+``capture run --nsys``, no nsys process is left; what remains is a named semaphore per killed
+profiled process (``/dev/shm/sem.NSys-process_waiter-<pid>-...``, a few bytes), nsys's own.
 Without /proc (not Linux) it kills what it can: the process, and its group where asked.
 """
 
