@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import warnings
+from pathlib import Path
 from typing import Iterator
 
 import click
@@ -109,6 +110,15 @@ def run_cli(group: click.Group, argv: list[str] | None = None) -> None:
             raise
         click.echo(f"error: {message}", err=True)
         sys.exit(EXIT_USAGE)
+
+
+def raise_machine_error(exc: BaseException, path: str | Path) -> None:
+    """Raise ``exc`` as an OSError naming ``path`` where it is the machine's trouble
+    (``machine_error``: a full disk, an I/O error; ``run_cli`` makes it one line and exit 1);
+    return where it is not, for the caller's own handling."""
+    machine = machine_error(exc)
+    if machine is not None:
+        raise OSError(machine.errno, machine.strerror, str(path)) from None
 
 
 def machine_error(exc: BaseException) -> OSError | None:

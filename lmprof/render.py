@@ -635,11 +635,10 @@ def _write_error(exc: OSError, out_dir: Path, file: Path | None) -> None:
     machine's trouble (a full disk, an I/O error: the file was opened, so emptied, and is left
     half-written) removes the file and is an OSError naming it (exit 1); any other (a folder in
     the way, no permission: nothing was written) a one-line UserError (exit 2)."""
-    from lmprof.errors import MACHINE_ERRNOS
+    from lmprof.errors import machine_error, raise_machine_error
 
-    if exc.errno in MACHINE_ERRNOS:
-        if file is not None:
-            with contextlib.suppress(OSError):
-                file.unlink(missing_ok=True)
-        raise OSError(exc.errno, exc.strerror, str(file or out_dir)) from None
+    if file is not None and machine_error(exc) is not None:
+        with contextlib.suppress(OSError):
+            file.unlink(missing_ok=True)
+    raise_machine_error(exc, file or out_dir)
     raise UserError(f"cannot write to --out {str(out_dir)!r}: {exc.strerror or exc}") from None

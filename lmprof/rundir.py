@@ -77,7 +77,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from lmprof.errors import MACHINE_ERRNOS, UserError
+from lmprof.errors import UserError, raise_machine_error
 
 SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
@@ -176,19 +176,24 @@ def check_writable_dir(path: Path) -> Path:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        if exc.errno in MACHINE_ERRNOS:
-            raise OSError(exc.errno, exc.strerror, str(path)) from None
+        raise_machine_error(exc, path)
         blocker = _not_a_folder(path)
         if blocker is not None:  # (mkdir's own words, "File exists", say not what is there)
             raise UserError(f"output directory {str(path)!r} cannot be made: {str(blocker[0])!r} "
-                            f"is a {blocker[1]}, not a folder") from None
+                            f"is {blocker[1]}, not a folder") from None
         raise UserError(f"output directory {str(path)!r} is not writable: {exc.strerror or exc}") from None
     return path
 
 
+# what a path that is not a regular file or a folder is, in the one-line errors
+_SPECIAL = {stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket",
+            stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
+
+
 def _not_a_folder(path: Path) -> tuple[Path, str] | None:
     """The first of ``path`` and its parents that exists but is no folder (a broken link
-    counts as existing), with what it is; None if there is none."""
+    counts as existing), with what it is ("a file", "a named pipe", ...: ``_SPECIAL``); None if
+    there is none."""
     for p in (*reversed(path.parents), path):
         try:
             mode = p.lstat().st_mode
@@ -198,12 +203,10 @@ def _not_a_folder(path: Path) -> tuple[Path, str] | None:
             try:
                 mode = p.stat().st_mode
             except OSError:
-                return p, "broken link"
+                return p, "a broken link"
         if stat.S_ISDIR(mode):
             continue
-        kind = ("named pipe" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode)
-                else "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "file")
-        return p, kind
+        return p, _SPECIAL.get(stat.S_IFMT(mode), "a file")
     return None
 
 
@@ -215,8 +218,7 @@ def write_json(path: Path, obj: Any, indent: int = 1) -> None:
         os.replace(tmp, path)
     except OSError as exc:  # a full disk, a folder gone: one line, no temp file left
         tmp.unlink(missing_ok=True)
-        if exc.errno in MACHINE_ERRNOS:  # (exit 1, naming the file: not the user's input)
-            raise OSError(exc.errno, exc.strerror, str(path)) from None
+        raise_machine_error(exc, path)  # (exit 1, naming the file: not the user's input)
         raise UserError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
 
 
@@ -538,10 +540,6 @@ def run_files(record: dict[str, Any] | None) -> list[Path]:
         if (path := artifact_path(record, key)) is not None:
             files.append(path)
     return files
-
-
-_SPECIAL = {stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket",
-            stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
 
 
 def refuse_overwrite(outputs: Iterable[str | Path], inputs: Iterable[str | Path],

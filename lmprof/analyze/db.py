@@ -18,7 +18,7 @@ import duckdb
 
 from lmprof import rundir
 from lmprof.analyze import magic, sqlfile
-from lmprof.errors import UserError, damaged_input, machine_error
+from lmprof.errors import UserError, damaged_input, machine_error, raise_machine_error
 
 
 def connect(path: str | Path | None = None,
@@ -95,8 +95,7 @@ def staged(path: str | Path | None, inputs: Iterable[str | Path] = ()) -> Iterat
         try:
             op()
         except OSError as exc:
-            if machine_error(exc) is not None:  # (a full disk: exit 1, naming PATH)
-                raise OSError(exc.errno, exc.strerror, str(target)) from None
+            raise_machine_error(exc, target)  # (a full disk: exit 1, naming PATH)
             raise UserError(f"cannot write --db {str(target)!r}: {exc.strerror or exc}") from None
 
     try:

@@ -115,9 +115,15 @@ def warmup_effect(df: pd.DataFrame) -> pd.DataFrame:
     cols = ["size", "context", "batch", "mode", "dtype", "compile", "attention", "device",
             "nsys", "memory", "warmup", "status", "step_mean_s", "step_std_s",
             "first_measured_step_s", "first_step_s"]
-    table = pd.concat([g.sort_values("warmup")[cols] for g in groups], ignore_index=True)
-    # the device where the rows differ in it (each is paired per device: rows alike else)
-    return table.drop(columns=["device"]) if table["device"].nunique(dropna=False) < 2 else table
+    # (the device where the rows differ in it: each is paired per device, rows alike else)
+    return _varying_only(pd.concat([g.sort_values("warmup")[cols] for g in groups],
+                                   ignore_index=True), ("device",))
+
+
+def _varying_only(table: pd.DataFrame, columns: tuple[str, ...]) -> pd.DataFrame:
+    """``table`` without those of ``columns`` that hold one value in every row."""
+    return table.drop(columns=[c for c in columns
+                               if c in table and table[c].nunique(dropna=False) < 2])
 
 
 def speedup(df: pd.DataFrame, column: str, base: Any) -> pd.DataFrame:
@@ -158,10 +164,8 @@ def speedup(df: pd.DataFrame, column: str, base: Any) -> pd.DataFrame:
                 row["base_peak_bytes"] = base_peak if isinstance(base_peak, float) else None
                 row["other_peak_bytes"] = peak if isinstance(peak, float) else None
             rows.append(row)
-    table = pd.DataFrame(rows)
     # warm-up and device where the pairs differ in them (else rows alike but for their times)
-    table = table.drop(columns=[k for k in ("warmup", "device")
-                                if k in table and table[k].nunique(dropna=False) < 2])
+    table = _varying_only(pd.DataFrame(rows), ("warmup", "device"))
     table.attrs["runs_in_cell"] = most
     return table
 
