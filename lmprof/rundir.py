@@ -31,8 +31,12 @@ run.json (schema_version 1)::
                              highest, high, medium); integers gpu_count, gpu_memory_bytes,
                              cudnn (capture attention's runs only: cuDNN's version, null
                              without cuDNN); bools git_dirty (tracked files changed),
-                             cuda_matmul_allow_tf32; nsys (the version of the nsys that recorded
-                             a run under nsys); ... (null when unknown)
+                             cuda_matmul_allow_tf32; flash_autotune, flash_fast_launch,
+                             flash_tma, flash_gluon (runs that use the flash kernels only: whether
+                             each switch was on, LMPROF_FLASH_AUTOTUNE etc. not "0"; they change
+                             which kernels and configurations run, see lmprof.kernels.SWITCHES);
+                             nsys (the version of the nsys that recorded a run under nsys); ...
+                             (null when unknown)
     timings         dict     see below
     phase_windows   list     [{step, phase, start_ns, end_ns}] on CLOCK_REALTIME (epoch ns), the
                              clock of nsys's session start and of memory snapshots' time_us; a
@@ -359,7 +363,8 @@ _ENVIRONMENT = {**dict.fromkeys(("hostname", "platform", "python", "torch", "tri
                                  "driver", "device", "gpu_name", "git_commit",
                                  "float32_matmul_precision", "nsys"), str),
                 **dict.fromkeys(("gpu_count", "gpu_memory_bytes", "cudnn"), int),
-                **dict.fromkeys(("git_dirty", "cuda_matmul_allow_tf32"), bool)}
+                **dict.fromkeys(("git_dirty", "cuda_matmul_allow_tf32", "flash_autotune",
+                                 "flash_fast_launch", "flash_tma", "flash_gluon"), bool)}
 _WINDOW = {"step": int, "phase": str, "start_ns": int, "end_ns": int}
 _SUMMARY_KEYS = {"mean_s", "std_s", "median_s", "min_s", "max_s", "n"}
 

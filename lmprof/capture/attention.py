@@ -6,7 +6,9 @@ a. The CS336 attention benchmark: batch 8, no head dimension, d ∈ {16, 32, 64,
    seq ∈ {256, 1024, 4096, 8192, 16384}, fp32, not causal by default. Per implementation:
    ``--iters`` forward passes and ``--iters`` backward passes after ``--warmup`` warm-up
    iterations, each timed between two synchronizations; memory allocated before the backward;
-   out-of-memory is a row (status OOM), as is a backend that refuses the inputs (UNSUPPORTED).
+   out-of-memory is a row (status OOM), as is a backend that refuses the inputs (UNSUPPORTED:
+   an SDPA backend that does not take them, a flash kernel that does not apply or whose
+   indexing they exceed, ``lmprof.kernels.KernelUnavailable``).
 b. The CS336 leaderboard configuration: batch 1, 16 heads, seq 16384, d_head 64, bf16, causal;
    ``o = attn(q, k, v, True); o.sum().backward()`` timed with ``triton.testing.do_bench``
    (median), forward, backward and end to end, with TFLOP/s (causal forward 2·B·H·T²·d, backward
@@ -26,8 +28,9 @@ Each flash row names the forward and the backward that ran (``forward``, ``backw
 
 Writes ``<out>/<run-id>/run.json`` (``kind: attention``) and ``attention.json`` (the rows), both
 rewritten after every finished row (the run says ERROR "incomplete" until it ends, so a killed
-run keeps its rows), and prints the tables. Runs on CPU under ``TRITON_INTERPRET=1`` at tiny
-sizes for smoke tests.
+run keeps its rows), and prints the tables. Both hold the environment, with the flash kernels'
+LMPROF_FLASH_* switches where flash rows are timed (``flash_autotune``, ...: they change the
+kernels' timings). Runs on CPU under ``TRITON_INTERPRET=1`` at tiny sizes for smoke tests.
 """
 
 from __future__ import annotations
@@ -189,7 +192,8 @@ def _status(exc: BaseException) -> tuple[str, str]:
         return "OOM", first
     if "No available kernel" in str(exc) or "No viable backend" in str(exc):
         return "UNSUPPORTED", "this SDPA backend does not take these inputs"
-    if isinstance(exc, KernelUnavailable):  # flash-gluon off Hopper/16-bit/d 64
+    # flash-gluon off Hopper/16-bit/d 64; inputs past the flash kernels' indexing (InputsTooLarge)
+    if isinstance(exc, KernelUnavailable):
         return "UNSUPPORTED", first
     return "ERROR", f"{type(exc).__name__}: {first}"
 
@@ -266,8 +270,9 @@ def run_bench_cell(impl: str, batch: int, heads: int, seq: int, d: int, dtype: t
 # The command
 # ---------------------------------------------------------------------------------------------
 
-def _environment(device: torch.device) -> dict[str, Any]:
-    env = environment.collect(device)
+def _environment(device: torch.device, flash: bool) -> dict[str, Any]:
+    """run.json's environment (also attention.json's); ``flash``: flash rows are timed."""
+    env = environment.collect(device, flash)
     env["float32_matmul_precision"] = torch.get_float32_matmul_precision()
     env["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     return env
@@ -398,7 +403,7 @@ def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, w
         check_flash_available(dev)  # before any work: CPU needs TRITON_INTERPRET=1
     # (before the run directory: git and the GPU's properties take a while, and a Ctrl-C or
     # SIGTERM in them left the directory behind empty)
-    env = _environment(dev)
+    env = _environment(dev, bool(wanted & set(_FLASH_MODES)))
     out_root = Path(out)
     run_dir = rundir.create_run_dir(
         out_root, label if label is not None else "attention-" + "".join(parts))

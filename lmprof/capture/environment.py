@@ -1,4 +1,5 @@
-"""What the run ran on: versions, GPU, host, and the project's git commit when known."""
+"""What the run ran on: versions, GPU, host, the project's git commit when known, and the
+settings that change what runs (the fp32 matmul precision; the flash kernels' switches)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,9 @@ def _driver_version() -> str | None:
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
-def collect(device: torch.device) -> dict:
+def collect(device: torch.device, flash: bool = False) -> dict:
+    """run.json's ``environment``; with ``flash`` (a run that uses the flash kernels) also their
+    LMPROF_FLASH_* switches (``lmprof.kernels.flash.settings``), which change the timings."""
     try:
         import triton
 
@@ -82,4 +85,8 @@ def collect(device: torch.device) -> dict:
         )
     elif device.type == "mps":
         env.update(gpu_name="Apple MPS", gpu_count=1)
+    if flash:
+        from lmprof.kernels.flash import settings
+
+        env.update(settings())
     return env

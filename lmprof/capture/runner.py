@@ -286,7 +286,7 @@ def execute(prep: Prepared, run_dir: Path, hooks: Hooks, progress: bool) -> dict
         "config": spec.to_dict(),
         "model": model_summary(prep.cfg),
         "flops": step_flops(prep.cfg, spec.batch_size, spec.mode),
-        "environment": environment.collect(prep.device),
+        "environment": environment.collect(prep.device, flash=spec.attention == "flash"),
         "timings": {},
         "phase_windows": [],
         "artifacts": {},

@@ -8,12 +8,29 @@
 
 from __future__ import annotations
 
+import os
+
 from lmprof.errors import UserError
+
+# The switches of the flash kernels, each on unless its environment variable is "0": they change
+# which kernels and configurations run, or how they are launched, so the timings. run.json's
+# environment records each, by the key here, for the runs that use the kernels
+# (``flash.settings``); the report names those that were off.
+SWITCHES = {"flash_autotune": "LMPROF_FLASH_AUTOTUNE",  # autotuning (off: one config per kernel)
+            "flash_fast_launch": "LMPROF_FLASH_FAST_LAUNCH",  # flash._Launcher's direct launch
+            "flash_tma": "LMPROF_FLASH_TMA",  # the atomic backward's TMA reduce-add of dQ
+            "flash_gluon": "LMPROF_FLASH_GLUON"}  # the Hopper Gluon kernels
+
+
+def switch_on(key: str) -> bool:
+    """Whether the switch ``key`` of ``SWITCHES`` is on in this process's environment."""
+    return os.environ.get(SWITCHES[key], "1") != "0"
 
 
 class KernelUnavailable(ValueError):
-    """An explicitly chosen flash kernel cannot run on these inputs or this machine (the message
-    says why); ``capture attention`` records it as an UNSUPPORTED row."""
+    """A flash kernel cannot run on these inputs or this machine (the message says why): an
+    explicitly chosen one that does not apply here, or inputs past the kernels' indexing limits;
+    ``capture attention`` records it as an UNSUPPORTED row."""
 
 
 class BackwardUnavailable(KernelUnavailable):
@@ -22,6 +39,12 @@ class BackwardUnavailable(KernelUnavailable):
 
 class ForwardUnavailable(KernelUnavailable):
     """An explicitly chosen flash forward (``forward="gluon"``) cannot run here."""
+
+
+class InputsTooLarge(KernelUnavailable):
+    """The inputs exceed the Triton kernels' indexing (32-bit element offsets inside a head, the
+    65535 programs of a grid's y dimension): a limit of the kernels at this size, refused before
+    anything is launched."""
 
 
 def check_flash_available(device, d_head: int | None = None) -> None:

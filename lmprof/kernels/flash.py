@@ -2,7 +2,8 @@
 
 Layers, bottom up: ``@triton.jit`` kernels (``_flash_fwd_kernel``, ``_flash_bwd_preprocess``,
 ``_flash_bwd_dkdv_kernel``, ``_flash_bwd_dq_kernel``, ``_flash_bwd_dkdv_dq_atomic_kernel``) →
-host wrappers that check inputs (``ValueError`` naming the problem) and launch them
+host wrappers that check inputs (``ValueError`` naming the problem; ``InputsTooLarge``, one,
+for inputs past the kernels' indexing) and launch them
 (``flash_forward``, ``flash_backward``) → ``FlashAttentionFn`` (autograd) → ``flash_attention``.
 The readable reference of the same algorithm is ``lmprof.kernels.attention_ref.attention_tiled``.
 
@@ -77,7 +78,8 @@ import triton
 import triton.language as tl
 
 from lmprof.annotate import phase
-from lmprof.kernels import BackwardUnavailable, ForwardUnavailable
+from lmprof.kernels import (SWITCHES, BackwardUnavailable, ForwardUnavailable, InputsTooLarge,
+                            switch_on)
 
 try:  # host-side TMA descriptors (Triton ≥ 3.3): the atomic backward's bulk dQ reduce-add
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -88,7 +90,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # LMPROF_FLASH_AUTOTUNE=0: one configuration per kernel (the first of the d_head-128 list), no
 # autotuning — for tests and quick runs; autotuning compiles every configuration of the d_head
 # bucket per (dtype, causal), ≤ 12 per kernel at 1–2 s each.
-AUTOTUNE = os.environ.get("LMPROF_FLASH_AUTOTUNE", "1") != "0"
+AUTOTUNE = switch_on("flash_autotune")
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BACKWARD_MODES = ("split", "atomic")  # the portable Triton backwards (interpreted in CPU tests)
@@ -802,7 +804,15 @@ COMPILED: dict[str, object] = {}
 # flag by value, every tensor by dtype, device and 16-byte alignment, which is finer than what
 # Triton specialises on — later launches with that signature call the compiled kernel directly
 # with the configuration the autotuner chose. LMPROF_FLASH_FAST_LAUNCH=0 turns this off.
-FAST_LAUNCH = os.environ.get("LMPROF_FLASH_FAST_LAUNCH", "1") != "0"
+FAST_LAUNCH = switch_on("flash_fast_launch")
+
+
+def settings() -> dict[str, bool]:
+    """The kernels' switches (``lmprof.kernels.SWITCHES``) as they stand in this process, for
+    run.json's environment: AUTOTUNE and FAST_LAUNCH as read at import, the others as read at
+    each launch."""
+    return {**{key: switch_on(key) for key in SWITCHES}, "flash_autotune": AUTOTUNE,
+            "flash_fast_launch": FAST_LAUNCH}
 
 
 class _Launcher:
@@ -854,7 +864,8 @@ def _alloc(shape, dtype, device) -> torch.Tensor:
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Raise ValueError naming the first problem with q, k, v."""
+    """Raise ValueError naming the first problem with q, k, v (InputsTooLarge where they
+    exceed the kernels' 32-bit offsets)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -889,7 +900,7 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"q, k, v are on {q.device.type}; the Triton kernel needs CUDA tensors "
                          "(or TRITON_INTERPRET=1 set before triton is imported, to interpret on CPU)")
     if problem := _too_large(q, k, v):
-        raise ValueError(f"inputs too large for the Triton kernels: {problem}")
+        raise InputsTooLarge(f"inputs too large for the Triton kernels: {problem}")
 
 
 def _check_dense(name: str, t: torch.Tensor) -> None:
@@ -929,8 +940,8 @@ def _check_saved(q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.
                          f"{tuple(q.shape[:-1])} torch.float32 (flash_forward's)")
     for name, t in (("o", o), ("do", do)):  # (views: q's offsets fitting says nothing of theirs)
         if not _head_fits(t):
-            raise ValueError(f"{name} too large for the Triton kernels: its rows in one head "
-                             "exceed 32-bit offsets (below 2^31)")
+            raise InputsTooLarge(f"{name} too large for the Triton kernels: its rows in one "
+                                 "head exceed 32-bit offsets (below 2^31)")
 
 
 # The kernels index a head's rows in 32-bit arithmetic (the batch and head offsets are 64-bit):
@@ -986,6 +997,12 @@ def _kv_grid_problem(q: torch.Tensor, k: torch.Tensor) -> str | None:
     return None
 
 
+def _check_kv_grid(q: torch.Tensor, k: torch.Tensor) -> None:
+    """Raise InputsTooLarge where the dK/dV kernels cannot be launched (``_kv_grid_problem``)."""
+    if problem := _kv_grid_problem(q, k):
+        raise InputsTooLarge(f"inputs too large for the Triton backward: {problem}")
+
+
 def _vectorisable(t: torch.Tensor) -> torch.Tensor:
     """t itself when its last dimension is contiguous, else a contiguous copy (see module doc)."""
     return t if t.stride(-1) == 1 else t.contiguous()
@@ -1006,7 +1023,7 @@ def _launch_args(q: torch.Tensor, k: torch.Tensor, is_causal: bool) -> dict:
 
 def _tma_reduce_available(t: torch.Tensor) -> bool:
     """Bulk tensor reduce-add (TMA) for the atomic backward's dQ: Hopper or newer, compiled."""
-    if INTERPRET or t.device.type != "cuda" or os.environ.get("LMPROF_FLASH_TMA", "1") == "0":
+    if INTERPRET or t.device.type != "cuda" or not switch_on("flash_tma"):
         return False
     return TensorDescriptor is not None and torch.cuda.get_device_capability(t.device)[0] >= 9
 
@@ -1125,8 +1142,8 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     _check_saved(q, o, lse, do)
     lse = lse.contiguous()
     mode = resolve_backward(mode, q, k)
-    if mode != "gluon" and (problem := _kv_grid_problem(q, k)):
-        raise ValueError(f"inputs too large for the Triton backward: {problem}")
+    if mode != "gluon":
+        _check_kv_grid(q, k)
     return _backward(q, k, v, o, lse, do, is_causal, scale, mode)
 
 
@@ -1322,8 +1339,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
     # cannot run is refused at once
     backward, forward = resolve_backward(backward, q, k), resolve_forward(forward, q, k)
     if (backward != "gluon" and torch.is_grad_enabled()
-            and any(t.requires_grad for t in (q, k, v))
-            and (problem := _kv_grid_problem(q, k))):  # refused before the forward runs
-        raise ValueError(f"inputs too large for the Triton backward: {problem}")
+            and any(t.requires_grad for t in (q, k, v))):
+        _check_kv_grid(q, k)  # refused before the forward runs
     o = FlashAttentionFn.apply(q, k, v, is_causal, scale, backward, forward)
     return o.squeeze(1) if squeeze else o

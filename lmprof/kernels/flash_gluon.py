@@ -43,8 +43,6 @@ bench/results/capture_attention_*_triton3.9.0.json.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 try:
@@ -91,9 +89,9 @@ AUTO_MIN_KEYS_FORWARD = {64: 8192, 128: 4096}
 def unsupported(q: torch.Tensor, k: torch.Tensor, what: str = "backward") -> str | None:
     """Why the ``what`` kernel ("forward" or "backward") cannot run on these inputs, or None
     when it can."""
-    from lmprof.kernels import flash
+    from lmprof.kernels import flash, switch_on
 
-    if os.environ.get("LMPROF_FLASH_GLUON", "1") == "0":
+    if not switch_on("flash_gluon"):
         return "LMPROF_FLASH_GLUON=0"
     if q.dtype not in DTYPES:
         return f"it takes fp16 or bf16 inputs, not {str(q.dtype).removeprefix('torch.')}"

@@ -7,6 +7,7 @@ from typing import Any
 import pandas as pd
 
 from lmprof import rundir
+from lmprof.kernels import SWITCHES
 from lmprof.model.flops import peak_tflops
 from lmprof.render import formatted_markdown, md_code, md_text, yes_no
 
@@ -47,6 +48,21 @@ def _peak_dtype(dtype: str, env: dict) -> str:
     return dtype
 
 
+def flash_switches_off(env: dict) -> list[str]:
+    """The flash kernels' switches that a run's environment records as off, as they were set
+    ("LMPROF_FLASH_AUTOTUNE=0"): such a run timed other kernels or configurations than the
+    defaults (``lmprof.kernels.SWITCHES``; a run recorded before the switches were: none)."""
+    return [f"{var}=0" for key, var in SWITCHES.items() if env.get(key) is False]
+
+
+def _attention(attention: str | None, env: dict) -> str | None:
+    """The attention column: run.json's, with the flash switches that were off
+    ("flash (LMPROF_FLASH_AUTOTUNE=0)"), so that such a run is another configuration in every
+    table, not a repeat of a run with the defaults."""
+    off = flash_switches_off(env)
+    return f"{attention} ({', '.join(off)})" if off and attention is not None else attention
+
+
 def profiled(nsys: bool, memory: bool) -> str:
     """How a run was profiled, for people: 'nsys', 'memory', 'nsys + memory', or ''."""
     return " + ".join(name for name, on in (("nsys", nsys), ("memory", memory)) if on)
@@ -85,7 +101,7 @@ def benchmark_table(records: list[dict[str, Any]]) -> pd.DataFrame:
             "mode": c.get("mode"), "warmup": c.get("warmup"),
             "steps": (summary.get("step") or {}).get("n"),  # (measured: what the means rest on)
             "dtype": c.get("dtype"),
-            "compile": bool(c.get("compile")), "attention": c.get("attention"),
+            "compile": bool(c.get("compile")), "attention": _attention(c.get("attention"), env),
             # profiled runs are slower than plain ones (the tables say so; they are not paired)
             "nsys": bool(c.get("nsys")), "memory": bool(c.get("memory")),
             "device": env.get("gpu_name") or env.get("device"),

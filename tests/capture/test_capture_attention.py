@@ -182,7 +182,7 @@ def _interrupted_run(tmp_path, monkeypatch, name: str, fn) -> None:
 def test_ctrl_c_before_the_first_row_is_saved_leaves_no_folder(tmp_path, monkeypatch, capsys):
     """Ctrl-C while the environment is collected (git, the GPU's properties: the slow start):
     no run folder, where one stayed behind empty (no run.json, no rows)."""
-    def interrupted(device):
+    def interrupted(device, flash):
         raise KeyboardInterrupt
 
     _interrupted_run(tmp_path, monkeypatch, "_environment", interrupted)
@@ -298,3 +298,74 @@ def test_an_error_row_makes_the_exit_status_1(tmp_path, monkeypatch, capsys):
 
     record = rundir.load_run(rundir.resolve_run_dir(tmp_path / "runs" / "latest"))
     assert record["status"] == "OK"  # (the run itself finished: its rows say what failed)
+
+
+def test_inputs_past_the_flash_kernels_indexing_are_an_unsupported_row(tmp_path, monkeypatch,
+                                                                      capsys):
+    """A cell the flash kernels' own input check refuses for its size (2^25 + 1 queries of d 64:
+    the output's offsets in a head reach 2^31) is a limit of the implementation at that size, as
+    flash-gluon off Hopper is: an UNSUPPORTED row with the kernel's message, shown as that row,
+    and exit 0 (it was an ERROR row, "ValueError: ...", and exit 1). The inputs are one row
+    expanded (stride 0), so the cell costs no memory; the check runs before any launch."""
+    import torch
+
+    from lmprof import rundir
+    from lmprof.capture import attention
+    from lmprof.capture.cli import main
+    from lmprof.kernels import InputsTooLarge, flash
+
+    monkeypatch.setattr(flash, "INTERPRET", True)  # (on CPU, as under TRITON_INTERPRET=1)
+
+    def one_row(shape, dtype, device):
+        row = torch.randn(*shape[:-2], 1, shape[-1], dtype=dtype, device=device)
+        return row.requires_grad_().expand(shape)
+
+    monkeypatch.setattr(attention, "_inputs", lambda shape_q, shape_k, dtype, device: (
+        one_row(shape_q, dtype, device), one_row(shape_k, dtype, device),
+        one_row(shape_k, dtype, device)))
+    seq = 2**25 + 1
+    args = ["attention", "--part", "b", "--impl", "flash", "--impl", "flash-gluon", "--seq",
+            str(seq), "--d", "64", "--batch", "1", "--heads", "1", "--dtype", "fp32",
+            "--device", "cpu", "--out", str(tmp_path / "runs")]
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    record = rundir.load_run(rundir.resolve_run_dir(tmp_path / "runs" / "latest"))
+    rows = {r["impl"]: r for r in rundir.read_json_artifact(record, "attention")["part_b"]}
+    q = one_row((1, 1, seq, 64), torch.float32, "cpu")
+    with pytest.raises(InputsTooLarge) as refused:
+        flash.check_inputs(q, q, q)
+    assert "2^31" in str(refused.value)
+    assert rows["flash"]["status"] == "UNSUPPORTED"
+    assert rows["flash"]["error"] == str(refused.value)
+    # the table shows it as it shows the other UNSUPPORTED row (the report's own rendering)
+    for impl in ("flash", "flash-gluon"):
+        assert rows[impl]["status"] == "UNSUPPORTED"
+        line = next(line for line in out.splitlines() if line.startswith(f"| {impl} "))
+        assert line.rstrip(" |").endswith(f"UNSUPPORTED: {rows[impl]['error']}"), line
+
+
+def test_the_flash_kernels_switches_are_recorded(tmp_path):
+    """LMPROF_FLASH_AUTOTUNE=0 (one configuration per kernel: other timings) and the other
+    LMPROF_FLASH_* switches were recorded nowhere: run.json and attention.json hold each in
+    their environment where flash rows are timed, and the printed tables name the one off."""
+    from lmprof.kernels import SWITCHES
+
+    env = {k: v for k, v in os.environ.items() if k not in SWITCHES.values()}
+    env.update(TRITON_INTERPRET="1", PYTHONPATH=str(ROOT), LMPROF_FLASH_AUTOTUNE="0")
+    proc = subprocess.run([sys.executable, "-m", "lmprof.capture", "attention", "--part", "b",
+                           "--impl", "flash", "--seq", "16", "--d", "16", "--batch", "1",
+                           "--heads", "1", "--dtype", "fp32", "--device", "cpu", "--out", "runs"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.name != "latest"]
+    record = json.loads((run_dir / "run.json").read_text())
+    results = json.loads((run_dir / record["artifacts"]["attention"]).read_text())
+    expected = {key: key != "flash_autotune" for key in SWITCHES}
+    for recorded in (record["environment"], results["environment"]):
+        assert {key: recorded.get(key) for key in SWITCHES} == expected
+    assert "flash kernels under LMPROF_FLASH_AUTOTUNE=0" in proc.stdout

@@ -811,3 +811,30 @@ def test_the_run_nsys_profiles_ends_when_the_run_that_started_nsys_is_killed(tmp
     finally:
         if _alive(child):
             os.kill(child, signal.SIGKILL)
+
+
+def test_a_flash_run_records_the_kernels_switches_and_the_table_tells_it_apart(tmp_path):
+    """LMPROF_FLASH_AUTOTUNE=0 runs the flash kernels with one configuration each, so other
+    timings, yet a run with --attention flash recorded none of the LMPROF_FLASH_* switches: its
+    environment now holds each (a naive run's, none), and the benchmark table names the one
+    that was off, so such a run is not read as a repeat of one with the defaults."""
+    from lmprof import rundir
+    from lmprof.kernels import SWITCHES
+    from lmprof.reports.tables import benchmark_table
+
+    env = {k: v for k, v in os.environ.items() if k not in SWITCHES.values()}
+    env.update(TRITON_INTERPRET="1", LMPROF_FLASH_AUTOTUNE="0")
+    records = {}
+    for attention in ("flash", "naive"):
+        out = tmp_path / attention
+        proc = subprocess.run([sys.executable, "-m", "lmprof.capture", "run", *TINY,
+                               "--attention", attention, "--out", str(out), "-q"],
+                              capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        records[attention] = rundir.load_run(out / "latest")
+    recorded = records["flash"]["environment"]
+    assert {key: recorded.get(key) for key in SWITCHES} == {
+        key: key != "flash_autotune" for key in SWITCHES}
+    assert not set(SWITCHES) & set(records["naive"]["environment"])
+    table = benchmark_table(list(records.values()))
+    assert sorted(table["attention"]) == ["flash (LMPROF_FLASH_AUTOTUNE=0)", "naive"]

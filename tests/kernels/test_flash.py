@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from lmprof.kernels import InputsTooLarge, KernelUnavailable
 from lmprof.kernels import attention_ref as ref
 from lmprof.kernels import flash as fa
 
@@ -460,6 +461,19 @@ def test_inputs_past_32_bit_offsets_in_a_head_are_refused():
     assert "dQ accumulator" in fa._too_large(q, _meta(1, 1, 16, 100), _meta(1, 1, 16, 100))
 
 
+def test_inputs_past_the_indexing_are_refused_as_unavailable_not_as_bad_input():
+    """A refusal for size is a limit of the kernels at that size, which ``capture attention``
+    records as UNSUPPORTED, as it does a kernel that does not apply: ``InputsTooLarge``, a
+    ``KernelUnavailable`` (it was a plain ValueError, an ERROR row). One row expanded to 2^25 + 1
+    (stride 0: no memory) fits q's own offsets; the contiguous o and dQ would not."""
+    row = torch.zeros(1, 1, 1, 64, device=DEVICE)
+    q = row.expand(1, 1, 2**25 + 1, 64)
+    with pytest.raises(InputsTooLarge, match="o and dq would span 33554433 rows") as refused:
+        fa.flash_attention(q, row, row)
+    assert isinstance(refused.value, KernelUnavailable)
+    fa.check_inputs(q[:, :, :2**25], row, row)  # (the largest that fits passes)
+
+
 
 def test_o_and_do_views_past_32_bit_offsets_are_refused_or_copied(monkeypatch):
     """q fitting 32-bit offsets says nothing of o's and dO's: views with rows h·d apart (the
@@ -472,9 +486,9 @@ def test_o_and_do_views_past_32_bit_offsets_are_refused_or_copied(monkeypatch):
     lse = _meta(b, h, t, dtype=torch.float32)
     view = _meta(b, t, h, d, dtype=torch.float32).transpose(1, 2)
     assert fa._too_large(q, q, q) is None
-    with pytest.raises(ValueError, match="o too large"):
+    with pytest.raises(InputsTooLarge, match="o too large"):
         fa._check_saved(q, view, lse, q)
-    with pytest.raises(ValueError, match="do too large"):
+    with pytest.raises(InputsTooLarge, match="do too large"):
         fa._check_saved(q, q, lse, view)
     fa._check_saved(q, q, lse, q)
 
@@ -508,6 +522,9 @@ def test_backward_key_tiles_must_fit_the_grid(monkeypatch):
     fits, over = _meta(1, 1, 65535 * least, 64), _meta(1, 1, 65535 * least + 1, 64)
     assert fa._kv_grid_problem(fits, fits) is None
     assert f"at most {65535 * least} keys" in fa._kv_grid_problem(fits, over)
+    fa._check_kv_grid(fits, fits)
+    with pytest.raises(InputsTooLarge, match=f"Triton backward: .*at most {65535 * least} keys"):
+        fa._check_kv_grid(fits, over)  # (what flash_attention and flash_backward call)
     # IEEE fp32 (torch's default precision): its own lists, of smaller tiles
     ieee_least = min(t[1] for key in ("kv", "kv_atomic") for t in fa._IEEE[key][64])
     assert ieee_least < least
@@ -915,7 +932,7 @@ def test_gpu_the_largest_sizes_run_and_one_more_is_refused(gen, monkeypatch):
     """At the limits of the kernels' indexing (LMPROF_FLASH_AUTOTUNE=0's one configuration, as
     the capture tools run it): 2^25 queries of d 64 (the last element at offset 2^31 - 1) give
     the reference's last rows, and 65535 key tiles run the backward; one query or key more is
-    a ValueError before anything is launched (they were an illegal memory access, which leaves
+    InputsTooLarge before anything is launched (they were an illegal memory access, which leaves
     the CUDA context unusable, and 'invalid argument' after the forward had run)."""
     monkeypatch.setattr(fa, "_alloc", lambda shape, dtype, device: torch.empty(
         shape, dtype=dtype, device=device))  # (NaN-filling 4 GiB buys nothing here)
@@ -926,7 +943,7 @@ def test_gpu_the_largest_sizes_run_and_one_more_is_refused(gen, monkeypatch):
     tail = q[:, :, -4096:]
     assert max_err(o[:, :, -4096:], naive_o(tail.double(), k.double(), v.double()), "o") < 2e-2
     del o
-    with pytest.raises(ValueError, match="32-bit offsets"):
+    with pytest.raises(InputsTooLarge, match="32-bit offsets"):
         fa.flash_attention(torch.cat([q, q[:, :, :1]], dim=2), k, v)
     del q, tail
     torch.cuda.empty_cache()
@@ -939,7 +956,7 @@ def test_gpu_the_largest_sizes_run_and_one_more_is_refused(gen, monkeypatch):
         fa.flash_attention(q, k, v, backward="split", forward="triton").sum().backward()
         assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
     longer = torch.cat([k.detach(), k.detach()[:, :, :1]], dim=2)
-    with pytest.raises(ValueError, match="key tiles"):
+    with pytest.raises(InputsTooLarge, match="key tiles"):
         fa.flash_attention(q, longer, longer, backward="split", forward="triton")
 
 

@@ -306,14 +306,18 @@ def test_part_c_of_two_runs_of_one_setup_share_a_table(tmp_path):
     assert (tmp_path / "report" / "img" / "attention_tflops_combined_0.png").is_file()
 
 
-@pytest.mark.parametrize("change", ["dirty", "commit", "card"])
+@pytest.mark.parametrize("change", ["dirty", "commit", "card", "autotune"])
 def test_runs_of_different_setups_or_unknown_code_stay_apart(tmp_path, change):
+    # (autotune: a run under LMPROF_FLASH_AUTOTUNE=0 timed the kernels with one configuration
+    # each, the other with the autotuned ones)
     def edit(i, record):
         env = record["environment"]
         if i == 1 and change == "dirty":
             env["git_dirty"] = True
         elif i == 1 and change == "commit":
             env["git_commit"] = "0" * 40
+        elif change == "autotune":
+            env["flash_autotune"] = i == 0
         elif i == 1:
             env["gpu_name"] = "NVIDIA H100 80GB HBM3"
 
@@ -523,6 +527,30 @@ def test_two_combined_tables_have_headings_of_their_own(tmp_path):
     assert len(headings) == len(set(headings)), headings
     combined = [h for h in headings if "runs together" in h]
     assert [h.split("commit ")[-1] for h in combined] == ["7cf511d33c", "0123456789"], combined
+
+
+def test_runs_with_autotuning_off_are_told_apart_in_their_tables_and_headings(tmp_path):
+    """Two setups alike but for LMPROF_FLASH_AUTOTUNE=0 (the environment's flash_autotune), two
+    runs each: two combined tables, the one of the runs with autotuning off named so in its
+    heading, and each such run's own tables say it."""
+    import re
+
+    def autotune(on):
+        def edit(i, record):
+            record["run_id"] += "" if on else "-autotune-off"
+            record["environment"]["flash_autotune"] = on
+        return edit
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    dirs = _runs(tmp_path / "a", autotune(True)) + _runs(tmp_path / "b", autotune(False))
+    text = report.build([str(d) for d in dirs], tmp_path / "report").read_text()
+    headings = re.findall(r"^#+ .*$", text, flags=re.M)
+    assert len(headings) == len(set(headings)), headings
+    combined = [h for h in headings if "runs together" in h]
+    assert len(combined) == 2
+    assert ["LMPROF_FLASH_AUTOTUNE=0" in h for h in combined].count(True) == 1, combined
+    assert text.count("flash kernels under LMPROF_FLASH_AUTOTUNE=0") == 2  # (the runs' own)
 
 
 def test_causal_and_unmasked_rows_of_one_cell_are_drawn_apart(tmp_path, monkeypatch):

@@ -152,6 +152,27 @@ def test_attention_speedup_pairs_fused_with_naive_and_shows_peaks(tmp_path):
     assert "| 8192 " in part and "| 2048 " in part and "OOM / OK" in part and "2.00" in part
 
 
+def test_a_flash_run_with_autotuning_off_is_another_configuration(tmp_path):
+    """A flash run under LMPROF_FLASH_AUTOTUNE=0 (one configuration per kernel, recorded as the
+    environment's flash_autotune) timed other kernels than one with the defaults: it is
+    compared with naive on its own row, named so, not taken for a repeat of the other (the
+    median of the two)."""
+    naive = run_record(ctx=1024, attention="naive", step_s=0.6)
+    tuned = run_record(ctx=1024, attention="flash", step_s=0.2)
+    fixed = run_record(ctx=1024, attention="flash", step_s=0.3)
+    for rec, on in ((tuned, True), (fixed, False)):
+        rec["environment"]["flash_autotune"] = on
+    fixed["run_id"] += "-autotune-off"
+    root = write_sweep(tmp_path / "sweep", [naive, tuned, fixed])
+    t = comparisons.speedup(comparisons.runs_frame(load_runs([str(root)])), "attention",
+                            "naive").set_index("compared")
+    assert len(t) == 2
+    assert t.loc["flash vs naive", "speedup"] == pytest.approx(0.6 / 0.2)
+    assert t.loc["flash (LMPROF_FLASH_AUTOTUNE=0) vs naive", "speedup"] == pytest.approx(0.6 / 0.3)
+    text = section_text(root, tmp_path / "r")
+    assert "flash (LMPROF_FLASH_AUTOTUNE=0) vs naive" in text
+
+
 def test_section_writes_the_context_plot_and_memory_table(grid, tmp_path):
     ctx = ReportContext(runs=load_runs([str(grid)]), out_dir=tmp_path / "r")
     text = sweep_section.section(ctx)

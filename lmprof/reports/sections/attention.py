@@ -18,6 +18,7 @@ from lmprof import rundir
 from lmprof.errors import UserError
 from lmprof.render import formatted_markdown, md_code, md_text, plot_text, ratio_text
 from lmprof.reports.report import ReportContext
+from lmprof.reports.tables import flash_switches_off
 
 SDPA_PREFIX = "sdpa-"
 
@@ -210,10 +211,12 @@ def render_tables(results: dict[str, Any], run: str = "") -> str:
     of = f", run {run}" if run else ""
     env = results.get("environment") or {}
     mm = results.get("matmul_bf16_tflops")
+    # (a flash switch that was off: other kernels or configurations than the defaults')
+    off = "".join(f"; flash kernels under {s}" for s in flash_switches_off(env))
     parts = [f"Device: {env.get('gpu_name') or env.get('device')}; torch {env.get('torch')}, "
              f"triton {env.get('triton')}, CUDA {env.get('cuda') or '-'}, cuDNN "
              f"{env.get('cudnn') or '-'}, fp32 matmul precision "
-             f"{env.get('float32_matmul_precision')}. Measured bf16 matmul (8192³): "
+             f"{env.get('float32_matmul_precision')}{off}. Measured bf16 matmul (8192³): "
              f"{_fmt(mm, '.0f') or 'n/a'} TFLOP/s."]
     if results.get("part_a"):
         parts += [f"### CS336 attention benchmark (part a){of}",
@@ -317,7 +320,8 @@ def _env(record: dict, results: dict) -> dict:
 
 
 def _setup(record: dict, results: dict) -> tuple | None:
-    """What must match for part c rows of two runs to share a table: card, versions, code. None
+    """What must match for part c rows of two runs to share a table: card, versions, the flash
+    switches that were off (``tables.flash_switches_off``: as a string, "" for none), code. None
     where the code is not a known commit (no git, or tracked files were changed; runs recorded
     before ``git_dirty`` existed count as unchanged, and the table says so)."""
     env = _env(record, results)
@@ -326,7 +330,8 @@ def _setup(record: dict, results: dict) -> tuple | None:
     # (the device where there is no GPU, as the heading of one run names it)
     return (env.get("gpu_name") or env.get("device"),
             *(env.get(k) for k in ("torch", "triton", "cuda", "cudnn",
-                                   "float32_matmul_precision", "git_commit")))
+                                   "float32_matmul_precision")),
+            ", ".join(flash_switches_off(env)), env["git_commit"])
 
 
 def combined_part_c(runs: list[tuple[dict, dict]]) -> list[tuple[tuple, list[str], list[dict]]]:
@@ -366,15 +371,17 @@ def _combined_body(ctx: ReportContext, runs: list[tuple[dict, dict]]) -> list[st
                if "git_dirty" not in _env(record, results)}
     bodies = []
     for i, (setup, run_ids, rows) in enumerate(combined_part_c(runs)):
-        gpu, torch_v, triton_v, *_, commit = setup
+        gpu, torch_v, triton_v, *_, off, commit = setup
         table = part_c_table(rows, keys=("dtype", "d", "seq", "shape", "runs"))
         unknown = [r for r in run_ids if r in undated]
         caveat = (f" Whether the code of {', '.join(md_code(r) for r in unknown)} had uncommitted "
                   "changes was not recorded (those runs predate the record)." if unknown else "")
-        # (the card and commit tell apart the tables of two setups)
+        # (the card, the flash switches off and the commit tell apart the tables of two setups)
+        off = f", {off}" if off else ""
         body = [f"### Sweep against SDPA (part c), {len(run_ids)} runs together, "
-                + md_text(f"{gpu}, commit {commit[:10]}"),
-                md_text(f"{gpu}, torch {torch_v}, triton {triton_v}, code at commit {commit[:10]}")
+                + md_text(f"{gpu}{off}, commit {commit[:10]}"),
+                md_text(f"{gpu}, torch {torch_v}, triton {triton_v}{off}, code at commit "
+                        f"{commit[:10]}")
                 + f": the part c rows of {', '.join(md_code(r) for r in run_ids)} in one table "
                 "(a cell's implementations may come from different runs, named in Runs by their last "
                 "id part; where two runs timed the same cell and implementation, the later one)."
