@@ -1,3 +1,3 @@
-from lmprof.analyze.cli import main
+from lmprof.scripts import analyze
 
-main()
+analyze()

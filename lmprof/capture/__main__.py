@@ -1,3 +1,3 @@
-from lmprof.capture.cli import main
+from lmprof.scripts import capture
 
-main()
+capture()

@@ -35,7 +35,6 @@ kernels' timings). Runs on CPU under ``TRITON_INTERPRET=1`` at tiny sizes for sm
 
 from __future__ import annotations
 
-import signal
 import statistics
 import time
 from pathlib import Path
@@ -46,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from lmprof import rundir
-from lmprof.capture import devices, environment
+from lmprof.capture import devices, environment, termination
 from lmprof.errors import PathParam, UserError
 from lmprof.kernels import KernelUnavailable
 
@@ -378,8 +377,8 @@ def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, w
     """Time attention implementations (CS336 benchmark, leaderboard, sweep) into a run directory.
 
     Exit status: 0 when every row is OK, OOM or UNSUPPORTED; 1 when a row is ERROR (all rows
-    are still saved and shown); 2 for bad options; 130 for Ctrl-C and 143 for SIGTERM (the rows
-    finished before are kept)."""
+    are still saved and shown); 2 for bad options; 130 for Ctrl-C, 143 for SIGTERM and 129 for
+    SIGHUP (the rows finished before are kept)."""
     # each value once, in the order given (as --part): a repeated one timed the same cells twice
     parts = tuple(dict.fromkeys(parts or ("a", "b", "c")))
     impls, seqs, ds, dtypes = (tuple(dict.fromkeys(v)) for v in (impls, seqs, ds, dtypes))
@@ -431,41 +430,43 @@ def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, w
 
     # Every finished row is on disk at once, with the run marked ERROR ("incomplete") until the
     # end: a run killed outright (SIGKILL, a node failure, a hang ended by a scheduler) keeps its
-    # rows and says it did not finish. A SIGTERM (a job's time limit) becomes an exception whose
-    # message replaces that one.
+    # rows and says it did not finish. A SIGTERM (a job's time limit) or SIGHUP (a closed
+    # terminal) becomes an exception whose message replaces that one.
     record["status"], record["error"] = "ERROR", INCOMPLETE
     save()
-    previous = signal.signal(signal.SIGTERM, _terminated)
+    terminated = None
     try:
-        results["matmul_bf16_tflops"] = matmul_tflops(dev)
-        save()
-        # each part appends to its list in results as rows finish (a partial part is kept)
-        if "a" in parts:
-            _part_a(results.setdefault("part_a", []), impls, seqs, ds, dtypes, batch, causal,
-                    iters, warmup, dev, finished)
-        if "b" in parts:
-            _part_b(results.setdefault("part_b", []), impls, seqs, ds, dtypes, batch, heads,
-                    causal, dev, finished)
-        if "c" in parts:
-            _part_c(results.setdefault("part_c", []), impls, seqs, ds, dtypes, batch, heads,
-                    causal, dev, finished)
-        record["status"], record["error"] = "OK", None
+        with termination.as_exception():  # (left before the save below)
+            results["matmul_bf16_tflops"] = matmul_tflops(dev)
+            save()
+            # each part appends to its list in results as rows finish (a partial part is kept)
+            if "a" in parts:
+                _part_a(results.setdefault("part_a", []), impls, seqs, ds, dtypes, batch, causal,
+                        iters, warmup, dev, finished)
+            if "b" in parts:
+                _part_b(results.setdefault("part_b", []), impls, seqs, ds, dtypes, batch, heads,
+                        causal, dev, finished)
+            if "c" in parts:
+                _part_c(results.setdefault("part_c", []), impls, seqs, ds, dtypes, batch, heads,
+                        causal, dev, finished)
+            record["status"], record["error"] = "OK", None
     except BaseException as exc:  # recorded, then raised: the run directory says what happened
         # (a Ctrl-C's KeyboardInterrupt has no message: its name alone)
         record["status"] = "ERROR"
         record["error"] = (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)[:300]
-        if not isinstance(exc, Terminated):
+        if not isinstance(exc, termination.Terminated):
             if isinstance(exc, KeyboardInterrupt):  # (the CLI then says "aborted", exit 130)
                 click.echo(f"interrupted: partial results in {run_dir}", err=True)
             raise
+        record["error"] += "; the rows finished before it are kept"
+        terminated = exc
     finally:
-        signal.signal(signal.SIGTERM, previous)
         save()
         rundir.mark_latest_or_warn(out_root, run_dir)
+    if terminated is not None:  # (other errors were raised above)
+        termination.exit_terminated(
+            terminated, f"error: {record['error']} (partial results in {run_dir})")
     click.echo(f"run: {run_dir}")
-    if record["status"] != "OK":  # only a SIGTERM gets here: other errors were raised above
-        click.echo(f"error: {record['error']} (partial results in {run_dir})", err=True)
-        raise SystemExit(143)
     from lmprof.reports.sections.attention import render_tables
 
     click.echo(render_tables(results))
@@ -491,14 +492,6 @@ def _progress(row: dict) -> None:
 
 
 INCOMPLETE = "incomplete: the run stopped before it finished; the rows finished before are kept"
-
-
-class Terminated(BaseException):  # not Exception: the per-cell handlers must not catch it
-    """SIGTERM arrived while timing."""
-
-
-def _terminated(signum, frame):
-    raise Terminated("terminated by SIGTERM; the rows finished before it are kept")
 
 
 def _part_a(rows: list[dict], impls, seqs, ds, dtypes, batch, causal, iters, warmup, dev,

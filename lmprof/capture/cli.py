@@ -10,14 +10,14 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import NoReturn
 
 import click
 
 # torch first (the modules below import it), with Ctrl-C held until it is in: its C extension
 # imports numpy and takes any error there, a Ctrl-C's KeyboardInterrupt too, for numpy being
 # absent, so a Ctrl-C in that moment was lost (the run went on to the end, exit 0) or left numpy
-# half imported (the run then failed, ERROR). Held, it is raised once torch is in.
+# half imported (the run then failed, ERROR). Held, it is raised once torch is in, while this
+# module imports: lmprof.scripts, which imports it, makes that "aborted" and exit 130.
 _mask = getattr(signal, "pthread_sigmask", None)  # (POSIX only)
 _held = _mask(signal.SIG_BLOCK, {signal.SIGINT}) if _mask else None
 try:
@@ -29,7 +29,7 @@ finally:
 from lmprof import rundir  # noqa: E402
 from lmprof import nsystool  # noqa: E402
 from lmprof.capture import nsys as nsys_mod  # noqa: E402
-from lmprof.capture import proctree  # noqa: E402
+from lmprof.capture import proctree, termination  # noqa: E402
 from lmprof.capture.attention import attention_cmd  # noqa: E402
 from lmprof.capture.options import (add_run_options, add_sweep_options,  # noqa: E402
                                     spec_from_kwargs, spec_to_argv)
@@ -61,7 +61,8 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
     """Run warm-up and measured steps, timing every phase; write runs/<run-id>/run.json.
 
     Exit status: 0 when the run's status is OK, 1 when it is OOM or ERROR (still recorded),
-    2 for bad options, 130 for Ctrl-C and 143 for SIGTERM (the unfinished run directory goes).
+    2 for bad options, 130 for Ctrl-C, 143 for SIGTERM and 129 for SIGHUP (the unfinished run
+    directory goes).
     """
     from lmprof.capture import runner
 
@@ -80,23 +81,23 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
     prep = runner.prepare(spec)
     out_root = Path(out)
     nsys = nsystool.find_nsys(nsys_path) if spec.nsys and not under_nsys else None
-    # SIGTERM (kill, a job's time limit) ends the run as Ctrl-C does, rather than with the
-    # process, which left the run directory behind empty
+    # SIGTERM (kill, a job's time limit) and SIGHUP (a closed terminal) end the run as Ctrl-C
+    # does, rather than with the process, which left the run directory behind empty
     target = None
-    with _sigterm_raises():
+    with termination.as_exception():
         try:
             # --run-dir (the sweep gives each cell its own) holds for every run, under nsys or not
             target = Path(run_dir) if run_dir else runner.new_run_dir(out_root, prep)
             target.mkdir(parents=True, exist_ok=True)
             record = _run(target, spec, prep, nsys, nsys_args, quiet, under_nsys)
-        except (KeyboardInterrupt, Terminated) as exc:
+        except (KeyboardInterrupt, termination.Terminated) as exc:
             # Ctrl-C: a run directory this command made holds no finished run (run.json is
             # written last), so it goes rather than stay behind empty or with half an artifact;
             # one given with --run-dir (a sweep's cell) is its owner's to clean
             if run_dir is None and target is not None:
                 shutil.rmtree(target, ignore_errors=True)
-            if isinstance(exc, Terminated):
-                _exit_terminated()
+            if isinstance(exc, termination.Terminated):
+                termination.exit_terminated(exc)
             raise
         except Exception:
             # a run.json that could not be written (a full disk): the folder made for it, left
@@ -114,29 +115,6 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
             click.echo(f"{record['status']}: {record.get('error') or 'no error recorded'} "
                        f"({target})", err=True)
     sys.exit(0 if record["status"] == "OK" else 1)
-
-
-class Terminated(BaseException):  # (not Exception: the runner records those as ERROR)
-    """SIGTERM arrived during ``capture run``."""
-
-
-def _terminated(signum, frame):
-    raise Terminated()
-
-
-@contextlib.contextmanager
-def _sigterm_raises():
-    """Inside the block SIGTERM raises Terminated (the previous handler back after it)."""
-    previous = signal.signal(signal.SIGTERM, _terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _exit_terminated() -> NoReturn:
-    click.echo("terminated (SIGTERM)", err=True)
-    sys.exit(128 + signal.SIGTERM)
 
 
 def _run(target: Path, spec, prep, nsys: str | None, nsys_args: str | None, quiet: bool,
@@ -209,7 +187,8 @@ def sweep_cmd(grid_file: str | None, out: str, name: str | None, gpus: str | Non
     Each cell ends with a run directory under OUT/NAME/cells/ whatever happens to it (status OK,
     OOM, ERROR with its message, TIMEOUT); rerunning the same sweep skips finished cells.
     Exit status: 0 when every cell is OK or OOM, 1 when one is ERROR or TIMEOUT, 2 for bad input,
-    130 for Ctrl-C and 143 for SIGTERM (the cells in flight are killed and left to run again).
+    130 for Ctrl-C, 143 for SIGTERM and 129 for SIGHUP (the cells in flight are killed and left
+    to run again).
     """
     from lmprof.capture import sweep as sweep_mod
 
@@ -236,14 +215,14 @@ def sweep_cmd(grid_file: str | None, out: str, name: str | None, gpus: str | Non
         dry_run=dry_run, quiet=quiet, nsys_path=nsys_path, nsys_args=nsys_args,
     )
     root = Path(out) / (name or f"sweep-{grid.grid_hash[:8]}")
-    # SIGTERM (kill, a job's time limit) ends the sweep as Ctrl-C does, its cells killed with
-    # every process they started (nsys's agent), rather than with the sweep's process, whose
-    # death (PR_SET_PDEATHSIG) kills the cells alone
-    with _sigterm_raises():
+    # SIGTERM (kill, a job's time limit) and SIGHUP (a closed terminal) end the sweep as Ctrl-C
+    # does, its cells killed with every process they started (nsys's agent), rather than with
+    # the sweep's process, whose death (PR_SET_PDEATHSIG) kills the cells alone
+    with termination.as_exception():
         try:
             status = sweep_mod.run_sweep(grid, root, opts, _echo_or_drop)
-        except Terminated:
-            _exit_terminated()
+        except termination.Terminated as exc:
+            termination.exit_terminated(exc)
     sys.exit(status)
 
 
@@ -277,13 +256,14 @@ def precision_cmd(device: str, out: str, quiet: bool) -> None:
     from lmprof.reports.sections.precision import tables
 
     dev = devices.resolve_device(device)
-    # SIGTERM ends the run as Ctrl-C does (precision.run removes its folder), as in `capture run`:
-    # the process died of it and left a folder holding precision.json without run.json
+    # SIGTERM and SIGHUP end the run as Ctrl-C does (precision.run removes its folder), as in
+    # `capture run`: the process died of them and left a folder holding precision.json without
+    # run.json
     try:
-        with _sigterm_raises():
+        with termination.as_exception():
             target = precision.run(dev, Path(out))
-    except Terminated:
-        _exit_terminated()
+    except termination.Terminated as exc:
+        termination.exit_terminated(exc)
     rundir.mark_latest_or_warn(target.parent, target)
     click.echo(f"run: {target}")
     if not quiet:
@@ -304,8 +284,9 @@ def _run_under_nsys(nsys: str, target: Path, spec, nsys_args: str | None, quiet:
         try:
             out = proc.communicate()[0]
         except BaseException:
-            # Ctrl-C, SIGTERM: nsys goes with what it started in sessions of its own (its agent;
-            # the profiled run ends with its owner, this process), which a kill of nsys leaves
+            # Ctrl-C, SIGTERM, SIGHUP: nsys goes with what it started in sessions of its own
+            # (its agent; the profiled run ends with its owner, this process), which a kill of
+            # nsys leaves
             proctree.kill_tree(proc.pid)
             raise
     try:

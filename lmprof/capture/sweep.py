@@ -11,8 +11,8 @@ Kill-safety: a cell runs in ``.staging/<cell>.<pid>/`` and is moved into ``cells
 rename after its run.json is complete, so ``cells/`` only ever holds finished cells; a rerun skips
 them (``--retry-failed`` reruns those not OK) and deletes the staging left by a killed sweep.
 Children get SIGKILL when the sweep dies (Linux ``PR_SET_PDEATHSIG``), so no orphan writes on.
-An interrupted sweep (Ctrl-C, SIGTERM) kills its cells and records none of them: they are left
-to run.
+An interrupted sweep (Ctrl-C, SIGTERM, SIGHUP) kills its cells and records none of them: they are
+left to run.
 Cell names are deterministic (label + config hash, :mod:`lmprof.sweepdir`), hence no duplicates.
 
 Fan-out is deliberately small: ``--gpus`` runs one cell per listed GPU at a time

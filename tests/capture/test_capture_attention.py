@@ -92,11 +92,15 @@ def test_flash_on_cpu_without_the_interpreter_exits_2_before_any_work(tmp_path):
     assert not any(tmp_path.iterdir())  # nothing started, no run directory
 
 
-def test_sigterm_keeps_the_rows_finished_before_it(tmp_path):
-    """A job's time limit (SIGTERM) mid-part: run.json says ERROR, finished rows are written."""
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_sigterm_or_sighup_keeps_the_rows_finished_before_it(tmp_path, signame):
+    """A job's time limit (SIGTERM) or a closed terminal (SIGHUP) mid-part: run.json says ERROR,
+    finished rows are written, exit 128 + the signal (143, 129). SIGHUP killed the process and
+    left run.json saying "incomplete"."""
     import signal
     import time
 
+    sig = getattr(signal, signame)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # naive attention on CPU, many cells: the first rows finish in a second, the part takes minutes
     args = ["--part", "a", "--impl", "naive", "--seq", "64", "--seq", "4096", "--seq", "8192",
@@ -104,7 +108,7 @@ def test_sigterm_keeps_the_rows_finished_before_it(tmp_path):
             "--warmup", "1", "--device", "cpu", "--dtype", "fp32", "--out", "runs"]
     proc = subprocess.Popen([sys.executable, "-m", "lmprof.capture", "attention", *args],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     lines = []
     while time.monotonic() < deadline:  # wait until a row is reported on stderr
@@ -112,13 +116,15 @@ def test_sigterm_keeps_the_rows_finished_before_it(tmp_path):
         lines.append(line)
         if "impl=naive" in line:
             break
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, "".join(lines) + err
-    assert "terminated by SIGTERM" in err and "Traceback" not in err
+    assert proc.returncode == 128 + sig, "".join(lines) + err
+    assert f"terminated by {signame}" in err and "Traceback" not in err
     (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.name != "latest"]
     record = json.loads((run_dir / "run.json").read_text())
-    assert record["status"] == "ERROR" and "SIGTERM" in record["error"]
+    assert record["status"] == "ERROR"
+    assert record["error"] == f"Terminated: terminated by {signame}; the rows finished before " \
+                              "it are kept"
     rows = json.loads((run_dir / record["artifacts"]["attention"]).read_text())["part_a"]
     assert 1 <= len(rows) < 12 and all(r["status"] == "OK" for r in rows)
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -606,65 +607,157 @@ def test_an_out_folder_the_full_disk_cannot_hold_is_the_machines_error(monkeypat
     assert str(out) in err and not out.exists()
 
 
-def test_a_run_ended_by_sigterm_exits_143_and_leaves_no_run_directory(tmp_path):
-    """SIGTERM (kill, a job's time limit) during the steps ends the run as Ctrl-C does: exit
-    143 with one line, and the unfinished run directory goes (the process died of the signal
-    and left it behind empty)."""
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_a_run_ended_by_sigterm_or_sighup_exits_128_plus_it_and_leaves_no_run_directory(
+        tmp_path, signame):
+    """SIGTERM (kill, a job's time limit) or SIGHUP (a closed terminal, a dropped ssh session)
+    during the steps ends the run as Ctrl-C does: exit 128 + the signal (143, 129) with one line,
+    and the unfinished run directory goes (the process died of the signal and left it behind
+    empty: SIGTERM until it was taken, SIGHUP until now)."""
     import os
     import signal
     import time
 
+    sig = getattr(signal, signame)
     out = tmp_path / "runs"
     out.mkdir()
     (out / "earlier-run").mkdir()  # (the user's own: untouched)
     env = {**os.environ, "LMPROF_INJECT_FAULT": "hang"}  # (forward sleeps: the run is under way)
+    # (the signal's default action in the run, whatever this test inherited: nohup's ignored
+    # SIGHUP stays ignored)
     proc = subprocess.Popen([sys.executable, "-m", "lmprof.capture", "run", *TINY,
                              "--out", str(out), "-q"], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while len(list(out.iterdir())) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)  # (until the run directory is there)
         time.sleep(2)  # (the tiny model built, the first warm-up forward asleep)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    assert proc.returncode == 143, err
-    assert err.strip().splitlines() == ["terminated (SIGTERM)"]
+    assert proc.returncode == 128 + sig, err
+    assert err.strip().splitlines() == [f"terminated ({signame})"]
     assert sorted(p.name for p in out.iterdir()) == ["earlier-run"]
 
 
-# Sends the process a Ctrl-C the moment numpy is first imported (torch's C extension imports it
-# while torch is imported), then runs `capture` with the arguments given.
-_CTRL_C_AT_NUMPY = """
-import os, runpy, signal, sys
-class CtrlCAtNumpy:
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
+def test_a_run_whose_terminal_closes_exits_129_and_leaves_no_run_directory(tmp_path):
+    """The terminal `capture run` runs in goes away (the window closed): the kernel's SIGHUP
+    ends the run as Ctrl-C does, exit 129, its run directory gone, though the line saying so
+    has nowhere to go (its write fails, EIO: that failure made the exit status 1)."""
+    import fcntl
+    import select
+    import signal
+    import termios
+    import time
+
+    out = tmp_path / "runs"
+    controller, terminal = os.openpty()
+
+    def in_the_terminal():  # (a session of its own, the terminal its controlling one)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    env = {**os.environ, "LMPROF_INJECT_FAULT": "hang"}  # (forward sleeps: the run is under way)
+    proc = subprocess.Popen([sys.executable, "-m", "lmprof.capture", "run", *TINY, "--out",
+                             str(out)], cwd=ROOT, env=env, stdin=terminal, stdout=terminal,
+                            stderr=terminal, start_new_session=True, preexec_fn=in_the_terminal)
+    os.close(terminal)
+    try:
+        deadline = time.monotonic() + 120
+        shown = b""
+        while time.monotonic() < deadline and not (out.is_dir() and any(out.iterdir())):
+            if select.select([controller], [], [], 0.1)[0]:  # (what it shows, read: it never waits)
+                shown += os.read(controller, 4096)
+        time.sleep(2)  # (the tiny model built, the first warm-up forward asleep)
+        os.close(controller)  # the terminal goes
+        assert proc.wait(timeout=120) == 129, shown.decode(errors="replace")
+    finally:
+        proc.kill()
+    assert list(out.iterdir()) == []
+
+
+# Sends the process a Ctrl-C the moment the module named by the first argument is first looked
+# for (numpy: torch's C extension imports it while torch is imported; duckdb: analyze's commands
+# import it), then runs the command the way the second argument says: "-m PACKAGE" as python -m
+# does, "script MODULE:FUNCTION" as the console script pip writes does, with the other arguments.
+_CTRL_C_AT_IMPORT = """
+import importlib, os, runpy, signal, sys
+_, at, way, entry, *args = sys.argv
+class CtrlCAtImport:
     fired = False
     def find_spec(self, name, path=None, target=None):
-        if name == "numpy" and not CtrlCAtNumpy.fired:
-            CtrlCAtNumpy.fired = True
+        if name == at and not CtrlCAtImport.fired:
+            CtrlCAtImport.fired = True
             os.kill(os.getpid(), signal.SIGINT)
         return None
-sys.meta_path.insert(0, CtrlCAtNumpy())
-sys.argv = ["capture", *sys.argv[1:]]
-runpy.run_module("lmprof.capture", run_name="__main__")
+sys.meta_path.insert(0, CtrlCAtImport())
+sys.argv = [entry, *args]
+if way == "-m":
+    runpy.run_module(entry, run_name="__main__")
+else:
+    module, function = entry.split(":")
+    sys.exit(getattr(importlib.import_module(module), function)())
 """
 
 
-def test_ctrl_c_while_torch_imports_numpy_stops_the_command(tmp_path):
-    """A Ctrl-C that lands while torch's C extension imports numpy stops the command. torch
-    took the KeyboardInterrupt for numpy missing: the run went on to the end, OK, exit 0 (or,
-    numpy left half imported, failed later as ERROR, exit 1), as sending SIGINT 0.3-0.5 s into
-    `capture run` showed."""
+def _console_script(name: str) -> str:
+    """MODULE:FUNCTION of the console script ``name``, as pyproject.toml gives it."""
+    text = (ROOT / "pyproject.toml").read_text()
+    return re.search(rf'^{name} = "([\w.]+:\w+)"$', text, re.MULTILINE).group(1)
+
+
+@pytest.mark.parametrize("way", ["-m", "script"])
+@pytest.mark.parametrize("command, at", [("capture", "numpy"), ("analyze", "duckdb")])
+def test_ctrl_c_while_the_cli_imports_is_aborted_not_a_traceback(tmp_path, way, command, at):
+    """A Ctrl-C that lands while the command imports (torch, a second or two; DuckDB) stops it
+    as one later does: "aborted", exit 130. It was KeyboardInterrupt's traceback, raised where
+    the command's module is imported, outside run_cli. (Earlier still, torch took a Ctrl-C
+    while its C extension imported numpy for numpy missing: the run went on to the end, OK,
+    exit 0, or failed later as ERROR, exit 1, as sending SIGINT 0.3-0.5 s into `capture run`
+    showed.)"""
     import signal
 
     out = tmp_path / "runs"
-    proc = subprocess.run([sys.executable, "-c", _CTRL_C_AT_NUMPY, "run", *TINY, "--out",
-                           str(out), "-q"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+    args = ["run", *TINY, "--out", str(out), "-q"] if command == "capture" else ["runs", "."]
+    entry = f"lmprof.{command}" if way == "-m" else _console_script(command)
+    proc = subprocess.run([sys.executable, "-c", _CTRL_C_AT_IMPORT, at, way, entry, *args],
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=300,
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    assert proc.returncode in (-signal.SIGINT, 130), proc.stderr[-2000:]
-    assert not out.exists() or not any(out.iterdir())
+    assert (proc.returncode, proc.stderr.strip()) == (130, "aborted"), proc.stderr[-2000:]
+    assert not out.exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="needs Linux /proc")
+def test_a_real_ctrl_c_while_torch_imports_is_aborted_not_a_traceback(tmp_path):
+    """The test above with nothing in between: SIGINT sent to `python -m lmprof.capture run`
+    once torch's first library is loaded, in the second or more torch's import takes."""
+    import signal
+    import time
+
+    out = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "lmprof.capture", "run", *TINY, "--out",
+                             str(out), "-q"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        maps = Path(f"/proc/{proc.pid}/maps")
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            if "libtorch" in maps.read_text():
+                break
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert (proc.returncode, err.strip()) == (130, "aborted"), err[-2000:]
+    assert not out.exists()
 
 
 def test_latest_is_pointed_at_the_run_when_another_run_marks_it_at_the_same_moment(

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +17,8 @@ from lmprof import rundir
 from lmprof.capture import precision
 from lmprof.capture.cli import main as capture_main
 from lmprof.reports.tables import benchmark_table
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_accumulation_matches_ieee_and_the_exact_references():
@@ -121,35 +128,51 @@ def test_an_interrupted_or_failed_run_leaves_no_folder(tmp_path, monkeypatch, fa
     assert list((tmp_path / "runs").iterdir()) == []
 
 
-# Sends the process SIGTERM while it sums (a job's time limit mid-run), then runs `capture`
-_SIGTERM_MID_RUN = """
+# Sends the process the signal named by the first argument while it sums (a job's time limit,
+# a closed terminal mid-run), then runs `capture` with the other arguments
+_SIGNAL_MID_RUN = """
 import os, signal, sys, time
 from lmprof.capture import precision
 from lmprof.capture.cli import main
 
 summing = precision.accumulation
 def accumulation(device):
-    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), getattr(signal, sys.argv[1]))
     time.sleep(5)  # (the signal's handler runs here)
     return summing(device)
 precision.accumulation = accumulation
-main(sys.argv[1:])
+main(sys.argv[2:])
 """
 
 
-def test_sigterm_mid_run_exits_143_and_leaves_no_folder(tmp_path):
-    """SIGTERM (kill, a job's time limit) as `capture run` takes it: exit 143 with one line and
-    no run folder; the process died of the signal and left one holding precision.json alone."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+def _precision_signalled(out: Path, signame: str, disposition) -> subprocess.CompletedProcess:
+    """`capture precision --out OUT` sent ``signame`` mid-run, started with that signal's
+    ``disposition`` (SIG_DFL, or SIG_IGN as nohup leaves SIGHUP)."""
+    sig = getattr(signal, signame)
+    return subprocess.run([sys.executable, "-c", _SIGNAL_MID_RUN, signame, "precision",
+                           "--device", "cpu", "--out", str(out)],
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=120,
+                          preexec_fn=lambda: signal.signal(sig, disposition))
 
-    root = Path(__file__).resolve().parents[2]
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_sigterm_or_sighup_mid_run_exits_128_plus_it_and_leaves_no_folder(tmp_path, signame):
+    """SIGTERM (kill, a job's time limit) or SIGHUP (a closed terminal) as `capture run` takes
+    them: exit 128 + the signal (143, 129) with one line and no run folder; the process died of
+    the signal and left one holding precision.json alone."""
     out = tmp_path / "runs"
-    proc = subprocess.run([sys.executable, "-c", _SIGTERM_MID_RUN, "precision", "--device", "cpu",
-                           "--out", str(out)], env={**os.environ, "PYTHONPATH": str(root)},
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 143, proc.stderr
-    assert proc.stderr.strip().splitlines() == ["terminated (SIGTERM)"]
+    proc = _precision_signalled(out, signame, signal.SIG_DFL)
+    assert proc.returncode == 128 + getattr(signal, signame), proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"terminated ({signame})"]
     assert list(out.iterdir()) == []
+
+
+def test_a_command_started_under_nohup_runs_on_through_sighup(tmp_path):
+    """nohup (SIGHUP ignored when the command starts) asked for the command to outlive its
+    terminal: a SIGHUP mid-run stays ignored, and the run finishes."""
+    out = tmp_path / "runs"
+    proc = _precision_signalled(out, "SIGHUP", signal.SIG_IGN)
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = [p for p in out.iterdir() if p.name != rundir.LATEST]
+    assert rundir.load_run(run_dir)["kind"] == "precision"

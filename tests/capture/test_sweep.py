@@ -967,12 +967,15 @@ def test_sigint_mid_cell_kills_it_and_records_nothing(tmp_path):
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="needs Linux /proc")
-def test_sigterm_mid_cell_ends_every_process_the_cell_started(tmp_path):
-    """SIGTERM (kill, a job's time limit) ended the sweep with the signal: its cell died of
-    PR_SET_PDEATHSIG, but what the cell had started (nsys and its agent; here a sleeper) ran on,
-    where Ctrl-C kills them all. It ends the sweep as Ctrl-C does now: every process of the cell
-    killed, nothing recorded, exit 143 (as capture run). (The cell is a stand-in that starts a
-    sleeper and hangs.)"""
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_sigterm_or_sighup_mid_cell_ends_every_process_the_cell_started(tmp_path, signame):
+    """SIGTERM (kill, a job's time limit) or SIGHUP (a closed terminal, a dropped ssh session)
+    ended the sweep with the signal: its cell died of PR_SET_PDEATHSIG, but what the cell had
+    started (nsys and its agent; here a sleeper) ran on, where Ctrl-C kills them all. It ends
+    the sweep as Ctrl-C does now: every process of the cell killed, nothing recorded, exit 128 +
+    the signal (143, 129; as capture run). (The cell is a stand-in that starts a sleeper and
+    hangs.)"""
+    sig = getattr(signal, signame)
     pidfile = tmp_path / "sleeper.pid"
     cell = ("import subprocess, sys, time\n"
             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
@@ -985,7 +988,8 @@ def test_sigterm_mid_cell_ends_every_process_the_cell_started(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", script, "sweep", *TINY, "--context-length", "16",
                              "--out", str(tmp_path), "--name", "s", "--quiet"],
                             env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))
     pid = None
     try:
         deadline = time.monotonic() + 120
@@ -994,13 +998,13 @@ def test_sigterm_mid_cell_ends_every_process_the_cell_started(tmp_path):
             assert time.monotonic() < deadline, "the cell never started"
             time.sleep(0.05)
         pid = int(pidfile.read_text())
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         rc = proc.wait(timeout=60)
         err = proc.stderr.read().decode()
         deadline = time.monotonic() + 5
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(pid), "the cell's sleeper outlived the SIGTERMed sweep"
+        assert not _alive(pid), f"the cell's sleeper outlived the sweep ended by {signame}"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -1008,7 +1012,7 @@ def test_sigterm_mid_cell_ends_every_process_the_cell_started(tmp_path):
         proc.stderr.close()
         if pid is not None and _alive(pid):
             os.kill(pid, signal.SIGKILL)
-    assert rc == 143 and err.strip() == "terminated (SIGTERM)", (rc, err)
+    assert rc == 128 + sig and err.strip() == f"terminated ({signame})", (rc, err)
     assert sweepdir.cell_dirs(root) == []
 
 
