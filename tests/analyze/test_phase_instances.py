@@ -101,3 +101,65 @@ def test_phase_instances_match_brute_force(mode, seed):
         want = {"range_id": range_id, "phase": dict(ranges)[range_id],
                 "cpu_ns": 100 + range_id, **_brute_force(ops, range_id)}
         assert row == want, (range_id, ops)
+
+
+def _gpu_idle(con) -> dict[str, dict]:
+    cur = sqlfile.execute(con, "gpu_idle")
+    names = [d[0] for d in cur.description]
+    return {row[0]: dict(zip(names, row)) for row in cur.fetchall()}
+
+
+def test_no_gap_is_zero_where_there_are_ops_and_null_where_there_are_none():
+    """A phase instance with GPU ops but no gap between them has gaps 0 and a longest gap of 0;
+    only one without any GPU op has none (NULL), as its span. gpu_idle's mean gap of a phase
+    whose ops left no gap was NULL (empty in markdown and csv) beside its longest gap 0."""
+    con = duckdb.connect()
+    con.execute("CREATE TABLE nvtx_ranges (range_id BIGINT, phase VARCHAR, dur_ns BIGINT)")
+    con.executemany("INSERT INTO nvtx_ranges VALUES (?, ?, ?)",
+                    [(0, "step", 100), (1, "forward", 40), (2, "backward", 40),
+                     (3, "optimizer", 10)])
+    con.execute("CREATE TABLE gpu_ops (kind VARCHAR, start_ns BIGINT, end_ns BIGINT, "
+                "dur_ns BIGINT, phase_range_id BIGINT, step_range_id BIGINT)")
+    # forward: two kernels 5 ns apart; backward: two kernels back to back; optimizer: no op
+    ops = [(0, 10, 1), (15, 20, 1), (40, 50, 2), (50, 60, 2)]
+    con.executemany("INSERT INTO gpu_ops VALUES ('kernel', ?, ?, ?, ?, 0)",
+                    [(s, e, e - s, p) for s, e, p in ops])
+    sqlfile.run(con, "phase_instances")
+    rows = con.execute("SELECT phase, gpu_span_ns, gaps, max_gap_ns FROM phase_instances "
+                       "ORDER BY range_id").fetchall()
+    assert rows == [("step", 60, 2, 20), ("forward", 20, 1, 5), ("backward", 20, 0, 0),
+                    ("optimizer", None, 0, None)]
+    idle = _gpu_idle(con)
+    assert [(idle[p]["gaps"], idle[p]["mean_gap_ns"], idle[p]["max_gap_ns"])
+            for p in ("forward", "backward", "optimizer")] == [(1, 5, 5), (0, 0, 0),
+                                                               (0, None, None)]
+
+
+def test_no_gap_in_a_real_trace_reads_zero_in_every_table():
+    """The backward of tests/data/h200-lmprof-nsys under --attribution thread: one GPU op per
+    instance (PyTorch launches the rest from its autograd thread), so no gap. Both tables that
+    report gaps give 0 for its gaps and its longest and mean gap, in csv and JSON: the mean was
+    empty (null) beside a longest gap of 0."""
+    import json
+    from pathlib import Path
+
+    from nsys_data import run
+
+    report = str(Path(__file__).resolve().parents[1] / "data" / "h200-lmprof-nsys"
+                 / "report.sqlite")
+    code, out, err = run("sql", report, "--attribution", "thread", "--format", "csv",
+                         "SELECT gpu_ops, gaps, max_gap_ns FROM phase_instances "
+                         "WHERE phase = 'backward'")
+    assert code == 0, err
+    assert out.split() == ["gpu_ops,gaps,max_gap_ns", "1,0,0", "1,0,0", "1,0,0"]
+    code, out, err = run("kernels", report, "--attribution", "thread", "--table", "gpu_idle",
+                         "--format", "json")
+    assert code == 0, err
+    backward = next(r for r in json.loads(out) if r["phase"] == "backward")
+    assert backward["gpu_span_ns"] > 0 and backward["idle_ns"] == 0
+    assert (backward["gaps"], backward["mean_gap_ns"], backward["max_gap_ns"]) == (0, 0, 0)
+    code, out, err = run("kernels", report, "--attribution", "thread", "--table", "gpu_idle",
+                         "--format", "csv")
+    assert code == 0, err
+    row = next(line for line in out.splitlines() if line.startswith("backward,"))
+    assert row.split(",")[-3:] == ["0", "0.0", "0"]

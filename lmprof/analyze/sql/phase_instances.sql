@@ -8,9 +8,12 @@
 --   kernels         BIGINT   kernels attributed to it
 --   kernel_ns       BIGINT   summed kernel durations (ns)
 --   gpu_span_ns     BIGINT   first GPU op start to last GPU op end (ns), NULL without ops
---   gpu_busy_ns     BIGINT   union of GPU op intervals (ns): time some op was running
---   gaps            BIGINT   idle gaps between GPU ops inside the span
---   max_gap_ns      BIGINT   the longest of them (ns)
+--   gpu_busy_ns     BIGINT   union of GPU op intervals (ns): time some op was running; NULL
+--                            without ops
+--   gaps            BIGINT   idle gaps between GPU ops inside the span; 0 without a gap
+--   max_gap_ns      BIGINT   the longest of them (ns): 0 where the instance has GPU ops but no
+--                            gap, NULL only where it has no GPU op (nothing measured, as its
+--                            span); gpu_idle reads "no gap" the same way
 --
 -- A gap opens before an op (ops ordered by start) that starts after the furthest end of the ops
 -- before it (covered_until). Ordering by start alone gives the same gaps as (start, end): of ops
