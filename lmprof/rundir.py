@@ -318,25 +318,37 @@ def load_run(path: str | Path) -> dict[str, Any]:
     """Read and validate run.json; the returned dict carries ``run_dir`` (absolute path)."""
     run_dir = resolve_run_dir(path)
     f = run_dir / RUN_FILE
-    try:
-        record = parse_json(read_text_file(f, "the run record"))
-    except UserError as exc:  # (its message names the file)
-        raise UserError(f"not a readable run.json: {exc}") from None
-    except ValueError as exc:
-        raise UserError(f"{str(f)!r} is not a readable run.json: {exc}") from None
-    if not isinstance(record, dict) or "schema_version" not in record:
-        raise UserError(f"{str(f)!r} is not an lmprof run.json (no schema_version)")
-    version = record["schema_version"]
-    if not isinstance(version, int) or isinstance(version, bool) or \
-            not 1 <= version <= SCHEMA_VERSION:
-        raise UserError(
-            f"{str(f)!r} has schema_version {version!r}; this lmprof reads 1 to {SCHEMA_VERSION}"
-        )
+    record = read_record(f, "run.json", "the run record")
+    check_schema_version(f, record, "run.json", SCHEMA_VERSION)
     problem = _shape_problem(record)
     if problem:
         raise UserError(f"{str(f)!r} is not a well-formed run.json: {problem}")
     record["run_dir"] = str(run_dir)
     return record
+
+
+def read_record(f: Path, name: str, what: str) -> Any:
+    """The JSON of one of this tool's records (``name``: run.json, sweep.json), read whole
+    (``read_text_file``, naming it ``what``); a one-line UserError naming ``f`` where it cannot
+    be read or is not JSON."""
+    try:
+        return parse_json(read_text_file(f, what))
+    except UserError as exc:  # (its message names the file)
+        raise UserError(f"not a readable {name}: {exc}") from None
+    except ValueError as exc:
+        raise UserError(f"{str(f)!r} is not a readable {name}: {exc}") from None
+
+
+def check_schema_version(f: Path, record: Any, name: str, latest: int) -> None:
+    """Refuse, with one line naming ``f``, a record (``name``: run.json, sweep.json) without a
+    schema_version, and one whose schema_version this lmprof does not read (1 to ``latest``): a
+    later schema may mean other things by the same keys, so it is not read as this one."""
+    if not isinstance(record, dict) or "schema_version" not in record:
+        raise UserError(f"{str(f)!r} is not an lmprof {name} (no schema_version)")
+    version = record["schema_version"]
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= latest:
+        raise UserError(f"{str(f)!r} has schema_version {version!r}; this lmprof reads 1 to "
+                        f"{latest}")
 
 
 # What a reader may index into, by the JSON types the docstring above gives: a key may be absent,

@@ -2,9 +2,10 @@
 
 Layout::
 
-    <sweep>/sweep.json                 the grid(s): {schema_version, kind: "lmprof-sweep",
+    <sweep>/sweep.json                 the grid(s): {schema_version (1), kind: "lmprof-sweep",
                                        grids: [{grid_hash, axes, fixed}]} (several only with
-                                       --force-mix); no timestamps, so shards write it identically
+                                       --force-mix); no timestamps, so shards write it identically;
+                                       one of another kind or schema_version is refused
     <sweep>/index.json                 {grid_hash (of the grid run last), cells: per cell
                                        {status, error, config_hash, wall_s, created_utc (the
                                        run's start)}}, every grid's cells of a mixed sweep; a
@@ -27,8 +28,9 @@ from typing import Any
 from lmprof import rundir
 from lmprof.errors import UserError, not_utf8
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # sweep.json's; read by this lmprof: 1 to SCHEMA_VERSION
 SWEEP_FILE = "sweep.json"
+KIND = "lmprof-sweep"  # sweep.json's "kind": what tells it from another tool's sweep.json
 CELLS = "cells"
 STAGING = ".staging"
 CELL_LOG = "cell.log"
@@ -55,14 +57,20 @@ def enclosing_sweep(path: str | Path) -> Path | None:
 
 
 def read_sweep(path: str | Path) -> dict[str, Any]:
+    """The sweep.json of sweep directory ``path``, for every command that reads one (``capture
+    sweep`` reopening it, ``analyze`` given it); a one-line UserError naming the file where it is
+    not an lmprof sweep.json (its ``kind``), is of a schema_version this lmprof does not read
+    (as run.json's: ``rundir.check_schema_version``) or is not well formed."""
     f = Path(path) / SWEEP_FILE
-    try:
-        data = rundir.parse_json(f.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UserError(f"{str(f)!r} is not a readable sweep.json: {exc}") from None
-    if not isinstance(data, dict) or data.get("kind") != "lmprof-sweep" or not isinstance(
-            data.get("grids"), list):
-        raise UserError(f"{str(f)!r} is not an lmprof sweep.json")
+    data = rundir.read_record(f, SWEEP_FILE, "the sweep record")
+    if not isinstance(data, dict):
+        raise UserError(f"{str(f)!r} is not an lmprof sweep.json (not an object)")
+    if data.get("kind") != KIND:  # (another tool's, which may have a schema_version of its own)
+        raise UserError(f"{str(f)!r} is not an lmprof sweep.json (its kind is "
+                        f"{data.get('kind')!r}, not {KIND!r})")
+    rundir.check_schema_version(f, data, SWEEP_FILE, SCHEMA_VERSION)
+    if not isinstance(data.get("grids"), list):
+        raise UserError(f"{str(f)!r} is not a well-formed sweep.json: 'grids' is not a list")
     for grid in data["grids"]:
         if not isinstance(grid, dict) or not isinstance(grid.get("grid_hash"), str) or \
                 not isinstance(grid.get("axes", {}), dict) or \

@@ -406,7 +406,7 @@ def open_sweep_dir(root: Path, grid: Grid, force_mix: bool, write: bool = True) 
     if not sweepdir.is_sweep_dir(root):
         if write:
             rundir.write_json(root / sweepdir.SWEEP_FILE,
-                              {"schema_version": sweepdir.SCHEMA_VERSION, "kind": "lmprof-sweep",
+                              {"schema_version": sweepdir.SCHEMA_VERSION, "kind": sweepdir.KIND,
                                "grids": [entry]})
         return
     data = sweepdir.read_sweep(root)

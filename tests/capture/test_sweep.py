@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -759,6 +760,68 @@ def test_damaged_sweep_json_is_one_line_for_sweep_and_report(grids, tmp_path, ca
                            str(tmp_path / "rep")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "well-formed sweep.json" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# sweep.json files that no lmprof of this schema wrote (GRID: the grid of TINY at context 16, so
+# that a sweep.json of this schema would be resumed) -> what the one line says is wrong
+_UNREAD_SWEEP_JSON = {
+    "newer": ({"schema_version": 2, "kind": "lmprof-sweep", "grids": ["GRID"]},
+              "has schema_version 2; this lmprof reads 1 to 1"),
+    "version as text": ({"schema_version": "1", "kind": "lmprof-sweep", "grids": ["GRID"]},
+                        "has schema_version '1'; this lmprof reads 1 to 1"),
+    "no version": ({"kind": "lmprof-sweep", "grids": ["GRID"]},
+                   "is not an lmprof sweep.json (no schema_version)"),
+    "another tool's": ({"schema_version": 1, "name": "lr sweep", "runs": [{"lr": 0.1}]},
+                       "is not an lmprof sweep.json (its kind is None, not 'lmprof-sweep')"),
+    "a list": (["GRID"], "is not an lmprof sweep.json (not an object)"),
+}
+_SWEEP_ARGS = ["sweep", *TINY, "--context-length", "16", "--out", "{out}", "--name", "s"]
+# every command that reads a sweep.json: capture sweep reopening its sweep (the same grid again,
+# --retry-failed, --dry-run), and analyze given the sweep or the folder that holds it
+_SWEEP_READERS = {
+    "sweep again": ("capture", _SWEEP_ARGS),
+    "sweep --retry-failed": ("capture", [*_SWEEP_ARGS, "--retry-failed"]),
+    "sweep --dry-run": ("capture", [*_SWEEP_ARGS, "--dry-run"]),
+    "runs": ("analyze", ["runs", "{root}"]),
+    "runs of --out": ("analyze", ["runs", "{out}"]),
+    "report": ("analyze", ["report", "{root}", "-o", "{tmp}/rep"]),
+    "kernels": ("analyze", ["kernels", "{root}"]),
+    "memory": ("analyze", ["memory", "{root}"]),
+}
+
+
+@pytest.mark.parametrize("reader", _SWEEP_READERS)
+@pytest.mark.parametrize("case", _UNREAD_SWEEP_JSON)
+def test_a_sweep_json_of_another_schema_is_refused_by_every_reader(case, reader, tmp_path,
+                                                                    capsys):
+    """sweep.json's schema_version was written and never read: a sweep.json of a later schema,
+    or of none, was read as this one (the sweep resumed, analyze listed its cells), though a
+    later schema may mean other things by the same keys. Each reader refuses it as run.json's
+    schema_version is refused: one line naming the file and what is wrong, exit 2, nothing
+    written. The sweep holds one finished cell (an OOM run of tests/data)."""
+    from lmprof.analyze.cli import main as analyze_main
+
+    grid = sweep.build_grid({}, {"size": "tiny", "warmup": "0", "steps": "1", "device": "cpu",
+                                 "context_length": "16"})
+    content, problem = _UNREAD_SWEEP_JSON[case]
+    text = json.dumps(content).replace('"GRID"', json.dumps(grid.to_dict()))
+    out = tmp_path / "out"
+    root = out / "s"
+    (root / sweepdir.CELLS / "cell").mkdir(parents=True)
+    shutil.copyfile(REPO / "tests" / "data" / "h200-oom" / "warmup0" / "run.json",
+                    root / sweepdir.CELLS / "cell" / "run.json")
+    sweep_json = root / sweepdir.SWEEP_FILE
+    sweep_json.write_text(text)
+    before = {p: p.read_bytes() if p.is_file() else None for p in tmp_path.rglob("*")}
+    command, args = _SWEEP_READERS[reader]
+    args = [a.format(out=out, root=root, tmp=tmp_path) for a in args]
+    with pytest.raises(SystemExit) as exc:
+        (capture_main if command == "capture" else analyze_main)(args)
+    _, err = capsys.readouterr()
+    assert exc.value.code == 2 and err.startswith("error: "), err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{str(sweep_json)!r} {problem}" in err, err
+    assert {p: p.read_bytes() if p.is_file() else None for p in tmp_path.rglob("*")} == before
 
 
 @pytest.mark.parametrize("entry", [sweepdir.CELLS, sweepdir.STAGING, "index.json"])
