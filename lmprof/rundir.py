@@ -525,18 +525,44 @@ def _value_problem(record: dict[str, Any]) -> str | None:
     return None
 
 
+def distinguishing(labels: list[str], tags: list[tuple]) -> list[str | None]:
+    """What tells apart the items whose ``labels`` repeat: for each, the first of its ``tags``
+    (what may tell it apart, in order of preference, None where it has none of that kind) that
+    differs between every item of its label, else its position ("#3"); None for an item whose
+    label is its own. The one rule for labels (``distinct_labels``) and report headings
+    (``reports.report.distinct_headings``) that would otherwise be equal."""
+    out: list[str | None] = [None] * len(labels)
+    for label in dict.fromkeys(labels):
+        same = [i for i, b in enumerate(labels) if b == label]
+        if len(same) < 2:
+            continue
+        for k in range(len(tags[same[0]])):
+            values = [tags[i][k] for i in same]
+            if None not in values and len(set(values)) == len(same):
+                break
+        else:
+            values = [f"#{i + 1}" for i in same]
+        for i, value in zip(same, values):
+            out[i] = str(value)
+    return out
+
+
+def run_tags(record: dict[str, Any] | None, path: Path) -> tuple:
+    """What may tell a run apart from another of the same label, for ``distinguishing``: its run
+    id (two runs of one configuration), its start as run.json records it (two sweeps of one
+    grid: cells of one name), the name of the folder of ``path`` (a file of the run, or one
+    without a run) and that folder (a run directory copied elsewhere)."""
+    record = record or {}
+    return (record.get("run_id"), record.get("created_utc"), path.parent.name, str(path.parent))
+
+
 def distinct_labels(labels: list[str], records: list[dict | None], paths: list[Path]
                     ) -> list[str]:
-    """``labels`` with those that repeat (runs of one configuration) told apart by the run id,
-    else the folder, else the position: whichever first makes every label different."""
-    tags = ((lambda i: (records[i] or {}).get("run_id")), (lambda i: paths[i].parent.name),
-            (lambda i: f"#{i + 1}"))
-    out = list(labels)
-    for tag in tags:
-        out = [f"{b} ({tag(i)})" if labels.count(b) > 1 else b for i, b in enumerate(labels)]
-        if len(set(out)) == len(out):
-            break
-    return out
+    """``labels`` of runs (``records``, None for a file without a run) and their files
+    (``paths``), those that repeat (runs of one configuration) ending with what tells them
+    apart (``distinguishing`` over ``run_tags``), in parentheses."""
+    tags = distinguishing(labels, [run_tags(r, p) for r, p in zip(records, paths)])
+    return [b if t is None else f"{b} ({t})" for b, t in zip(labels, tags)]
 
 
 def artifact_path(record: dict[str, Any], key: str) -> Path | None:

@@ -268,7 +268,7 @@ def precision_cmd(device: str, out: str, quiet: bool) -> None:
     click.echo(f"run: {target}")
     if not quiet:
         click.echo("")
-        click.echo(tables(rundir.load_run(target)))
+        click.echo(tables([rundir.load_run(target)]))
 
 
 def _run_under_nsys(nsys: str, target: Path, spec, nsys_args: str | None, quiet: bool) -> dict:

@@ -92,6 +92,20 @@ class ReportContext:
         return quote(f"{self.img_name}/{name}")
 
 
+def distinct_headings(headings: list[str], tags: list[tuple]) -> list[str]:
+    """Markdown ``headings`` of a section's parts (a run's tables), those that would be equal
+    (a run directory copied, a sweep run again: one run id for two runs) ending with what tells
+    them apart (``rundir.distinguishing``; ``tags``, a run's ``rundir.run_tags``) as code, so
+    that each heading, and its anchor, is its own. The others are left as they are."""
+    return [h if t is None else f"{h} ({md_code(t)})"
+            for h, t in zip(headings, rundir.distinguishing(headings, tags))]
+
+
+def run_tags(record: dict[str, Any]) -> tuple:
+    """``rundir.run_tags`` of a run of the report (by its run.json)."""
+    return rundir.run_tags(record, Path(record["run_dir"]) / rundir.RUN_FILE)
+
+
 def image_folder(target: Path) -> str:
     """The name of the folder beside the markdown file ``target`` that holds its images."""
     return "img" if target.name == "report.md" else f"{target.stem}_img"

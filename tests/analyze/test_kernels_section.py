@@ -101,7 +101,8 @@ def test_gemm_fraction_of_a_sweep_run_reads_the_export_or_gives_none(tmp_path):
 
 def test_runs_of_one_run_id_are_told_apart_in_their_headings(tmp_path):
     """The real lmprof nsys run copied into two folders (one run id twice, as copies between
-    machines make): each export's heading names its own folder; both named the same run id."""
+    machines make): each export's heading names its own folder (by its name, which tells them
+    apart here: ``rundir.distinguishing``); both named the same run id."""
     source = Path(__file__).resolve().parents[1] / "data" / "h200-lmprof-nsys"
     record = json.loads((source / "run.json").read_text())
     record["artifacts"].pop("nsys_rep")  # (the .nsys-rep is not copied: nsys would export it)
@@ -115,4 +116,4 @@ def test_runs_of_one_run_id_are_told_apart_in_their_headings(tmp_path):
     headings = [line for line in section.splitlines() if line.startswith("### ")]
     assert len(headings) == 2 and headings[0] != headings[1], headings
     for heading, d in zip(headings, folders):
-        assert heading.endswith(f"(`{d}`)"), heading
+        assert heading.endswith(f"`{record['run_id']}` (`{d.name}`))"), heading

@@ -256,3 +256,70 @@ def test_the_files_without_a_run_are_not_read_into_the_last_runs_line(tmp_path):
     # a blank line between them ends the list; without it the line is the list item's
     assert overview[files - 2:files] == ["- 1 on NVIDIA H200: torch 2.11.0+cu130, CUDA 13.0, "
                                          "triton 3.6.0", ""], overview
+
+
+PRECISION = (Path(__file__).resolve().parents[2] / "docs" / "reports" / "h200-2026-11-26" / "runs"
+             / "20261126T030640Z-precision-cuda-6a41")
+ATTENTION_RUNS = DATA / "attention-runs"
+
+
+def _headings(md: str) -> list[str]:
+    return re.findall(r"^#+ .*$", md, flags=re.M)
+
+
+def test_runs_copied_under_one_run_id_get_headings_of_their_own(tmp_path):
+    """A run directory copied (runs/X and backup/X, given together): the precision and
+    attention headings end with the run id, which both copies share, so each heading came twice
+    (one anchor for two tables). Where two would be equal they end with what tells the runs
+    apart, here the folder; a heading that is unique is left as it was. Two attention setups
+    that differ only in versions (torch upgraded, same card and commit) gave two equal
+    headings of the combined part c table; they end with the versions."""
+    roots = [tmp_path / "runs", tmp_path / "backup"]
+    for root in roots:
+        shutil.copytree(PRECISION, root / PRECISION.name)
+        for run in ATTENTION_RUNS.iterdir():
+            shutil.copytree(run, root / run.name)
+    for run in (roots[1] / r.name for r in ATTENTION_RUNS.iterdir()):
+        results = json.loads((run / "attention.json").read_text())
+        results["environment"]["torch"] = "2.12.0"
+        (run / "attention.json").write_text(json.dumps(results))
+    alone = _headings(_report([str(roots[0])], tmp_path / "one"))
+    both = _headings(_report([str(r) for r in roots], tmp_path / "two"))
+    assert len(both) == len(set(both)), [h for h in both if both.count(h) > 1]
+    precision = [f"### {what} on cuda (NVIDIA H200), run `{PRECISION.name}`"
+                 for what in ("Accumulation", "Autocast dtypes")]
+    assert [h for h in alone if "NVIDIA H200), run" in h] == precision  # one run: as it was
+    for root in roots:
+        assert [h for h in both if h.endswith(f" (`{root / PRECISION.name}`)")] == \
+            [f"{h} (`{root / PRECISION.name}`)" for h in precision]
+    combined = [h for h in both if "runs together" in h]
+    assert len(combined) == 2 and any("torch 2.12.0" in h for h in combined), combined
+
+
+def test_a_sweep_run_again_tells_its_cells_apart_by_their_start(tmp_path):
+    """Two sweeps of one grid (a sweep run again into a new --name) have cells of the same
+    name, which is their run id: the memory plots' headings told them apart as '#1' and '#2',
+    the kernel section's by their whole run directory. Both now name the start that each
+    run.json records, as the labels of analyze memory and analyze kernels do."""
+    from lmprof import rundir, sweepdir
+
+    starts = ("2026-11-26T02:29:02Z", "2026-11-27T09:00:00Z")
+    sweeps = []
+    for i, start in enumerate(starts):
+        sweep = tmp_path / f"sweep-{i}"
+        (sweep / sweepdir.CELLS).mkdir(parents=True)
+        rundir.write_json(sweep / sweepdir.SWEEP_FILE,
+                          {"schema_version": 1, "kind": "lmprof-sweep", "grids": []})
+        for src, cell in ((NSYS, "small-nsys-0a1b2c3d"),
+                          (MEMORY, "small-memory-4e5f6a7b")):
+            def edit(record, cell=cell, start=start):
+                record.update(run_id=cell, created_utc=start)
+            _edited(src, sweep / sweepdir.CELLS / cell, edit)
+        sweeps.append(str(sweep))
+    headings = _headings(_report(sweeps, tmp_path / "rep"))
+    assert len(headings) == len(set(headings)), headings
+    kernels = [h for h in headings if "small-nsys-0a1b2c3d" in h]
+    plots = [h for h in headings if h.startswith("#### ")]
+    for found in (kernels, plots):
+        assert [any(f"`{s}`" in h or f"({s})" in h for h in found) for s in starts] == [True] * 2
+        assert not any("#1" in h or str(tmp_path) in h for h in found), found

@@ -17,7 +17,7 @@ import pandas as pd
 from lmprof import rundir
 from lmprof.errors import UserError
 from lmprof.render import formatted_markdown, md_code, md_text, plot_text, ratio_text
-from lmprof.reports.report import ReportContext
+from lmprof.reports.report import ReportContext, distinct_headings, run_tags
 from lmprof.reports.tables import flash_switches_off
 
 SDPA_PREFIX = "sdpa-"
@@ -334,6 +334,11 @@ def _setup(record: dict, results: dict) -> tuple | None:
             ", ".join(flash_switches_off(env)), env["git_commit"])
 
 
+# what each value of a setup after the card is, in a heading that names it (``_setup``)
+_SETUP_NAMES = ("torch", "triton", "CUDA", "cuDNN", "fp32 matmul precision", "flash switches off",
+                "commit")
+
+
 def combined_part_c(runs: list[tuple[dict, dict]]) -> list[tuple[tuple, list[str], list[dict]]]:
     """Part c over several runs of one setup (``_setup``): [(setup, run ids, rows)], for setups
     with part c rows in two runs or more. Of two rows for the same cell (dtype, d, seq, batch,
@@ -369,17 +374,24 @@ def combined_part_c(runs: list[tuple[dict, dict]]) -> list[tuple[tuple, list[str
 def _combined_body(ctx: ReportContext, runs: list[tuple[dict, dict]]) -> list[str]:
     undated = {str(record.get("run_id")) for record, results in runs
                if "git_dirty" not in _env(record, results)}
+    combined = combined_part_c(runs)
+    # (the card, the flash switches off and the commit tell apart the tables of two setups; where
+    # two setups have all three alike, the first version in which they differ)
+    headings = distinct_headings(
+        [f"### Sweep against SDPA (part c), {len(run_ids)} runs together, "
+         + md_text(f"{setup[0]}{', ' + setup[-2] if setup[-2] else ''}, commit {setup[-1][:10]}")
+         for setup, run_ids, _ in combined],
+        [tuple(f"{name} {value}" for name, value in zip(_SETUP_NAMES, setup[1:]))
+         for setup, _, _ in combined])
     bodies = []
-    for i, (setup, run_ids, rows) in enumerate(combined_part_c(runs)):
+    for i, ((setup, run_ids, rows), heading) in enumerate(zip(combined, headings)):
         gpu, torch_v, triton_v, *_, off, commit = setup
         table = part_c_table(rows, keys=("dtype", "d", "seq", "shape", "runs"))
         unknown = [r for r in run_ids if r in undated]
         caveat = (f" Whether the code of {', '.join(md_code(r) for r in unknown)} had uncommitted "
                   "changes was not recorded (those runs predate the record)." if unknown else "")
-        # (the card, the flash switches off and the commit tell apart the tables of two setups)
         off = f", {off}" if off else ""
-        body = [f"### Sweep against SDPA (part c), {len(run_ids)} runs together, "
-                + md_text(f"{gpu}{off}, commit {commit[:10]}"),
+        body = [heading,
                 md_text(f"{gpu}, torch {torch_v}, triton {triton_v}{off}, code at commit "
                         f"{commit[:10]}")
                 + f": the part c rows of {', '.join(md_code(r) for r in run_ids)} in one table "
@@ -437,8 +449,9 @@ def _shape_problem(results) -> str | None:
 
 
 def section(ctx: ReportContext) -> str | None:
-    bodies = []
+    bodies: list[str] = []
     read: list[tuple[dict, dict]] = []
+    at: list[int] = []  # where in bodies each read run's body goes
     for record in ctx.runs:
         if record.get("kind") != "attention":
             continue
@@ -449,18 +462,23 @@ def section(ctx: ReportContext) -> str | None:
                           f"read ({md_text(str(exc))}).")
             continue
         read.append((record, results))
+        at.append(len(bodies))
+        bodies.append("")
+    # (one run id for two runs, a run directory copied: told apart where their headings meet)
+    names = distinct_headings([md_code(str(record.get("run_id"))) for record, _ in read],
+                              [run_tags(record) for record, _ in read])
+    for i, ((record, results), name) in enumerate(zip(read, names)):
         error = record.get("error")
         ended = "" if record.get("status") == "OK" else \
             f": {record.get('status')} — {md_text(str(error)) if error else 'no error recorded'}" \
             ". The tables hold what it finished before it ended"
-        body = [f"Run {md_code(str(record.get('run_id')))}{ended}.",
-                render_tables(results, md_code(str(record.get("run_id")))).rstrip()]
+        body = [f"Run {name}{ended}.", render_tables(results, name).rstrip()]
         if results.get("part_c"):
             # named by position: a run id may hold what a file name or a link cannot (' ', '/')
-            link = ctx.image(f"attention_tflops_{len(read) - 1}.png",
+            link = ctx.image(f"attention_tflops_{i}.png",
                              lambda path: plot_tflops(results["part_c"], path))
             if link:
                 body += [f"![fwd+bwd TFLOP/s against sequence length]({link})", _PLOT_NOTE]
-        bodies.append("\n\n".join(body))
+        bodies[at[i]] = "\n\n".join(body)
     bodies += _combined_body(ctx, read)
     return "\n\n".join(bodies) if bodies else None

@@ -18,10 +18,11 @@ from typing import Any
 
 import pandas as pd
 
+from lmprof import rundir
 from lmprof.analyze import kernel_names
 from lmprof.errors import UserError
 from lmprof.render import md_code, md_text, to_markdown
-from lmprof.reports.report import ReportContext
+from lmprof.reports.report import ReportContext, distinct_headings, run_tags
 
 _TABLES = (
     ("phase_timing", "Phase timing (CPU wall time of the NVTX range vs GPU time of its kernels)"),
@@ -60,12 +61,13 @@ def _exports(ctx: ReportContext) -> list[tuple[Path | UserError, dict | None, bo
 
 def _names(exports: list[tuple[Path | UserError, dict | None, bool]]) -> list[str]:
     """What each export's heading names it by, as markdown: the file the user named, else its
-    run's id, else (a run id that another run of the report repeats: a run directory copied)
-    its run directory."""
-    ids = [str(record.get("run_id")) for _, record, named in exports if not named]
-    return [md_code(str(path) if named else str(record.get("run_id"))
-                    if ids.count(str(record.get("run_id"))) == 1 else record["run_dir"])
-            for path, record, named in exports]
+    run's id, followed where another run of the report has that id (a sweep run again, a run
+    directory copied) by what tells them apart (``distinct_headings``)."""
+    return distinct_headings(
+        [md_code(str(path) if named else str(record.get("run_id")))
+         for path, record, named in exports],
+        [rundir.run_tags(None, path) if named else run_tags(record)
+         for path, record, named in exports])
 
 
 @dataclass

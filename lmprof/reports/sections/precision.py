@@ -9,7 +9,7 @@ import pandas as pd
 from lmprof import rundir
 from lmprof.errors import UserError
 from lmprof.render import escaped, md_code, md_text
-from lmprof.reports.report import ReportContext
+from lmprof.reports.report import ReportContext, distinct_headings, run_tags
 
 ACCUMULATION_NOTE = (
     "Adding {addend} {n} times; the exact sum is 10. *Result* is the exact value of the stored "
@@ -89,16 +89,16 @@ def _shape_problem(res) -> str | None:
     return None
 
 
-def tables(record: dict[str, Any]) -> str:
-    """Both tables of one ``capture precision`` run, as markdown (or a line saying why its
-    results cannot be read: an unreadable or hand-edited precision.json)."""
-    try:
-        res = rundir.read_json_artifact(record, "precision", _shape_problem)
-    except UserError as exc:
-        return (f"Run {md_code(str(record.get('run_id')))}: its results could not be read "
-                f"({md_text(str(exc))}).")
+def _where(record: dict[str, Any], res: dict[str, Any]) -> str:
+    """What one run's headings end with, as markdown: its device and run id (two runs on one
+    device: told apart)."""
     where = md_text(res["device"] + (f" ({res['gpu_name']})" if res.get("gpu_name") else ""))
-    where += f", run {md_code(str(record.get('run_id')))}"  # (two runs on one device: told apart)
+    return f"{where}, run {md_code(str(record.get('run_id')))}"
+
+
+def _run_tables(res: dict[str, Any], where: str) -> str:
+    """Both tables of one ``capture precision`` run's results, as markdown, under headings that
+    end with ``where`` (``_where``)."""
     acc = accumulation_table(res)
     dtypes, errors = autocast_table(res)
     parts = [f"### Accumulation on {where}", "",
@@ -111,8 +111,24 @@ def tables(record: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def tables(runs: list[dict[str, Any]]) -> str:
+    """Both tables of each ``capture precision`` run, as markdown (or a line saying why its
+    results cannot be read: an unreadable or hand-edited precision.json): what ``capture
+    precision`` prints for its run, and the report's section."""
+    read, unread = {}, {}  # position in runs -> its results / why they could not be read
+    for i, record in enumerate(runs):
+        try:
+            read[i] = rundir.read_json_artifact(record, "precision", _shape_problem)
+        except UserError as exc:
+            unread[i] = (f"Run {md_code(str(record.get('run_id')))}: its results could not be "
+                         f"read ({md_text(str(exc))}).")
+    # (one run id for two runs, a run directory copied: told apart where their headings meet)
+    wheres = dict(zip(read, distinct_headings([_where(runs[i], res) for i, res in read.items()],
+                                              [run_tags(runs[i]) for i in read])))
+    return "\n\n".join(_run_tables(read[i], wheres[i]) if i in read else unread[i]
+                        for i in range(len(runs)))
+
+
 def section(ctx: ReportContext) -> str | None:
     runs = [r for r in ctx.runs if r.get("kind") == "precision"]
-    if not runs:
-        return None
-    return "\n\n".join(tables(r) for r in runs)
+    return tables(runs) if runs else None
