@@ -13,7 +13,7 @@ import duckdb
 from lmprof import phases
 from lmprof.analyze import magic
 from lmprof.analyze.options import format_option, out_option, refuse_db_in_place_of
-from lmprof.errors import PathParam, UserError
+from lmprof.errors import PathParam, UserError, raise_machine_error
 
 # The names of lmprof.analyze.kernel_tables.TABLES, in order (a test checks), known without
 # importing it (it imports DuckDB's sqlite loading and the model's FLOP counts). Neither this
@@ -492,6 +492,7 @@ def _streamed(result, fmt: str, out: str | None, name: str, inputs: list[Path]) 
                 path.parent.mkdir(parents=True, exist_ok=True)
                 f = stack.enter_context(path.open("w"))
             except OSError as exc:
+                raise_machine_error(exc, path)  # (a full disk: exit 1, naming the file)
                 raise UserError(f"cannot write to --out {str(out)!r}: "
                                 f"{exc.strerror or exc}") from None
             sinks.append(f.write)

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from lmprof.analyze.options import format_option, out_option, refuse_db_in_place_of
-from lmprof.errors import PathParam
+from lmprof.errors import PathParam, UserError, raise_machine_error
 
 
 @click.command("memory")
@@ -35,7 +35,6 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
     from lmprof.analyze import memory
     from lmprof.analyze.db import connect, staged
     from lmprof.analyze.snapshot import display_site
-    from lmprof.errors import UserError
     from lmprof.render import emit
 
     refuse_db_in_place_of(db, out=out, plots=plots)
@@ -82,6 +81,7 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
                     written = write_plots(con, Path(plot_dir))
                 except OSError as exc:
                     where = exc.filename or plot_dir
+                    raise_machine_error(exc, where)  # (a full disk: exit 1, naming the file)
                     raise UserError(f"cannot write the plots to {str(where)!r}: "
                                     f"{exc.strerror or exc}") from None
                 rundir.retire_stale(plot_dir, "memory-plots", [p.name for p in written])

@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 from lmprof import rundir, sweepdir
 from lmprof.analyze import magic
-from lmprof.errors import UserError
+from lmprof.errors import UserError, machine_error, raise_machine_error
 from lmprof.render import md_code, md_text
 
 
@@ -86,7 +86,13 @@ class ReportContext:
         nothing was drawn. Only drawn images are the report's: an earlier report's image of that
         name is removed (``build``)."""
         path = self.stage_dir / name
-        if not draw(path):
+        try:
+            drawn = draw(path)
+        except OSError as exc:  # (matplotlib's failed write names no file: this one)
+            if exc.filename is not None or exc.errno is None:
+                raise
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
+        if not drawn:
             return None
         self.images.append(path)
         return quote(f"{self.img_name}/{name}")
@@ -219,6 +225,7 @@ def build(paths: list[str], out: str | Path, kernel_options: Any = None,
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        raise_machine_error(exc, target.parent)  # (a full disk: exit 1, naming the folder)
         raise UserError(f"cannot create {str(target.parent)!r}: {exc.strerror or exc}") from None
     ctx = ReportContext(runs=runs, out_dir=target.parent, exports=exports, snapshots=snapshots,
                         kernel_options=kernel_options, nsys_path=nsys_path,
@@ -233,6 +240,7 @@ def build(paths: list[str], out: str | Path, kernel_options: Any = None,
         except OSError as exc:  # an image (or its folder) that cannot be written
             if exc.filename is None or not _inside(Path(exc.filename), target.parent):
                 raise
+            raise_machine_error(exc, exc.filename)
             raise UserError(f"cannot write {str(exc.filename)!r}: {exc.strerror or exc}") from None
         img_dir = target.parent / ctx.img_name
         if ctx.images:  # (all drawn: they replace the earlier report's, then the report)
@@ -243,10 +251,16 @@ def build(paths: list[str], out: str | Path, kernel_options: Any = None,
                     dest = img_dir / path.name
                     os.replace(path, dest)
             except OSError as exc:
+                raise_machine_error(exc, dest)
                 raise UserError(f"cannot write {str(dest)!r}: {exc.strerror or exc}") from None
         try:
             target.write_text("\n".join(parts))
         except OSError as exc:
+            # the machine's trouble (a full disk, an I/O error: the file was opened, so
+            # emptied) leaves no half-written report and is exit 1, as render's --out tables
+            if machine_error(exc) is not None:
+                target.unlink(missing_ok=True)
+            raise_machine_error(exc, target)
             raise UserError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
         if img_dir.is_dir():  # images of an earlier report here that this one has not drawn
             rundir.retire_stale(img_dir, "report", [p.name for p in ctx.images])

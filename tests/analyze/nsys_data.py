@@ -1,11 +1,17 @@
-"""Shared helpers for the nsys tests: the fixture export, its nsys-stats CSVs, small exports."""
+"""Shared helpers for the nsys tests: the fixture export, its nsys-stats CSVs, small exports;
+and ``analyze`` in a process whose files may not grow past a size (a full disk's stand-in)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import resource
 import shutil
+import signal
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -36,6 +42,19 @@ def run(*args: str) -> tuple[int, str, str]:
         except SystemExit as exc:
             code = exc.code
         return code, out.getvalue().decode(), err.getvalue().decode()
+
+
+def under_file_size_limit(limit: int, *args: str) -> subprocess.CompletedProcess:
+    """``analyze ARGS`` in a process that may write files of ``limit`` bytes at most (writes
+    past it fail with EFBIG, 'File too large', as a full disk fails them with ENOSPC)."""
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # (else the signal kills the process)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.run([sys.executable, "-m", "lmprof.analyze", *args], cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True,
+                          text=True, timeout=300, preexec_fn=limited)
 
 
 def sha256(path: Path) -> str:

@@ -220,25 +220,6 @@ def test_load_options_with_a_db_file_are_refused(tmp_path):
     assert "count_star()" in run("sql", str(db), "SELECT count(*) FROM kernels")
 
 
-def _under_file_size_limit(limit: int, *args: str):
-    """``analyze ARGS`` in a process that may write files of ``limit`` bytes at most (writes
-    past it fail with EFBIG, 'File too large', as a full disk fails them with ENOSPC)."""
-    import os
-    import resource
-    import signal
-    import subprocess
-    import sys
-
-    def limited():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # (else the signal kills the process)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-    root = Path(__file__).resolve().parents[2]
-    return subprocess.run([sys.executable, "-m", "lmprof.analyze", *args], cwd=root,
-                          env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True,
-                          text=True, timeout=300, preexec_fn=limited)
-
-
 def test_a_db_the_disk_cannot_hold_is_the_machines_error_naming_the_file(tmp_path):
     """--db where the writes fail (past the file size limit here; a full disk alike): one line
     naming the --db file, exit 1 (the machine's error, not the user's). It was, by how far the
@@ -246,12 +227,12 @@ def test_a_db_the_disk_cannot_hold_is_the_machines_error_naming_the_file(tmp_pat
     named), "'report.sqlite': cannot read table CUPTI_ACTIVITY_KIND_KERNEL: ... Could not write
     file FILE.partial.wal" (exit 2, blaming the export), or a traceback; an earlier database
     in the file stays as it was."""
-    from nsys_data import sha256
+    from nsys_data import sha256, under_file_size_limit
 
     db = tmp_path / "k.duckdb"
     args = ("kernels", str(DATA / "report.sqlite"), "--table", "gemm_fraction", "--db", str(db))
     for limit in (1_000, 100_000, 1_000_000):
-        proc = _under_file_size_limit(limit, *args)
+        proc = under_file_size_limit(limit, *args)
         assert proc.returncode == 1, (limit, proc.stderr)
         assert proc.stderr.count("\n") == 1, (limit, proc.stderr)
         assert proc.stderr.startswith("error: File too large") and repr(str(db)) in \
@@ -259,7 +240,7 @@ def test_a_db_the_disk_cannot_hold_is_the_machines_error_naming_the_file(tmp_pat
         assert sorted(p.name for p in tmp_path.iterdir()) == [], limit
     run(*args)  # an earlier database (5 MB), then a run that cannot copy it
     before = sha256(db)
-    proc = _under_file_size_limit(1_000_000, *args)
+    proc = under_file_size_limit(1_000_000, *args)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
     assert repr(str(db)) in proc.stderr and ".partial" not in proc.stderr, proc.stderr
     assert sha256(db) == before and sorted(p.name for p in tmp_path.iterdir()) == ["k.duckdb"]

@@ -297,6 +297,19 @@ def test_plots_that_cannot_be_written_and_run_beside_a_run_are_one_line_errors(t
         assert proc.stderr.startswith("error: ") and message in proc.stderr, proc.stderr
 
 
+def test_plots_the_disk_cannot_hold_are_the_machines_error(tmp_path):
+    """--plots where the disk cannot hold a PNG (writes past the file size limit fail with
+    EFBIG, as a full disk's with ENOSPC): one line, exit 1, the machine's error as the README
+    gives it; it was 'cannot write the plots to ...', exit 2, the status of the user's
+    mistakes."""
+    from nsys_data import under_file_size_limit
+
+    plots = tmp_path / "plots"
+    proc = under_file_size_limit(2_000, "memory", str(FIXTURE), "--plots", str(plots))
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: File too large: '{plots}"), proc.stderr
+
+
 def test_a_snapshot_without_its_run_reads_phases_from_user_metadata_by_time(tmp_path):
     """An lmprof snapshot given alone (no run.json beside it): its user_metadata tags, set on
     the thread that runs the step, hold by wall clock until the next tag, so the backward's

@@ -16,7 +16,8 @@ import pytest
 
 from lmprof.analyze import kernel_names, kernels, trace
 from lmprof.render import to_markdown
-from nsys_data import DATA, REPORT, edit, run, sha256, stats, write_run_json
+from nsys_data import (DATA, REPORT, edit, run, sha256, stats, under_file_size_limit,
+                       write_run_json)
 
 ROOT = Path(__file__).resolve().parents[2]
 USER = ROOT / "tests" / "data" / "h200x2-user-traces"
@@ -235,6 +236,26 @@ def test_a_report_that_fails_leaves_the_earlier_report_in_its_folder_as_it_was(t
     code, _, err = run("report", str(SNAPSHOT), "-o", str(in_the_way))
     assert code == 2 and err.startswith("error: cannot write ") and err.count("\n") == 1, err
     assert sorted(p.name for p in in_the_way.iterdir()) == ["img"]
+
+
+def test_a_report_the_disk_cannot_hold_is_the_machines_error_naming_the_file(tmp_path):
+    """A report.md or image the disk cannot hold (writes past the file size limit fail with
+    EFBIG, as a full disk's with ENOSPC): one line naming the file, exit 1, the machine's error
+    as the README gives it. report.md was 'cannot write ...: File too large', exit 2 (the
+    user's status), and an image 'File too large (writing the output)', naming none. A folder
+    the report made is removed; in a folder that was there, no half-written report.md stays."""
+    run_dir = ROOT / "tests" / "data" / "h200-lmprof-nsys"
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    for source, out, written in ((run_dir, tmp_path / "new", "/report.md'"),
+                                 (run_dir, existing, "/report.md'"),
+                                 (SNAPSHOT, tmp_path / "new2", "_timeline.png'")):
+        proc = under_file_size_limit(1_000, "report", str(source), "-o", str(out))
+        assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith(f"error: File too large: '{out}/") and \
+            proc.stderr.rstrip().endswith(written), proc.stderr
+    assert not (tmp_path / "new").exists() and not (tmp_path / "new2").exists()
+    assert list(existing.iterdir()) == []
 
 
 def test_report_named_with_spaces_links_its_images(tmp_path):
