@@ -1,7 +1,7 @@
 """The options of ``capture run``, defined once.
 
 ``capture run`` takes each as a single value; ``capture sweep`` takes lists of the same options
-(``GRID_OPTIONS``) and launches each cell with :func:`spec_to_argv`.
+(``GRID_FIELDS``) and launches each cell with :func:`spec_to_argv`.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ RUN_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("memory_steps", "--memory-steps", dict(type=int, default=None,
         help="Record memory for only the first N measured steps (default: all).")),
     ("label", "--label", dict(type=str, default=None,
-        help="Label used in the run id (default: size-ctx-mode-dtype).")),
+        help="Label used in the run id (default: size-ctxN-mode-dtype[-compiled][-sdpa|-flash]).")),
 ]
 
 # Options a sweep may vary (lists); the rest of RUN_OPTIONS is fixed per sweep.

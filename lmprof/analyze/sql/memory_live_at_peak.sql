@@ -3,9 +3,14 @@
 --
 -- Columns:
 --   snapshot_id, device  INT
---   site                 TEXT    file:line function of the innermost user frame;
+--   site                 TEXT    file:line function of the innermost user frame (else of the
+--                                innermost .py frame);
+--                                '(compiled) file:line function' where torch.compile's code
+--                                allocated (the source line torch recorded for it, else the
+--                                generated line),
 --                                '(allocated before recording)' without a recorded stack,
 --                                '(autograd) <Node>' for autograd-thread allocations (stacks=all),
+--                                '(C++ only) <frame>' for a stack without a .py frame,
 --                                '(no stack recorded)' when the entry has no frames
 --   category             TEXT    memory_allocations.category (several joined by ', ')
 --   phase                TEXT    phase(s) the allocations were made in
