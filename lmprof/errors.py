@@ -121,6 +121,18 @@ def raise_machine_error(exc: BaseException, path: str | Path) -> None:
         raise OSError(machine.errno, machine.strerror, str(path)) from None
 
 
+@contextlib.contextmanager
+def writing(path: str | Path) -> Iterator[None]:
+    """Inside, the machine's trouble with a write (``raise_machine_error``) is an OSError naming
+    ``path``: a file object's own write and close name no file (its line said only '(writing
+    the output)')."""
+    try:
+        yield
+    except OSError as exc:
+        raise_machine_error(exc, path)
+        raise
+
+
 def machine_error(exc: BaseException) -> OSError | None:
     """``exc`` as the OSError of the machine's trouble that it is (``MACHINE_ERRNOS``), else
     None: such an OSError itself, or DuckDB's error for a write the system refused, which gives

@@ -13,7 +13,7 @@ import duckdb
 from lmprof import phases
 from lmprof.analyze import magic
 from lmprof.analyze.options import format_option, out_option, refuse_db_in_place_of
-from lmprof.errors import PathParam, UserError, raise_machine_error
+from lmprof.errors import PathParam, UserError, raise_machine_error, writing
 
 # The names of lmprof.analyze.kernel_tables.TABLES, in order (a test checks), known without
 # importing it (it imports DuckDB's sqlite loading and the model's FLOP counts). Neither this
@@ -484,7 +484,6 @@ def _streamed(result, fmt: str, out: str | None, name: str, inputs: list[Path]) 
     if not streams(result, fmt):  # emit writes the file, once the whole table is fetched
         return False
     with contextlib.ExitStack() as stack:
-        sinks = [lambda text: click.echo(text, nl=False)]
         if out is not None:
             path = Path(out) / f"{name}.{fmt}"
             refuse_overwrite([path], inputs, "--out")
@@ -495,16 +494,21 @@ def _streamed(result, fmt: str, out: str | None, name: str, inputs: list[Path]) 
                 raise_machine_error(exc, path)  # (a full disk: exit 1, naming the file)
                 raise UserError(f"cannot write to --out {str(out)!r}: "
                                 f"{exc.strerror or exc}") from None
-            sinks.append(f.write)
 
         def write(text: str) -> None:
-            for sink in sinks:
-                sink(text)
+            click.echo(text, nl=False)
+            if out is not None:
+                with writing(path):  # (a full disk: exit 1, naming the file)
+                    f.write(text)
         try:
             streamed = stream(result, fmt, write)
+            if out is not None:
+                with writing(path):  # (the last rows are written as the file closes)
+                    f.close()
         except BaseException:
             if out is not None:  # no half-written result file
-                stack.close()
+                with contextlib.suppress(OSError):  # (its close failing again)
+                    stack.close()
                 path.unlink(missing_ok=True)
             raise
     if streamed and out is not None:

@@ -1000,6 +1000,24 @@ def test_a_query_failing_unstreamed_leaves_the_last_result_file_as_it_was(tmp_pa
     assert (tmp_path / f"result.{fmt}").read_text() == before
 
 
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+@pytest.mark.parametrize("rows", [3_000, 200_000])
+def test_a_streamed_result_the_disk_cannot_hold_names_its_file(tmp_path, fmt, rows):
+    """--out where the disk fills as the rows stream out (writes past the file size limit fail
+    with EFBIG, as a full disk's with ENOSPC): one line naming the --out file, exit 1, and no
+    half-written result file. It said 'File too large (writing the output)' (the file object's
+    error names no file), and where the failing write was the one of closing the file (the last
+    rows, 3,000 here) the half-written result.csv was left behind."""
+    from nsys_data import under_file_size_limit
+
+    out = tmp_path / "o"
+    proc = under_file_size_limit(10_000, "sql", str(REPORT), f"SELECT i FROM range({rows}) t(i)",
+                                 "--format", fmt, "--out", str(out))
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr == f"error: File too large: {str(out / f'result.{fmt}')!r}\n", proc.stderr
+    assert list(out.iterdir()) == []
+
+
 _ODD_TYPES = {  # a value of each type pandas printed badly or not at all: DuckDB's text of it
     "'-infinity'::TIMESTAMPTZ": "-infinity",  # a NotImplementedError (a one-line error since)
     "'infinity'::TIMESTAMP": "infinity",  # year 294247
