@@ -51,7 +51,8 @@ matmul_option = click.option(
     help=f"Range(s) each holding one attention matmul [default: {phases.ATTN_SCORES!r}, "
          f"{phases.ATTN_FINAL!r}].")
 nsys_option = click.option("--nsys-path", type=PathParam(), default=None,
-                           help="nsys executable or its folder, to export a .nsys-rep.")
+                           help="nsys executable or its folder, to export a .nsys-rep (else "
+                                "$NSYS, else PATH).")
 db_option = click.option(
     "--db", type=PathParam(dir_okay=False), default=None,
     help="Persist the DuckDB database to this file (query it later with 'analyze sql').")

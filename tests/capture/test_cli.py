@@ -172,6 +172,18 @@ def test_nsys_missing_is_one_line(monkeypatch, tmp_path):
         nsystool.find_nsys(None)
 
 
+@pytest.mark.parametrize("command", ["capture run", "capture sweep", "analyze kernels",
+                                     "analyze sql", "analyze report"])
+def test_every_nsys_path_help_says_where_nsys_is_looked_for_without_it(command):
+    """find_nsys takes --nsys-path, then $NSYS, then PATH, for capture and analyze alike;
+    analyze's --nsys-path help said only 'nsys executable or its folder, to export a
+    .nsys-rep', as if PATH were the one other place."""
+    group, name = command.split()
+    params = {"capture": capture, "analyze": analyze}[group].commands[name].params
+    [option] = [p for p in params if p.name == "nsys_path"]
+    assert "(else $NSYS, else PATH" in option.help, option.help
+
+
 def test_nsys_on_cpu_is_refused():
     proc = cli("run", *TINY, "--nsys")
     assert proc.returncode == 2 and "needs --device cuda" in proc.stderr
