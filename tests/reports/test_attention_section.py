@@ -568,6 +568,73 @@ def test_causal_and_unmasked_rows_of_one_cell_are_drawn_apart(tmp_path, monkeypa
                      "bfloat16, d_head 64, not causal": [[1024, 4096]]}
 
 
+def _run_again_with(tmp_path, src: Path, option: str, value: int) -> Path:
+    """The real run ``src`` as if run again later with ``--batch`` or ``--heads`` ``value``:
+    its run.json's config and every part c row say so (its times kept)."""
+    dst = tmp_path / f"20261127T000000Z-attention-c-{option}{value}"
+    shutil.copytree(src, dst)
+    record = json.loads((dst / "run.json").read_text())
+    record["config"][option] = value
+    record.update(run_id=dst.name, created_utc="2026-11-27T00:00:00Z")
+    (dst / "run.json").write_text(json.dumps(record))
+    results = json.loads((dst / "attention.json").read_text())
+    for row in results["part_c"]:
+        row[option] = value
+    (dst / "attention.json").write_text(json.dumps(results))
+    return dst
+
+
+@pytest.mark.parametrize("option, value, label", [("batch", 2, "batch 2"),
+                                                  ("heads", 8, "heads 8")])
+def test_runs_at_another_batch_or_heads_are_drawn_as_lines_of_their_own(tmp_path, monkeypatch,
+                                                                         option, value, label):
+    """A part c run of one setup run again with --batch 2 (or --heads 8): the table of the runs
+    together keeps its cells apart by their shape, but the plot drew one line per implementation
+    through both runs' rows, two points at each sequence length and the line zigzagging between
+    them. Each --batch/--heads setting is a line of its own, named so in the legend (only where
+    the runs differ in it), and a cell two settings both timed (--batch 2 at seq 8192, where
+    batch·seq 16384 gives batch 2 too) is a point of both lines."""
+    figures = _drawn(monkeypatch)
+    dirs = _runs(tmp_path)
+    again = _run_again_with(tmp_path, dirs[0], option, value)
+    [(_, run_ids, rows)] = section.combined_part_c(_read([*dirs, again]))
+    assert run_ids[-1] == again.name
+    table = section.part_c_table(rows, keys=("dtype", "d", "seq", "shape", "runs"))
+    at_128 = table[(table["d"] == 16) & (table["Seq"] == 128)]
+    assert sorted(at_128["Shape (B, H)"]) == sorted(["128, 128", "2, 128" if option == "batch"
+                                                     else "128, 8"])
+    assert section.plot_tflops(rows, tmp_path / "a.png")
+    (fig,) = figures
+    [panel] = [ax for ax in fig.axes if ax.get_title() == "bfloat16, d_head 16"]
+    drawn = {line.get_label(): list(line.get_xdata()) for line in panel.get_lines()}
+    seqs = [128, 256, 512, 2048, 8192, 32768, 65536]  # (the first run's, taken again)
+    default = "batch·seq 16384" if option == "batch" else "heads·d 2048"
+    assert drawn["flash (" + default + ")"] == drawn[f"flash ({label})"] == seqs, drawn
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert f"sdpa-cudnn ({label})" in legend and f"sdpa-cudnn ({default})" in legend, legend
+    assert not any(t.startswith(("flash ", "sdpa-")) and t.count("(") != 1 for t in legend)
+    # the lines of one implementation: one colour, a style each
+    flash = [line for line in panel.get_lines() if line.get_label().startswith("flash (")]
+    assert len({line.get_color() for line in flash}) == 1
+    assert len({line.get_linestyle() for line in flash}) == 2
+    text = report.build([str(d) for d in (*dirs, again)], tmp_path / "report").read_text()
+    assert "Runs given other --batch or --heads have lines of their own" in text
+
+
+def test_part_a_rows_at_other_batches_say_their_batch():
+    """Part a rows of two batches (the caption reads 'Batch 8, 2.'): the table gave d, Seq, Dtype
+    and the implementation, so the two rows of a cell could not be told apart. A Batch column
+    says each row's, where the rows differ in it (one batch: the caption says it)."""
+    results = _results()
+    assert "Batch" not in section.part_a_table(results["part_a"]).columns
+    results["part_a"].append({**results["part_a"][1], "batch": 2, "fwd_ms": 2.5})
+    text = section.render_tables(results)
+    assert "Batch 8, 2, not causal." in text
+    table = section.part_a_table(results["part_a"])
+    assert list(table["Batch"]) == [8, 8, 2]
+    assert list(table["Forward (ms)"]) == ["", "10.000", "2.500"]
+
+
 def test_part_c_plot_says_how_its_rates_follow_from_the_tables_times(tmp_path):
     """The part c table gives ms, its plot TFLOP/s, and nothing said which FLOPs: the plot's
     numbers could not be read against the table's (the mask halves them)."""

@@ -40,7 +40,10 @@ def _impl(row: dict) -> str:
 
 
 def part_a_table(rows: list[dict]) -> pd.DataFrame:
+    """Part a's rows; a Batch column where they differ in it (else the caption gives it)."""
+    batches = len({r.get("batch") for r in rows}) > 1
     return pd.DataFrame([{
+        **({"Batch": r.get("batch")} if batches else {}),
         "d": r["d"], "Seq": r["seq"], "Dtype": r["dtype"], "Implementation": _impl(r),
         "Forward (ms)": _fmt(r.get("fwd_ms"), ".3f"),
         "Backward (ms)": _fmt(r.get("bwd_ms"), ".3f"),
@@ -264,11 +267,34 @@ _PLOT_NOTE = ("Fwd+bwd TFLOP/s of each implementation against sequence length, o
               "dtype, d_head and mask: the attention's matmul FLOPs (forward 4·B·H·T²·d, "
               "halved under the causal mask; backward 2.5× forward) over its fwd+bwd time in "
               "the table.")
+# after it, where runs together differ in --batch or --heads (``combined_part_c``'s settings)
+_SETTINGS_NOTE = ("Runs given other --batch or --heads have lines of their own, told apart by "
+                  "their style and in the legend (a cell of the same shape under two settings is "
+                  "a point of both lines).")
+# a part c run's own --batch and --heads: (None, None), the part's batch·seq and heads·d
+_PART_C_OWN = (None, None)
+_LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def _setting_order(setting: tuple) -> tuple:
+    """The part's own batch or heads first, then the options given, smallest first."""
+    return tuple((v is not None, v or 0) for v in setting)
+
+
+def _setting_text(setting: tuple, shown: list[int]) -> str:
+    """Those of a setting's batch and heads in ``shown`` (0, 1), as a legend names them."""
+    own = ("batch·seq 16384", "heads·d 2048")  # (capture attention's part c, as the caption)
+    words = [own[i] if setting[i] is None else f"{('batch', 'heads')[i]} {setting[i]}"
+             for i in shown]
+    return f" ({', '.join(words)})" if words else ""
 
 
 def plot_tflops(rows: list[dict], path) -> bool:
     """Fwd+bwd TFLOP/s against seq, one panel per (dtype, d, mask), one line per implementation
-    (its colour the same in every panel; one legend, right of the panels, for them all)."""
+    (its colour the same in every panel; one legend, right of the panels, for them all) and,
+    where rows of runs together carry several ``settings`` (``combined_part_c``: the runs'
+    --batch and --heads), per setting, in a style of its own and named in the legend by what
+    differs; a row of several settings is a point of each of their lines."""
     df = pd.DataFrame(rows)
     if df.empty or "e2e_tflops" not in df:
         return False
@@ -288,6 +314,12 @@ def plot_tflops(rows: list[dict], path) -> bool:
     panels = sorted(df.groupby(["dtype", "d", "causal"]).groups,
                     key=lambda p: (p[0], p[1], not p[2]))  # (causal first)
     colors = _impl_colors(df["impl"].unique())
+    # (a run's own rows: one setting; the rows of runs together, the settings that timed them)
+    df = df.assign(setting=list(df["settings"]) if "settings" in df else
+                   [[_PART_C_OWN]] * len(df)).explode("setting")
+    settings = sorted(set(df["setting"]), key=_setting_order)
+    df["line"] = [settings.index(s) for s in df["setting"]]
+    shown = [i for i in (0, 1) if len({s[i] for s in settings}) > 1]
     cols = min(4, len(panels))
     rows_n = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows_n, cols, figsize=(4 * cols + 1.4, 3.2 * rows_n), squeeze=False,
@@ -295,12 +327,13 @@ def plot_tflops(rows: list[dict], path) -> bool:
     handles = {}
     for ax, (dtype, d, causal) in zip(axes.flat, panels):
         sub = df[(df["dtype"] == dtype) & (df["d"] == d) & (df["causal"] == causal)]
-        for impl, g in sub.groupby("impl"):
+        for (impl, i), g in sub.groupby(["impl", "line"]):
             g = g.sort_values("seq")
-            (line,) = ax.plot(g["seq"], g["e2e_tflops"], marker="o", label=plot_text(impl),
-                              color=colors[impl],
+            (line,) = ax.plot(g["seq"], g["e2e_tflops"], marker="o",
+                              label=plot_text(impl + _setting_text(settings[i], shown)),
+                              color=colors[impl], linestyle=_LINE_STYLES[i % len(_LINE_STYLES)],
                               linewidth=2.5 if impl.startswith("flash") else 1.2)
-            handles.setdefault(impl, line)
+            handles.setdefault((impl, i), line)
         ax.set_xscale("log", base=2)
         ax.set_title(plot_text(f"{dtype}, d_head {d}" + ("" if causal else ", not causal")))
         ax.set_xlabel("sequence length")
@@ -308,7 +341,8 @@ def plot_tflops(rows: list[dict], path) -> bool:
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.legend([handles[i] for i in colors], [plot_text(i) for i in colors],
+    drawn = sorted(handles, key=lambda h: (list(colors).index(h[0]), h[1]))
+    fig.legend([handles[h] for h in drawn], [handles[h].get_label() for h in drawn],
                loc="outside right upper", fontsize=8)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -339,11 +373,22 @@ _SETUP_NAMES = ("torch", "triton", "CUDA", "cuDNN", "fp32 matmul precision", "fl
                 "commit")
 
 
+def _setting(record: dict) -> tuple:
+    """A part c run's --batch and --heads, as run.json's config records them (None: not given,
+    the part's own; a value of another type, a hand-edited file's, counts as not given)."""
+    config = record.get("config") or {}
+    return tuple(v if isinstance(v, int) and not isinstance(v, bool) else None
+                 for v in (config.get("batch"), config.get("heads")))
+
+
 def combined_part_c(runs: list[tuple[dict, dict]]) -> list[tuple[tuple, list[str], list[dict]]]:
     """Part c over several runs of one setup (``_setup``): [(setup, run ids, rows)], for setups
     with part c rows in two runs or more. Of two rows for the same cell (dtype, d, seq, batch,
     heads, causal) and implementation the later run's is kept; failed rows never replace a
-    measured one. Each row gets ``runs`` (the runs its cell's rows came from) and ``shape``."""
+    measured one. Each row gets ``runs`` (the runs its cell's rows came from), ``shape`` and
+    ``settings``: the (--batch, --heads) of every run that timed its cell and implementation
+    (``_setting``; the plot draws a line per setting, and a cell that two settings both time,
+    the same shape, is a point of each)."""
     groups: dict[tuple, list[tuple[dict, dict]]] = {}
     for record, results in runs:
         setup = _setup(record, results)
@@ -355,17 +400,20 @@ def combined_part_c(runs: list[tuple[dict, dict]]) -> list[tuple[tuple, list[str
             continue
         members.sort(key=lambda m: m[0].get("created_utc") or m[0].get("run_id") or "")
         kept: dict[tuple, dict] = {}
+        settings: dict[tuple, set] = {}
         for record, results in members:
             short = str(record.get("run_id") or "?").rsplit("-", 1)[-1]
             for row in results["part_c"]:
                 key = tuple(row.get(k) for k in ("dtype", "d", "seq", "batch", "heads", "causal",
                                                  "impl"))
+                settings.setdefault(key, set()).add(_setting(record))
                 if row.get("status") == "OK" or kept.get(key, {}).get("status") != "OK":
                     kept[key] = {**row, "run": short}
         by_cell: dict[tuple, set] = {}
         for key, row in kept.items():
             by_cell.setdefault(key[:-1], set()).add(row["run"])
-        rows = with_shape([{**row, "runs": ", ".join(sorted(by_cell[key[:-1]]))}
+        rows = with_shape([{**row, "runs": ", ".join(sorted(by_cell[key[:-1]])),
+                            "settings": sorted(settings[key], key=_setting_order)}
                            for key, row in kept.items()])
         out.append((setup, [str(r.get("run_id")) for r, _ in members], rows))
     return out
@@ -401,8 +449,9 @@ def _combined_body(ctx: ReportContext, runs: list[tuple[dict, dict]]) -> list[st
                 formatted_markdown(table)]
         link = ctx.image(f"attention_tflops_combined_{i}.png", lambda path: plot_tflops(rows, path))
         if link:
+            several = len({s for row in rows for s in row["settings"]}) > 1
             body += [f"![fwd+bwd TFLOP/s against sequence length, all runs]({link})",
-                     _PLOT_NOTE]
+                     _PLOT_NOTE + (" " + _SETTINGS_NOTE if several else "")]
         bodies.append("\n\n".join(body))
     return bodies
 
