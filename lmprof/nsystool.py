@@ -50,19 +50,30 @@ def export_sqlite(nsys: str, rep: Path, out: Path | None = None) -> Path:
 
     nsys writes a partial file under another name in ``out``'s folder, renamed to ``out`` only
     when the export succeeded: a reader (or a later run that trusts ``out`` as a cache) never
-    sees half an export, even if this process is killed meanwhile."""
+    sees half an export, even if this process is killed meanwhile. At Ctrl-C (or SIGTERM, where
+    the caller makes it an exception: ``termination.as_exception``) nsys is killed with what it
+    started, and the partial file removed."""
+    from lmprof.capture import proctree
+
     out = out or rep.with_suffix(".sqlite")
     partial = out.with_name(f".{out.stem}.{os.getpid()}.partial.sqlite")
     cmd = [nsys, "export", "--type=sqlite", "--force-overwrite=true", f"--output={partial}",
            str(rep)]
     try:
         try:  # (nsys's messages need not be UTF-8: a localised one, a path in another encoding)
-            proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, errors="replace")
         except OSError as exc:  # not a program this system runs (no '#!' line, another CPU's)
             raise UserError(f"cannot run nsys {nsys!r}: {exc.strerror or exc}; "
                             f"{INSTALL_HINT}") from None
+        with proc:
+            try:
+                stdout, stderr = proc.communicate()
+            except BaseException:
+                proctree.kill_tree(proc.pid)  # (before the partial file it writes goes)
+                raise
         if proc.returncode != 0 or not partial.is_file():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            tail = (stderr or stdout).strip().splitlines()[-1:] or ["no output"]
             raise UserError(f"nsys export failed for {str(rep)!r}: {tail[0]}")
         try:
             os.replace(partial, out)

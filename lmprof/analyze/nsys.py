@@ -553,7 +553,13 @@ def _sqlite_for_rep(rep: Path, nsys_path: str | None) -> Path:
             raise UserError(f"cannot export {str(rep)!r}: its folder is read-only and the cache "
                             f"folder {str(target.parent)!r} cannot be made ({exc.strerror})") \
                 from None
-    return export_sqlite(nsys, rep, target)
+    from lmprof.capture import termination
+
+    try:
+        with termination.as_exception():  # (SIGTERM, SIGHUP: nsys goes, as at Ctrl-C)
+            return export_sqlite(nsys, rep, target)
+    except termination.Terminated as exc:
+        termination.exit_terminated(exc)
 
 
 def expand_reports(args) -> list[str | Path]:

@@ -1,6 +1,7 @@
-"""SIGTERM and SIGHUP in the capture commands: either ends a command as Ctrl-C does, its cleanup
-run (an unfinished run directory removed, a sweep's cells killed with every process they started),
-then exit status 128 + the signal's number with one line naming it.
+"""SIGTERM and SIGHUP in the capture commands (and in ``analyze``'s export of a ``.nsys-rep``):
+either ends a command as Ctrl-C does, its cleanup run (an unfinished run directory removed, a
+sweep's cells killed with every process they started, nsys killed and its partial export
+removed), then exit status 128 + the signal's number with one line naming it.
 
 SIGTERM comes from kill or a job's time limit, SIGHUP from a closed terminal or a dropped ssh
 session. Under their default action the process died on the spot and skipped that cleanup.

@@ -1,0 +1,90 @@
+"""``analyze`` given a ``.nsys-rep``: its export with nsys (a stand-in: this machine has none),
+the export cached beside it, and what goes wrong around that (signals, an nsys that waits)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nsys_data import REPORT
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def fake_nsys(folder: Path, before: str = "", source: Path = REPORT) -> Path:
+    """A stand-in for 'nsys export --type=sqlite --output=OUT REP': runs ``before`` (Python code
+    that sees ``out``), then copies ``source`` (a fixture export) to OUT; writes its process id
+    to ``pid`` and adds an 'x' to ``calls`` in ``folder`` at each call."""
+    fake = folder / "nsys"
+    folder.mkdir(parents=True, exist_ok=True)
+    fake.write_text(f"#!{sys.executable}\nimport os, shutil, sys, time\n"
+                    "out = [a.split('=', 1)[1] for a in sys.argv if a.startswith('--output=')][0]\n"
+                    f"open({str(folder / 'calls')!r}, 'a').write('x')\n"
+                    f"open({str(folder / 'pid')!r}, 'w').write(str(os.getpid()))\n"
+                    f"{before}\nshutil.copyfile({str(source)!r}, out)\n")
+    fake.chmod(0o755)
+    return fake
+
+
+def a_rep(folder: Path, name: str = "trace.nsys-rep") -> Path:
+    """A stand-in report (the stand-in nsys never reads it): binary, as nsys's are."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rep = folder / name
+    rep.write_bytes(b"\0" * 64)
+    return rep
+
+
+def analyze(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "lmprof.analyze", *args], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def gone(pid: int, within: float = 10.0) -> bool:
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("signum, status, line", [
+    (signal.SIGINT, 130, "aborted"),
+    # (the process died of it: exit -15, nsys left running, writing its partial file, which
+    # stayed beside the report for ever)
+    (signal.SIGTERM, 143, "terminated (SIGTERM)"),
+], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_the_export_ends_nsys_and_leaves_no_partial_file(tmp_path, signum,
+                                                                          status, line):
+    rep = a_rep(tmp_path / "data")
+    fake = fake_nsys(tmp_path / "bin", before="open(out, 'wb').write(b'half')\ntime.sleep(60)")
+    proc = analyze("kernels", str(rep), "--nsys-path", str(fake), "--table", "gemm_fraction")
+    pid = None
+    try:
+        end = time.monotonic() + 60
+        while not (pid and any(p.name.endswith(".partial.sqlite") for p in rep.parent.iterdir())):
+            assert time.monotonic() < end and proc.poll() is None, proc.communicate()
+            pid = int((fake.parent / "pid").read_text() or 0) if \
+                (fake.parent / "pid").is_file() else None
+            time.sleep(0.05)
+        proc.send_signal(signum)  # (to analyze alone, as kill does, not to its process group)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == status, err
+        assert err.strip() == line
+        assert gone(pid), "nsys still runs"
+        assert [p.name for p in rep.parent.iterdir()] == ["trace.nsys-rep"]
+    finally:
+        proc.kill()
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
