@@ -37,8 +37,8 @@ def nsys_version(nsys: str) -> str | None:
     """The version ``nsys --version`` prints ("2025.3.1.90-253135822126v0"), or None where it
     prints none in 60 s."""
     try:
-        proc = subprocess.run([nsys, "--version"], capture_output=True, text=True,
-                              errors="replace", timeout=60)
+        proc = subprocess.run([nsys, "--version"], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, errors="replace", timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
     found = re.search(r"\b\d{4}\.\d+\.\d+\S*", proc.stdout or "")
@@ -61,8 +61,9 @@ def export_sqlite(nsys: str, rep: Path, out: Path | None = None) -> Path:
            str(rep)]
     try:
         try:  # (nsys's messages need not be UTF-8: a localised one, a path in another encoding)
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, errors="replace")
+            # (its input empty: a question nsys asked, which no one would see, is not waited on)
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, errors="replace")
         except OSError as exc:  # not a program this system runs (no '#!' line, another CPU's)
             raise UserError(f"cannot run nsys {nsys!r}: {exc.strerror or exc}; "
                             f"{INSTALL_HINT}") from None

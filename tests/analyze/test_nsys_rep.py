@@ -25,7 +25,7 @@ def fake_nsys(folder: Path, before: str = "", source: Path = REPORT) -> Path:
     fake = folder / "nsys"
     folder.mkdir(parents=True, exist_ok=True)
     fake.write_text(f"#!{sys.executable}\nimport os, shutil, sys, time\n"
-                    "out = [a.split('=', 1)[1] for a in sys.argv if a.startswith('--output=')][0]\n"
+                    "out = next((a[9:] for a in sys.argv if a.startswith('--output=')), None)\n"
                     f"open({str(folder / 'calls')!r}, 'a').write('x')\n"
                     f"open({str(folder / 'pid')!r}, 'w').write(str(os.getpid()))\n"
                     f"{before}\nshutil.copyfile({str(source)!r}, out)\n")
@@ -88,3 +88,31 @@ def test_a_signal_during_the_export_ends_nsys_and_leaves_no_partial_file(tmp_pat
         if pid:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_nsys_never_waits_on_the_terminal(tmp_path):
+    """nsys's output is captured, so a question it asked on the terminal (or a read of it) went
+    unseen while analyze waited for ever. Its input is now empty: the stand-in nsys here reads it
+    to the end first, then exports (and prints its version)."""
+    rep = a_rep(tmp_path / "data")
+    fake = fake_nsys(tmp_path / "bin", before="sys.stdin.read()\n"
+                     "if sys.argv[1:] == ['--version']:\n"
+                     "    print('NVIDIA Nsight Systems version 2025.3.1.90-253135822126v0')\n"
+                     "    sys.exit()")
+    terminal, typed = os.pipe()  # (input that never ends, as a terminal's no one types into)
+    try:
+        proc = analyze("kernels", str(rep), "--nsys-path", str(fake), "--table", "gemm_fraction",
+                       stdin=terminal)
+        try:
+            _, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        assert proc.returncode == 0, err
+        version = subprocess.run(
+            [sys.executable, "-c", f"from lmprof.nsystool import nsys_version\n"
+             f"print(nsys_version({str(fake)!r}))"], stdin=terminal, capture_output=True,
+            text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=50)
+        assert version.stdout.strip() == "2025.3.1.90-253135822126v0", version.stderr
+    finally:
+        os.close(terminal)
+        os.close(typed)
