@@ -513,12 +513,45 @@ def _export_cache(rep: Path) -> Path:
     return root / "lmprof" / "exports" / f"{rep.stem}-{key[:16]}.sqlite"
 
 
+def _check_rep(rep: Path) -> None:
+    """A one-line ``UserError`` for a file named as an nsys report that is, by its first bytes,
+    of a kind that is not one (nsys's reports are binary; which bytes start them is nsys's
+    business, so only other kinds are told apart)."""
+    head = magic.read_head(rep, 4096)
+    kind = magic.kind(head)
+    if kind == "sqlite":
+        problem = "is an SQLite database, not an nsys report (an export named .nsys-rep? give it " \
+                  "named .sqlite)"
+    elif kind == "duckdb":
+        problem = "is a DuckDB database ('analyze sql' queries those), not an nsys report"
+    elif not head:
+        problem = "is empty, not an nsys report (an interrupted capture or copy?)"
+    elif _is_text(head):
+        problem = "is a text file, not an nsys report"
+    else:
+        return
+    raise UserError(f"{str(rep)!r} {problem}")
+
+
+def _is_text(head: bytes) -> bool:
+    """Whether a file's first bytes are text: UTF-8 (its last character may be cut), printable
+    but for tabs and line ends."""
+    import codecs
+
+    try:
+        text = codecs.getincrementaldecoder("utf-8")().decode(head)
+    except UnicodeDecodeError:
+        return False
+    return all(c.isprintable() or c in "\t\n\r" for c in text)
+
+
 def _sqlite_for_rep(rep: Path, nsys_path: str | None) -> Path:
     """The SQLite export of a ``.nsys-rep``: a cached one (beside it, or in the user's cache when
     its folder is read-only) that is not older than it and passes ``check_export``, else
     exported there with nsys (a damaged cached export is replaced: the report is the input)."""
     from lmprof.nsystool import export_sqlite, find_nsys
 
+    _check_rep(rep)
     beside, elsewhere = rep.with_suffix(".sqlite"), _export_cache(rep)
     damaged: tuple[Path, str] | None = None
     for cached in (beside, elsewhere):

@@ -116,3 +116,35 @@ def test_nsys_never_waits_on_the_terminal(tmp_path):
     finally:
         os.close(terminal)
         os.close(typed)
+
+
+@pytest.mark.parametrize("kind, said", [
+    ("sqlite", "is an SQLite database, not an nsys report (an export named .nsys-rep? give it "
+               "named .sqlite)"),
+    ("duckdb", "is a DuckDB database ('analyze sql' queries those), not an nsys report"),
+    ("text", "is a text file, not an nsys report"),
+    ("empty", "is empty, not an nsys report (an interrupted capture or copy?)"),
+], ids=["sqlite", "duckdb", "text", "empty"])
+@pytest.mark.parametrize("nsys", ["absent", "given"])
+def test_a_file_named_as_a_report_that_is_not_one_says_what_it_is(tmp_path, kind, said, nsys):
+    """A .nsys-rep that is another kind of file: without nsys the error said it was an nsys
+    report that nsys was not there to export; with nsys, nsys was run on it (and the stand-in,
+    which reads nothing, made an export of it)."""
+    import duckdb
+
+    rep = tmp_path / "data" / "trace.nsys-rep"
+    rep.parent.mkdir()
+    if kind == "duckdb":
+        duckdb.connect(str(rep)).close()
+    else:
+        rep.write_bytes({"sqlite": REPORT.read_bytes(), "text": b"notes on the run\n",
+                         "empty": b""}[kind])
+    fake = fake_nsys(tmp_path / "bin")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": str(Path(sys.executable).parent)}
+    env.pop("NSYS", None)
+    given = ["--nsys-path", str(fake)] if nsys == "given" else []
+    proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", "kernels", str(rep), *given],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == f"error: {str(rep)!r} {said}\n"
+    assert not (fake.parent / "calls").exists()
+    assert [p.name for p in rep.parent.iterdir()] == ["trace.nsys-rep"]
