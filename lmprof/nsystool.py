@@ -50,9 +50,10 @@ def export_sqlite(nsys: str, rep: Path, out: Path | None = None) -> Path:
 
     nsys writes a partial file under another name in ``out``'s folder, renamed to ``out`` only
     when the export succeeded: a reader (or a later run that trusts ``out`` as a cache) never
-    sees half an export, even if this process is killed meanwhile. At Ctrl-C (or SIGTERM, where
-    the caller makes it an exception: ``termination.as_exception``) nsys is killed with what it
-    started, and the partial file removed."""
+    sees half an export, even if this process is killed meanwhile, nor what nsys wrote that is
+    no export (``_not_an_export``). At Ctrl-C (or SIGTERM, where the caller makes it an
+    exception: ``termination.as_exception``) nsys is killed with what it started, and the
+    partial file removed."""
     from lmprof.capture import proctree
 
     out = out or rep.with_suffix(".sqlite")
@@ -76,6 +77,9 @@ def export_sqlite(nsys: str, rep: Path, out: Path | None = None) -> Path:
         if proc.returncode != 0 or not partial.is_file():
             tail = (stderr or stdout).strip().splitlines()[-1:] or ["no output"]
             raise UserError(f"nsys export failed for {str(rep)!r}: {tail[0]}")
+        if (problem := _not_an_export(partial)) is not None:
+            raise UserError(f"nsys export failed for {str(rep)!r}: {nsys!r} exited 0 but what "
+                            f"it wrote {problem}")
         try:
             os.replace(partial, out)
         except OSError as exc:  # (a folder of that name, say)
@@ -84,3 +88,19 @@ def export_sqlite(nsys: str, rep: Path, out: Path | None = None) -> Path:
     finally:
         partial.unlink(missing_ok=True)
     return out
+
+
+def _not_an_export(path: Path) -> str | None:
+    """What is wrong with ``path``, written by nsys as an export, where ``check_export`` refuses
+    it (not an SQLite file: a program given as nsys that is not; truncated), else None: what
+    nsys made of a report is kept only where analyze would read it."""
+    from lmprof.analyze import magic
+    from lmprof.analyze.nsys import check_export
+
+    if magic.file_kind(path) != "sqlite":
+        return "is not an SQLite file"
+    try:
+        check_export(path)
+    except UserError as exc:  # ("'<path>' is a truncated SQLite file (...)", ...)
+        return str(exc).removeprefix(f"{str(path)!r} ")
+    return None

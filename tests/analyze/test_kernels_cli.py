@@ -711,8 +711,9 @@ def test_a_run_whose_export_is_gone_is_named_as_such(tmp_path, command):
     # no '#!' line: not a program the system runs (an OSError traceback before)
     ("echo nsys\n", "cannot run nsys"),
     # the export's name is a folder (an IsADirectoryError traceback before)
-    (f"#!{sys.executable}\nimport sys\nout = [a for a in sys.argv if "
-     "a.startswith('--output=')][0][9:]\nopen(out, 'w').write('x')\n", "Is a directory"),
+    (f"#!{sys.executable}\nimport shutil, sys\nout = [a for a in sys.argv if "
+     f"a.startswith('--output=')][0][9:]\nshutil.copyfile({str(REPORT)!r}, out)\n",
+     "Is a directory"),
 ], ids=["not-utf-8", "no-shebang", "export-name-a-folder"])
 def test_an_nsys_that_fails_oddly_is_a_one_line_error(tmp_path, nsys, message):
     rep = tmp_path / "trace.nsys-rep"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nsys_data import REPORT
+from nsys_data import REPORT, run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -147,4 +147,23 @@ def test_a_file_named_as_a_report_that_is_not_one_says_what_it_is(tmp_path, kind
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr == f"error: {str(rep)!r} {said}\n"
     assert not (fake.parent / "calls").exists()
+    assert [p.name for p in rep.parent.iterdir()] == ["trace.nsys-rep"]
+
+
+@pytest.mark.parametrize("wrote, said", [
+    ("open(out, 'w').write('Usage: nsys [command_switch] [application]')",
+     "what it wrote is not an SQLite file"),
+    (f"open(out, 'wb').write(open({str(REPORT)!r}, 'rb').read()[:200_000])",
+     "what it wrote is a truncated SQLite file"),
+], ids=["text", "truncated"])
+def test_what_nsys_wrote_that_is_no_export_is_not_kept(tmp_path, wrote, said):
+    """An nsys (or a program given as one) that exits 0 having written something that is not an
+    export: it became the export beside the report, and the error blamed that file, which the
+    user never made, telling them to export one with nsys."""
+    rep = a_rep(tmp_path / "data")
+    fake = fake_nsys(tmp_path / "bin", before=f"{wrote}\nsys.exit(0)")
+    code, _, err = run("kernels", str(rep), "--nsys-path", str(fake))
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: nsys export failed for {str(rep)!r}: {str(fake)!r} exited 0 "
+                          f"but {said}"), err
     assert [p.name for p in rep.parent.iterdir()] == ["trace.nsys-rep"]
