@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -14,6 +16,12 @@ INSTALL_HINT = (
     "install Nsight Systems (https://developer.nvidia.com/nsight-systems) or point at it with "
     "--nsys-path or $NSYS"
 )
+
+# The table export_sqlite adds to each export: the size and SHA-256 of the report it was made
+# from (and its file name, for people), by which analyze takes a cached export for a report
+# only where it is that report's, whatever the files' times say (a report replaced by an older
+# one's copy, a folder copied without its times)
+SOURCE_TABLE = "lmprof_source_report"
 
 
 def find_nsys(explicit: str | None = None) -> str:
@@ -56,6 +64,7 @@ def export_sqlite(nsys: str, rep: Path, out: Path | None = None) -> Path:
     partial file removed."""
     from lmprof.capture import proctree
 
+    size, sha256 = report_digest(rep)  # (before: a report changed meanwhile then differs)
     out = out or rep.with_suffix(".sqlite")
     partial = out.with_name(f".{out.stem}.{os.getpid()}.partial.sqlite")
     cmd = [nsys, "export", "--type=sqlite", "--force-overwrite=true", f"--output={partial}",
@@ -80,6 +89,7 @@ def export_sqlite(nsys: str, rep: Path, out: Path | None = None) -> Path:
         if (problem := _not_an_export(partial)) is not None:
             raise UserError(f"nsys export failed for {str(rep)!r}: {nsys!r} exited 0 but what "
                             f"it wrote {problem}")
+        _record_source(partial, rep, size, sha256)
         try:
             os.replace(partial, out)
         except OSError as exc:  # (a folder of that name, say)
@@ -104,3 +114,28 @@ def _not_an_export(path: Path) -> str | None:
     except UserError as exc:  # ("'<path>' is a truncated SQLite file (...)", ...)
         return str(exc).removeprefix(f"{str(path)!r} ")
     return None
+
+
+def report_digest(rep: Path) -> tuple[int, str]:
+    """(size in bytes, SHA-256 hex digest) of a report's content (about 1 GB/s)."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(rep, "rb") as fh:
+        while block := fh.read(1 << 20):
+            digest.update(block)
+            size += len(block)
+    return size, digest.hexdigest()
+
+
+def _record_source(export: Path, rep: Path, size: int, sha256: str) -> None:
+    """Add ``SOURCE_TABLE`` to ``export`` (the partial file nsys just wrote, no one else's yet)."""
+    con = sqlite3.connect(export)
+    try:
+        with con:
+            con.execute(f"CREATE TABLE {SOURCE_TABLE} (name TEXT, bytes INTEGER, sha256 TEXT)")
+            con.execute(f"INSERT INTO {SOURCE_TABLE} VALUES (?, ?, ?)", (rep.name, size, sha256))
+    except sqlite3.Error as exc:
+        raise UserError(f"cannot record in the export of {str(rep)!r} which report it is of: "
+                        f"{exc}") from None
+    finally:
+        con.close()

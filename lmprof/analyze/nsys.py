@@ -513,6 +513,28 @@ def _export_cache(rep: Path) -> Path:
     return root / "lmprof" / "exports" / f"{rep.stem}-{key[:16]}.sqlite"
 
 
+def _made_from(export: Path, rep: Path) -> bool | None:
+    """Whether ``export`` is the export of report ``rep`` by the size and SHA-256 of the report
+    it records (``nsystool.SOURCE_TABLE``, which every export lmprof makes holds); None where it
+    records none (an export made by hand, or by lmprof before it recorded them). The report is
+    read through only where the sizes are equal."""
+    from lmprof.nsystool import SOURCE_TABLE, report_digest
+
+    sq = open_readonly(export)
+    try:
+        if SOURCE_TABLE not in _tables(sq, export):
+            return None
+        try:
+            rows = sq.execute(f"SELECT bytes, sha256 FROM {SOURCE_TABLE}").fetchall()
+        except sqlite3.DatabaseError:  # (columns of other names: not as lmprof writes it)
+            return False
+    finally:
+        sq.close()
+    if len(rows) != 1 or rows[0][0] != rep.stat().st_size:
+        return False
+    return rows[0] == report_digest(rep)
+
+
 def _check_rep(rep: Path) -> None:
     """A one-line ``UserError`` for a file named as an nsys report that is, by its first bytes,
     of a kind that is not one (nsys's reports are binary; which bytes start them is nsys's
@@ -547,21 +569,30 @@ def _is_text(head: bytes) -> bool:
 
 def _sqlite_for_rep(rep: Path, nsys_path: str | None) -> Path:
     """The SQLite export of a ``.nsys-rep``: a cached one (beside it, or in the user's cache when
-    its folder is read-only) that is not older than it and passes ``check_export``, else
-    exported there with nsys (a damaged cached export is replaced: the report is the input)."""
+    its folder is read-only) that passes ``check_export`` and is that report's (``_made_from``),
+    else exported there with nsys (a damaged cached export, or another report's, is replaced:
+    the report is the input)."""
     from lmprof.nsystool import export_sqlite, find_nsys
 
     _check_rep(rep)
     beside, elsewhere = rep.with_suffix(".sqlite"), _export_cache(rep)
     damaged: tuple[Path, str] | None = None
+    another: Path | None = None  # a cached export of another report
     for cached in (beside, elsewhere):
-        if cached.is_file() and cached.stat().st_mtime_ns >= rep.stat().st_mtime_ns:
-            try:
-                check_export(cached)
-            except UserError as exc:  # (a truncated copy, a file of another kind by that name)
+        if not cached.is_file():
+            continue
+        try:
+            check_export(cached)
+        except UserError as exc:  # (a truncated copy, a file of another kind by that name)
+            if cached.stat().st_mtime_ns >= rep.stat().st_mtime_ns:
                 damaged = damaged or (cached, str(exc))
-                continue
+            continue
+        made_from = _made_from(cached, rep)
+        if made_from or (made_from is None and  # (an export made otherwise: by its time)
+                         cached.stat().st_mtime_ns >= rep.stat().st_mtime_ns):
             return cached
+        if made_from is False:
+            another = another or cached
     target = beside if os.access(rep.parent, os.W_OK) else elsewhere
     try:
         nsys = find_nsys(nsys_path)
@@ -571,6 +602,11 @@ def _sqlite_for_rep(rep: Path, nsys_path: str | None) -> Path:
                       if value), None)
         why = (f"{given[0]} {given[1]!r} is not an executable nsys" if given else
                "nsys is not on PATH")
+        if another:
+            raise UserError(f"the cached export {str(another)!r} is the export of another report "
+                            f"than {str(rep)!r} (their sizes or SHA-256 differ) and nsys is not "
+                            f"available to export this one ({why}): put nsys on PATH (or give "
+                            "--nsys-path)") from None
         if damaged:
             raise UserError(f"the cached export of nsys report {str(rep)!r} cannot be used "
                             f"({damaged[1]}) and nsys is not available to export it again "

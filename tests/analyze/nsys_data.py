@@ -61,6 +61,25 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def export_digest(path: Path) -> str:
+    """SHA-256 of an export's tables and rows, leaving out the table in which lmprof records the
+    report it made the export of (``nsystool.SOURCE_TABLE``): a stand-in nsys's export of a
+    fixture has the fixture's."""
+    from lmprof.nsystool import SOURCE_TABLE
+
+    digest = hashlib.sha256()
+    con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+    try:
+        for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND "
+                                   "name != ? ORDER BY name", (SOURCE_TABLE,)).fetchall():
+            digest.update(name.encode())
+            for row in con.execute(f'SELECT * FROM "{name}"'):
+                digest.update(repr(row).encode())
+    finally:
+        con.close()
+    return digest.hexdigest()
+
+
 def source_count(table: str) -> int:
     con = sqlite3.connect(f"{REPORT.as_uri()}?mode=ro&immutable=1", uri=True)
     try:

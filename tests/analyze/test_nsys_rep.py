@@ -167,3 +167,66 @@ def test_what_nsys_wrote_that_is_no_export_is_not_kept(tmp_path, wrote, said):
     assert err.startswith(f"error: nsys export failed for {str(rep)!r}: {str(fake)!r} exited 0 "
                           f"but {said}"), err
     assert [p.name for p in rep.parent.iterdir()] == ["trace.nsys-rep"]
+
+
+OTHER = ROOT / "tests" / "data" / "h200-lmprof-nsys" / "report.sqlite"  # (another fixture export)
+
+
+def _set_mtime(path: Path, like: Path, later_s: float = 0.0) -> None:
+    ns = like.stat().st_mtime_ns + int(later_s * 1e9)
+    os.utime(path, ns=(ns, ns))
+
+
+@pytest.mark.parametrize("case", [
+    "replaced-by-an-older-report",  # (cp -p, tar -x: a report of another run, of an older time)
+    "replaced-keeping-time-and-size",  # (touch -r; equal sizes and times by chance)
+    "beside-the-export-of-another-report",  # (copied in from another run's folder)
+    "copied-with-new-times",  # (cp -r, scp -r: the report may come out newer than its export)
+])
+def test_a_cached_export_is_the_export_of_that_report_whatever_the_files_times(tmp_path, case,
+                                                                              monkeypatch):
+    """The export beside a .nsys-rep was taken for its export when not older than it: a report
+    replaced by an older one's copy (or one of the same size and time) kept the other report's
+    export, without a word, and the export of another report copied beside it was taken too;
+    while a folder copied without its times, where the report came out newer than its export,
+    needed nsys to export it again. An export lmprof makes records its report's size and SHA-256
+    (table lmprof_source_report), and is taken for the report of that content alone."""
+    rep = a_rep(tmp_path / "data")
+    beside = rep.with_suffix(".sqlite")
+    first = fake_nsys(tmp_path / "bin1")
+    code, before, err = run("kernels", str(rep), "--nsys-path", str(first), "--table",
+                            "gemm_fraction", "--format", "csv")
+    assert code == 0 and beside.is_file(), err
+    if case == "replaced-by-an-older-report":
+        rep.write_bytes(b"\1" * 80)
+        _set_mtime(rep, beside, later_s=-3600)
+    elif case == "replaced-keeping-time-and-size":
+        stamp = rep.stat().st_mtime_ns
+        rep.write_bytes(b"\1" * 64)
+        os.utime(rep, ns=(stamp, stamp))
+    elif case == "beside-the-export-of-another-report":
+        other = a_rep(tmp_path / "other")
+        other.write_bytes(b"\2" * 64)
+        assert run("kernels", str(other), "--nsys-path", str(first), "--table",
+                   "gemm_fraction")[0] == 0
+        beside.write_bytes(other.with_suffix(".sqlite").read_bytes())
+        _set_mtime(beside, rep, later_s=60)
+    else:
+        _set_mtime(rep, beside, later_s=60)
+    exported_again = case != "copied-with-new-times"
+    monkeypatch.setenv("PATH", str(tmp_path / "bin2"))  # (no nsys there yet)
+    monkeypatch.delenv("NSYS", raising=False)
+    if exported_again:
+        code, _, err = run("kernels", str(rep), "--table", "gemm_fraction")
+        assert code == 2 and err.count("\n") == 1, err
+        assert f"the cached export {str(beside)!r} is the export of another report than " \
+               f"{str(rep)!r} (their sizes or SHA-256 differ) and nsys is not available" in err
+    second = fake_nsys(tmp_path / "bin2", source=OTHER)
+    # (exported again: by an nsys that makes the other fixture's export; else none is given)
+    given = ["--nsys-path", str(second)] if exported_again else []
+    code, after, err = run("kernels", str(rep), *given, "--table", "gemm_fraction",
+                           "--format", "csv")
+    assert code == 0, err
+    assert (after != before) == exported_again
+    assert (second.parent / "calls").is_file() == exported_again
+    assert sorted(p.name for p in rep.parent.iterdir()) == ["trace.nsys-rep", "trace.sqlite"]

@@ -16,8 +16,8 @@ import pytest
 
 from lmprof.analyze import kernel_names, kernels, trace
 from lmprof.render import to_markdown
-from nsys_data import (DATA, REPORT, edit, run, sha256, stats, under_file_size_limit,
-                       write_run_json)
+from nsys_data import (DATA, REPORT, edit, export_digest, run, sha256, stats,
+                       under_file_size_limit, write_run_json)
 
 ROOT = Path(__file__).resolve().parents[2]
 USER = ROOT / "tests" / "data" / "h200x2-user-traces"
@@ -327,7 +327,7 @@ def test_nsys_rep_file_is_exported_then_reported(tmp_path):
     assert f"without a run directory: `{tmp_path / 'trace.sqlite'}`" in text
     assert "Top kernels per phase" in text
     assert (fake.parent / "calls").read_text() == "x"
-    assert sha256(tmp_path / "trace.sqlite") == sha256(REPORT)
+    assert export_digest(tmp_path / "trace.sqlite") == export_digest(REPORT)
 
 
 @pytest.mark.parametrize("given", ["run", "rep"])
@@ -349,7 +349,8 @@ def test_a_runs_nsys_rep_without_its_sqlite_is_exported_then_reported(tmp_path, 
     assert f" (`{run_id}`)\n" in text.split("\n## GPU kernels (nsys)\n", 1)[1]
     assert "Top kernels per phase" in text and "could not be read" not in text
     assert (fake.parent / "calls").read_text() == "x"
-    assert sha256(run_dir / "report.sqlite") == sha256(fixture / "report.sqlite")
+    assert export_digest(run_dir / "report.sqlite") == \
+        export_digest(fixture / "report.sqlite")
 
 
 def test_runs_nsys_reps_exported_once_feed_the_sweep_gemm_table_too(tmp_path):
