@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -10,7 +11,7 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
-from lmprof.errors import UserError
+from lmprof.errors import MACHINE_ERRNOS, UserError, raise_machine_error
 
 INSTALL_HINT = (
     "install Nsight Systems (https://developer.nvidia.com/nsight-systems) or point at it with "
@@ -84,15 +85,19 @@ def export_sqlite(nsys: str, rep: Path, out: Path | None = None) -> Path:
                 proctree.kill_tree(proc.pid)  # (before the partial file it writes goes)
                 raise
         if proc.returncode != 0 or not partial.is_file():
+            for number in MACHINE_ERRNOS:  # (nsys's words for a full disk, an I/O error: exit 1)
+                if os.strerror(number) in stderr + stdout:
+                    raise OSError(number, os.strerror(number), str(out))
             tail = (stderr or stdout).strip().splitlines()[-1:] or ["no output"]
             raise UserError(f"nsys export failed for {str(rep)!r}: {tail[0]}")
         if (problem := _not_an_export(partial)) is not None:
             raise UserError(f"nsys export failed for {str(rep)!r}: {nsys!r} exited 0 but what "
                             f"it wrote {problem}")
-        _record_source(partial, rep, size, sha256)
+        _record_source(partial, rep, size, sha256, out)
         try:
             os.replace(partial, out)
         except OSError as exc:  # (a folder of that name, say)
+            raise_machine_error(exc, out)
             raise UserError(f"cannot write the export of {str(rep)!r} to {str(out)!r}: "
                             f"{exc.strerror or exc}") from None
     finally:
@@ -120,21 +125,33 @@ def report_digest(rep: Path) -> tuple[int, str]:
     """(size in bytes, SHA-256 hex digest) of a report's content (about 1 GB/s)."""
     digest = hashlib.sha256()
     size = 0
-    with open(rep, "rb") as fh:
-        while block := fh.read(1 << 20):
-            digest.update(block)
-            size += len(block)
+    try:
+        with open(rep, "rb") as fh:
+            while block := fh.read(1 << 20):
+                digest.update(block)
+                size += len(block)
+    except OSError as exc:
+        raise_machine_error(exc, rep)  # (an I/O error: exit 1, naming the report)
+        raise UserError(f"cannot read {str(rep)!r}: {exc.strerror or exc}") from None
     return size, digest.hexdigest()
 
 
-def _record_source(export: Path, rep: Path, size: int, sha256: str) -> None:
-    """Add ``SOURCE_TABLE`` to ``export`` (the partial file nsys just wrote, no one else's yet)."""
+# SQLite's primary result codes for the machine's trouble, as the errno run_cli reports
+_SQLITE_MACHINE_ERRORS = {13: errno.ENOSPC, 10: errno.EIO}  # SQLITE_FULL, SQLITE_IOERR
+
+
+def _record_source(export: Path, rep: Path, size: int, sha256: str, out: Path) -> None:
+    """Add ``SOURCE_TABLE`` to ``export`` (the partial file nsys just wrote, no one else's yet,
+    to be renamed ``out``: the file a full disk's error names)."""
     con = sqlite3.connect(export)
     try:
         with con:
             con.execute(f"CREATE TABLE {SOURCE_TABLE} (name TEXT, bytes INTEGER, sha256 TEXT)")
             con.execute(f"INSERT INTO {SOURCE_TABLE} VALUES (?, ?, ?)", (rep.name, size, sha256))
     except sqlite3.Error as exc:
+        number = _SQLITE_MACHINE_ERRORS.get(getattr(exc, "sqlite_errorcode", 0) & 0xFF)
+        if number is not None:
+            raise OSError(number, os.strerror(number), str(out)) from None
         raise UserError(f"cannot record in the export of {str(rep)!r} which report it is of: "
                         f"{exc}") from None
     finally:

@@ -39,7 +39,7 @@ import duckdb
 
 from lmprof.analyze import db, magic
 from lmprof.analyze.sqlfile import insert_rows, literal
-from lmprof.errors import UserError, machine_error
+from lmprof.errors import UserError, machine_error, raise_machine_error
 
 # Tables every nsys export has, whatever was traced; their absence means "not an nsys export".
 REQUIRED_TABLES = ("StringIds", "ANALYSIS_DETAILS")
@@ -619,6 +619,7 @@ def _sqlite_for_rep(rep: Path, nsys_path: str | None) -> Path:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
+            raise_machine_error(exc, target.parent)
             raise UserError(f"cannot export {str(rep)!r}: its folder is read-only and the cache "
                             f"folder {str(target.parent)!r} cannot be made ({exc.strerror})") \
                 from None

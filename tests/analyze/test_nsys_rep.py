@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nsys_data import REPORT, run
+from nsys_data import REPORT, run, under_file_size_limit
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -230,3 +230,22 @@ def test_a_cached_export_is_the_export_of_that_report_whatever_the_files_times(t
     assert (after != before) == exported_again
     assert (second.parent / "calls").is_file() == exported_again
     assert sorted(p.name for p in rep.parent.iterdir()) == ["trace.nsys-rep", "trace.sqlite"]
+
+
+@pytest.mark.parametrize("step, limit", [
+    ("nsys's write", 100_000),
+    # (nsys writes the whole export; the table lmprof adds to it does not fit)
+    ("lmprof's record", REPORT.stat().st_size),
+], ids=["nsys", "record"])
+def test_an_export_the_disk_cannot_hold_is_the_machines_error(tmp_path, step, limit):
+    """A full disk while the report is exported: 'nsys export failed: ...', exit 2, the status of
+    the user's mistakes, where the machine's is 1 (and the one line names the file). Files past
+    the size limit fail as a full disk's writes do (EFBIG, 'File too large'), nsys's too."""
+    rep = a_rep(tmp_path / "data")
+    fake = fake_nsys(tmp_path / "bin")
+    proc = under_file_size_limit(limit, "kernels", str(rep), "--nsys-path", str(fake))
+    beside = rep.with_suffix(".sqlite")
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.rstrip().endswith(f": {str(beside)!r}"), proc.stderr
+    assert [p.name for p in rep.parent.iterdir()] == ["trace.nsys-rep"]
