@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import click
 import duckdb
 
 from lmprof.analyze import db, magic
@@ -571,7 +572,8 @@ def _sqlite_for_rep(rep: Path, nsys_path: str | None) -> Path:
     """The SQLite export of a ``.nsys-rep``: a cached one (beside it, or in the user's cache when
     its folder is read-only) that passes ``check_export`` and is that report's (``_made_from``),
     else exported there with nsys (a damaged cached export, or another report's, is replaced:
-    the report is the input)."""
+    the report is the input), or, where neither can be written, to a temporary file that this
+    command alone uses (a line on stderr says so)."""
     from lmprof.nsystool import export_sqlite, find_nsys
 
     _check_rep(rep)
@@ -615,14 +617,11 @@ def _sqlite_for_rep(rep: Path, nsys_path: str | None) -> Path:
         raise UserError(f"{str(rep)!r} is an nsys report and nsys is not available to export it "
                         f"({why}): run 'nsys export --type=sqlite {rep}' and pass the .sqlite, "
                         "or put nsys on PATH (or give --nsys-path)") from None
-    if target is elsewhere:
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise_machine_error(exc, target.parent)
-            raise UserError(f"cannot export {str(rep)!r}: its folder is read-only and the cache "
-                            f"folder {str(target.parent)!r} cannot be made ({exc.strerror})") \
-                from None
+    if target is elsewhere and not _writable_folder(target.parent):
+        target = _temporary_folder(rep, elsewhere.parent) / beside.name
+        click.echo(f"note: {str(rep)!r} is exported to a temporary file, removed at the end "
+                   f"(neither its folder nor the cache folder {str(elsewhere.parent)!r} can be "
+                   "written): nsys exports it again next time", err=True)
     from lmprof.capture import termination
 
     try:
@@ -630,6 +629,35 @@ def _sqlite_for_rep(rep: Path, nsys_path: str | None) -> Path:
             return export_sqlite(nsys, rep, target)
     except termination.Terminated as exc:
         termination.exit_terminated(exc)
+
+
+def _writable_folder(folder: Path) -> bool:
+    """Whether ``folder`` is there, made now if need be, and may be written in (a full disk
+    that keeps it from being made is the machine's error)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # (a read-only home; a file where a folder of the path goes)
+        raise_machine_error(exc, folder)
+        return False
+    return os.access(folder, os.W_OK | os.X_OK)
+
+
+def _temporary_folder(rep: Path, cache: Path) -> Path:
+    """A folder of this process's own for the export of ``rep``, removed with what it holds when
+    the process ends (``cache``: the cache folder that could not be written, for the error)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="lmprof-export-"))
+    except OSError as exc:
+        raise_machine_error(exc, tempfile.gettempdir())
+        raise UserError(f"cannot export {str(rep)!r}: neither its folder, the cache folder "
+                        f"{str(cache)!r} nor a temporary folder can be written "
+                        f"({exc.strerror or exc})") from None
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def expand_reports(args) -> list[str | Path]:

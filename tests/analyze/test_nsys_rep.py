@@ -249,3 +249,39 @@ def test_an_export_the_disk_cannot_hold_is_the_machines_error(tmp_path, step, li
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.rstrip().endswith(f": {str(beside)!r}"), proc.stderr
     assert [p.name for p in rep.parent.iterdir()] == ["trace.nsys-rep"]
+
+
+@pytest.mark.parametrize("cache", ["cannot-be-made", "read-only"])
+def test_a_report_whose_folder_and_cache_are_read_only_is_exported_to_a_temporary_file(tmp_path,
+                                                                                        cache):
+    """Neither the report's folder nor the user's cache writable (a read-only home, as in
+    containers): 'cannot export ...: the cache folder cannot be made', exit 2, or, where that
+    folder was there but read-only, nsys's failure to write into it. The export goes to a
+    temporary folder, removed when the command ends, and a line says so. (The checks of
+    writability are replaced for the folders that are to be read-only: tests may run as root,
+    who may write anywhere; a cache under a file cannot be made even so.)"""
+    rep = a_rep(tmp_path / "data")
+    (tmp_path / "home").write_text("a file, not a folder")
+    caches = tmp_path / ("home" if cache == "cannot-be-made" else "cache")
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "tmp").mkdir()
+    unwritable = [str(rep.parent), str(tmp_path / "cache" / "lmprof" / "exports")]
+    (tmp_path / "cache" / "lmprof" / "exports").mkdir(parents=True)
+    fake = fake_nsys(tmp_path / "bin")
+    code = ("import os, sys\nreal = os.access\n"
+            f"os.access = lambda p, m, **k: os.fspath(p) not in {unwritable!r} and real(p, m, **k)\n"
+            "from lmprof.analyze.cli import main\nmain(sys.argv[1:])\n")
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "kernels", str(rep), "--nsys-path", str(fake), "--table",
+         "gemm_fraction", "--format", "csv"], cwd=ROOT, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(caches),
+             "TMPDIR": str(tmp_path / "tmp")}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("phase,kernels,")
+    assert proc.stderr.startswith(f"note: {str(rep)!r} is exported to a temporary file, removed "
+                                  "at the end (neither its folder nor the cache folder ") and \
+        proc.stderr.count("\n") == 1, proc.stderr
+    assert (fake.parent / "calls").read_text() == "x"
+    assert [p.name for p in rep.parent.iterdir()] == ["trace.nsys-rep"]
+    assert not any((tmp_path / "cache" / "lmprof" / "exports").iterdir())
+    assert not any((tmp_path / "tmp").iterdir())
