@@ -46,7 +46,9 @@ run.json (schema_version 1)::
                              recording: the state at the failure), log (a sweep cell's
                              stdout+stderr), precision (capture precision), attention (capture
                              attention)
-    artifact_errors list     only when saving an artifact after a failure failed: one line each
+    artifact_errors list     only when saving an artifact after a failure failed, or the
+                             SQLite export of the nsys report did (the report stays, named in
+                             artifacts; analyze exports it): one line each
     peak_memory     dict     CUDA only, status OK: {allocated_bytes, reserved_bytes}, the
                              torch.cuda.max_memory_* peaks over the measured steps (reset before)
     sweep           dict     sweep cells only: {cell, config_hash, grid_hash, wall_s, gpu} (see lmprof.sweepdir)

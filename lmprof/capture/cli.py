@@ -33,7 +33,7 @@ from lmprof.capture import proctree, termination  # noqa: E402
 from lmprof.capture.attention import attention_cmd  # noqa: E402
 from lmprof.capture.options import (add_run_options, add_sweep_options,  # noqa: E402
                                     spec_from_kwargs, spec_to_argv)
-from lmprof.errors import PathParam, UserError, run_cli  # noqa: E402
+from lmprof.errors import PathParam, UserError, machine_error, run_cli  # noqa: E402
 
 
 # the options of a run that records memory history (--memory), refused without it
@@ -114,6 +114,9 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
         elif record["status"] != "OK":  # (quiet: a failed run still says why, not exit 1 alone)
             click.echo(f"{record['status']}: {record.get('error') or 'no error recorded'} "
                        f"({target})", err=True)
+        else:  # (quiet: an export that failed is said too)
+            for problem in record.get("artifact_errors") or []:
+                click.echo(f"not saved: {problem}", err=True)
     sys.exit(0 if record["status"] == "OK" else 1)
 
 
@@ -295,9 +298,20 @@ def _run_under_nsys(nsys: str, target: Path, spec, nsys_args: str | None, quiet:
         tail = (out or "").strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
         raise UserError(f"the run under nsys wrote no run.json: {tail[0]}") from None
     rep = target / f"{nsys_mod.REPORT_BASENAME}.nsys-rep"
+    machine = None  # a full disk or an I/O error in the export, raised once run.json is written
     if rep.is_file():
-        sqlite = nsystool.export_sqlite(nsys, rep)
-        record["artifacts"].update(nsys_rep=rep.name, nsys_sqlite=sqlite.name)
+        # the report holds the measured steps whatever becomes of its export: run.json names it,
+        # and says why its export is missing, which analyze then makes
+        record["artifacts"]["nsys_rep"] = rep.name
+        try:
+            record["artifacts"]["nsys_sqlite"] = nsystool.export_sqlite(nsys, rep).name
+        except (UserError, OSError) as exc:
+            machine = machine_error(exc)
+            if not isinstance(exc, UserError) and machine is None:
+                raise
+            why = exc if machine is None else machine.strerror
+            record.setdefault("artifact_errors", []).append(
+                f"{rep.with_suffix('.sqlite').name}: {why} (analyze exports the report again)")
     elif record["status"] == "OK":
         record["status"] = "ERROR"
         record["error"] = f"nsys produced no report (exit status {proc.returncode})"
@@ -305,6 +319,8 @@ def _run_under_nsys(nsys: str, target: Path, spec, nsys_args: str | None, quiet:
     record.setdefault("environment", {})["nsys"] = nsystool.nsys_version(nsys)
     record.pop("run_dir", None)
     rundir.write_run(target, record)
+    if machine is not None:
+        raise machine
     return record
 
 

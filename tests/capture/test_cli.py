@@ -264,13 +264,15 @@ def test_nsys_run_writes_into_the_given_run_dir(monkeypatch, tmp_path):
     assert not out.exists()
 
 
-def _fake_nsys(tmp_path: Path) -> Path:
+def _fake_nsys(tmp_path: Path, export: str | None = None, folder: str = "bin") -> Path:
     """A stand-in for nsys (this machine has no GPU): '--version' prints a version; 'profile'
     logs its arguments to bin/profile.args, writes the run's run.json (the nsys fixture's) into
-    the child's --run-dir and an empty report; 'export' copies the fixture's SQLite export."""
+    the child's --run-dir and the fixture's report; 'export' copies the fixture's SQLite export
+    (or runs ``export``, Python code)."""
     fixture = ROOT / "tests" / "data" / "h200-lmprof-nsys"
-    fake = tmp_path / "bin" / "nsys"
+    fake = tmp_path / folder / "nsys"
     fake.parent.mkdir()
+    export = export or f"shutil.copyfile({str(fixture / 'report.sqlite')!r}, out)"
     fake.write_text(f"""#!{sys.executable}
 import json, shutil, sys
 args = sys.argv[1:]
@@ -279,14 +281,14 @@ if args == ["--version"]:
     sys.exit(0)
 out = [a.split("=", 1)[1] for a in args if a.startswith("--output=")][0]
 if args[0] == "export":
-    shutil.copyfile({str(fixture / "report.sqlite")!r}, out)
+    {export}
     sys.exit(0)
 json.dump(args, open({str(fake.parent / "profile.args")!r}, "w"))
 run_dir = args[args.index("--run-dir") + 1]
 record = json.load(open({str(fixture / "run.json")!r}))
 record["artifacts"] = dict()
 json.dump(record, open(run_dir + "/run.json", "w"))
-open(out + ".nsys-rep", "wb").close()
+shutil.copyfile({str(fixture / "report.nsys-rep")!r}, out + ".nsys-rep")
 """)
     fake.chmod(0o755)
     return fake
@@ -317,6 +319,57 @@ def test_nsys_run_records_the_nsys_version_and_the_extra_flags(monkeypatch, tmp_
     assert record["environment"]["nsys"] == "2025.3.1.90-253135822126v0"
     assert record["config"]["nsys_args"] == extra
     assert record["artifacts"]["nsys_sqlite"] == "report.sqlite"
+
+
+@pytest.mark.parametrize("failure, status, why, quiet", [
+    ("ERROR: export: the report is locked", 0, "nsys export failed for {rep!r}: {failure}", []),
+    ("ERROR: export: the report is locked", 0, "nsys export failed for {rep!r}: {failure}",
+     ["--quiet"]),
+    ("write: No space left on device", 1, "No space left on device", []),
+], ids=["nsys-error", "nsys-error-quiet", "full-disk"])
+def test_an_nsys_run_whose_export_fails_keeps_its_report_for_analyze(monkeypatch, tmp_path,
+                                                                     capsys, failure, status,
+                                                                     why, quiet):
+    """nsys's export failing after the run (nsys's own error, or a full disk): capture run said
+    so and exited, leaving the run.json the run under nsys wrote, which names no report, so that
+    analyze said the run had no nsys export and to capture it with 'capture run --nsys';
+    runs/latest stayed on the run before. The run stands (its report holds the measured steps):
+    run.json names the report and says why its export is missing, and analyze exports it; the
+    exit status is the run's, or 1 for the machine's error (one line naming the export)."""
+    import dataclasses
+
+    from lmprof.analyze.cli import main as analyze_main
+    from lmprof.capture import runner
+    from lmprof.capture.cli import main
+
+    real_prepare = runner.prepare
+    monkeypatch.setattr(runner, "prepare",
+                        lambda spec: real_prepare(dataclasses.replace(spec, nsys=False)))
+    failing = _fake_nsys(tmp_path, export=f"sys.exit({failure!r})")
+    out = tmp_path / "runs"
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", *TINY, "--nsys", "--nsys-path", str(failing), "--out", str(out), *quiet])
+    output = capsys.readouterr()
+    assert exit_.value.code == status, output.err
+    (run_dir,) = (p for p in out.iterdir() if p.name != "latest")
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["artifacts"] == {"nsys_rep": "report.nsys-rep"}
+    problem = (f"report.sqlite: {why.format(rep=str(run_dir / 'report.nsys-rep'), failure=failure)}"
+               " (analyze exports the report again)")
+    assert record["artifact_errors"] == [problem]
+    if status == 0:
+        assert f"not saved: {problem}\n" in (output.err if quiet else output.out)
+    else:
+        assert output.err == f"error: No space left on device: {str(run_dir / 'report.sqlite')!r}\n"
+    working = _fake_nsys(tmp_path, folder="bin2")
+    code = 0
+    try:
+        analyze_main(["kernels", str(run_dir), "--nsys-path", str(working), "--table",
+                      "gemm_fraction"])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 0, capsys.readouterr().err
+    assert (run_dir / "report.sqlite").is_file()
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="needs Linux /proc")
