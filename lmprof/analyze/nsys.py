@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import shlex
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -615,8 +616,8 @@ def _sqlite_for_rep(rep: Path, nsys_path: str | None) -> Path:
                             f"({why}): delete {str(damaged[0])!r}, or put nsys on PATH (or "
                             "give --nsys-path)") from None
         raise UserError(f"{str(rep)!r} is an nsys report and nsys is not available to export it "
-                        f"({why}): run 'nsys export --type=sqlite {rep}' and pass the .sqlite, "
-                        "or put nsys on PATH (or give --nsys-path)") from None
+                        f"({why}): run \"nsys export --type=sqlite {shlex.quote(str(rep))}\" and "
+                        "pass the .sqlite, or put nsys on PATH (or give --nsys-path)") from None
     if target is elsewhere and not _writable_folder(target.parent):
         target = _temporary_folder(rep, elsewhere.parent) / beside.name
         click.echo(f"note: {str(rep)!r} is exported to a temporary file, removed at the end "

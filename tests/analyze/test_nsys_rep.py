@@ -285,3 +285,17 @@ def test_a_report_whose_folder_and_cache_are_read_only_is_exported_to_a_temporar
     assert [p.name for p in rep.parent.iterdir()] == ["trace.nsys-rep"]
     assert not any((tmp_path / "cache" / "lmprof" / "exports").iterdir())
     assert not any((tmp_path / "tmp").iterdir())
+
+
+def test_the_export_command_suggested_without_nsys_runs_as_given(tmp_path, monkeypatch):
+    """Without nsys, the error gives the command that exports the report: a path with spaces
+    went into it unquoted, so that the command, pasted into a shell, named other files."""
+    import shlex
+
+    rep = a_rep(tmp_path / "my runs", "my trace.nsys-rep")
+    monkeypatch.setenv("PATH", str(tmp_path / "my runs"))
+    monkeypatch.delenv("NSYS", raising=False)
+    code, _, err = run("kernels", str(rep))
+    assert code == 2 and err.count("\n") == 1, err
+    command = err.split(' run "', 1)[1].split('"', 1)[0]
+    assert shlex.split(command) == ["nsys", "export", "--type=sqlite", str(rep)]
