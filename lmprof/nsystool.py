@@ -7,6 +7,7 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -88,8 +89,8 @@ def export_sqlite(nsys: str, rep: Path, out: Path | None = None) -> Path:
             for number in MACHINE_ERRNOS:  # (nsys's words for a full disk, an I/O error: exit 1)
                 if os.strerror(number) in stderr + stdout:
                     raise OSError(number, os.strerror(number), str(out))
-            tail = (stderr or stdout).strip().splitlines()[-1:] or ["no output"]
-            raise UserError(f"nsys export failed for {str(rep)!r}: {tail[0]}")
+            raise UserError(f"nsys export failed for {str(rep)!r}: "
+                            f"{_why_no_export(nsys, proc.returncode, stderr or stdout)}")
         if (problem := _not_an_export(partial)) is not None:
             raise UserError(f"nsys export failed for {str(rep)!r}: {nsys!r} exited 0 but what "
                             f"it wrote {problem}")
@@ -103,6 +104,21 @@ def export_sqlite(nsys: str, rep: Path, out: Path | None = None) -> Path:
     finally:
         partial.unlink(missing_ok=True)
     return out
+
+
+def _why_no_export(nsys: str, status: int, output: str) -> str:
+    """Why nsys, ended with ``status`` having printed ``output``, made no export: its last line,
+    and how it ended where that says nothing (a signal, a status)."""
+    last = output.strip().splitlines()[-1:]
+    if status < 0:
+        try:
+            killed = f"nsys was killed by {signal.Signals(-status).name}"
+        except ValueError:
+            killed = f"nsys was killed by signal {-status}"
+        return f"{killed}: {last[0]}" if last else killed
+    if status == 0:  # (a program given as nsys that is not)
+        return f"{nsys!r} exited 0 but wrote no export" + (f": {last[0]}" if last else "")
+    return last[0] if last else f"nsys exited with status {status}, printing nothing"
 
 
 def _not_an_export(path: Path) -> str | None:

@@ -299,3 +299,20 @@ def test_the_export_command_suggested_without_nsys_runs_as_given(tmp_path, monke
     assert code == 2 and err.count("\n") == 1, err
     command = err.split(' run "', 1)[1].split('"', 1)[0]
     assert shlex.split(command) == ["nsys", "export", "--type=sqlite", str(rep)]
+
+
+@pytest.mark.parametrize("ends, said", [
+    ("open(out, 'wb').write(b'half')\nos.kill(os.getpid(), signal.SIGKILL)",
+     "nsys was killed by SIGKILL"),  # (the OOM killer, a kill -9)
+    ("sys.exit(3)", "nsys exited with status 3, printing nothing"),
+    ("sys.exit(0)", "{fake!r} exited 0 but wrote no export"),  # (a program given as nsys)
+], ids=["killed", "failed-silently", "wrote-nothing"])
+def test_an_nsys_that_ends_without_a_word_is_said_how_it_ended(tmp_path, ends, said):
+    """nsys killed mid-export, or ending without an export and without a word: each was 'nsys
+    export failed for REP: no output', which told neither."""
+    rep = a_rep(tmp_path / "data")
+    fake = fake_nsys(tmp_path / "bin", before=f"import signal\n{ends}")
+    code, _, err = run("kernels", str(rep), "--nsys-path", str(fake))
+    assert code == 2 and err == \
+        f"error: nsys export failed for {str(rep)!r}: {said.format(fake=str(fake))}\n"
+    assert [p.name for p in rep.parent.iterdir()] == ["trace.nsys-rep"]
