@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import glob
 import hashlib
 import os
 import re
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -68,7 +71,8 @@ def export_sqlite(nsys: str, rep: Path, out: Path | None = None) -> Path:
 
     size, sha256 = report_digest(rep)  # (before: a report changed meanwhile then differs)
     out = out or rep.with_suffix(".sqlite")
-    partial = out.with_name(f".{out.stem}.{os.getpid()}.partial.sqlite")
+    _remove_orphans(out)
+    partial = out.with_name(_partial_name(out, socket.gethostname(), os.getpid()))
     cmd = [nsys, "export", "--type=sqlite", "--force-overwrite=true", f"--output={partial}",
            str(rep)]
     try:
@@ -104,6 +108,32 @@ def export_sqlite(nsys: str, rep: Path, out: Path | None = None) -> Path:
     finally:
         partial.unlink(missing_ok=True)
     return out
+
+
+def _partial_name(out: Path, host: str, pid: int) -> str:
+    """The name of the file nsys writes the export to be ``out`` into: hidden, named by the
+    machine and the process that export it, which ``_remove_orphans`` reads back."""
+    return f".{out.stem}.{host}.{pid}.partial.sqlite"
+
+
+def _remove_orphans(out: Path) -> None:
+    """Remove the partial files of ``out`` that processes of this machine left and that are gone
+    (killed outright mid-export, SIGKILL or a machine that went down: nothing removed them).
+    Another machine's (a shared folder) and a running process's stay."""
+    host, prefix, suffix = socket.gethostname(), f".{out.stem}.", ".partial.sqlite"
+    for path in out.parent.glob(f"{glob.escape(prefix)}*{suffix}"):
+        made_by, _, pid = path.name[len(prefix):-len(suffix)].rpartition(".")
+        if made_by != host or not pid.isdigit() or \
+                path.name != _partial_name(out, host, int(pid)):
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # (PermissionError: another user's process runs)
+            with contextlib.suppress(OSError):
+                path.unlink()
+                path.with_name(path.name + "-journal").unlink(missing_ok=True)
+        except (OSError, OverflowError):
+            pass
 
 
 def _why_no_export(nsys: str, status: int, output: str) -> str:

@@ -316,3 +316,32 @@ def test_an_nsys_that_ends_without_a_word_is_said_how_it_ended(tmp_path, ends, s
     assert code == 2 and err == \
         f"error: nsys export failed for {str(rep)!r}: {said.format(fake=str(fake))}\n"
     assert [p.name for p in rep.parent.iterdir()] == ["trace.nsys-rep"]
+
+
+def test_the_partial_file_of_an_export_whose_process_died_is_removed_by_the_next(tmp_path):
+    """An analyze killed outright (SIGKILL, a machine that went down) mid-export leaves nsys's
+    partial file beside the report, hidden, as large as the export: it stayed there for ever.
+    The next export in that folder removes the partial files of its report that processes of
+    this machine left and that are gone; one whose process still runs (another export of the
+    same report going on) stays."""
+    import socket
+
+    rep = a_rep(tmp_path / "data")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    host = socket.gethostname()
+    left = rep.parent / f".trace.{host}.{dead.pid}.partial.sqlite"
+    going_on = rep.parent / f".trace.{host}.{alive.pid}.partial.sqlite"
+    elsewhere = rep.parent / f".trace.another-host.{dead.pid}.partial.sqlite"
+    for path in (left, going_on, elsewhere):
+        path.write_bytes(b"half an export")
+    try:
+        code, _, err = run("kernels", str(rep), "--nsys-path",
+                           str(fake_nsys(tmp_path / "bin")), "--table", "gemm_fraction")
+    finally:
+        alive.kill()
+        alive.wait()
+    assert code == 0, err
+    assert sorted(p.name for p in rep.parent.iterdir()) == sorted(
+        [elsewhere.name, going_on.name, "trace.nsys-rep", "trace.sqlite"])
