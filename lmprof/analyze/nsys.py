@@ -219,6 +219,26 @@ def open_readonly(path: str | Path) -> sqlite3.Connection:
     return con
 
 
+# What SQLite says of a damaged file, as Python raises it: DatabaseError itself for
+# SQLITE_CORRUPT ("database disk image is malformed") and SQLITE_NOTADB, DataError for
+# SQLITE_TOOBIG (a length read from a damaged cell). Its other errors (OperationalError: a
+# statement of ours that does not fit the file) are bugs, and keep their traceback.
+_DAMAGED = (sqlite3.DatabaseError, sqlite3.DataError)
+
+
+def _fetch(sq: sqlite3.Connection, path: Path, table: str, sql: str) -> list[tuple]:
+    """The rows of one metadata read from ``table`` of the export; a damaged page is a one-line
+    ``UserError`` naming the table, as the DuckDB load names a damaged table it reads
+    (``_run_load``)."""
+    try:
+        return sq.execute(sql).fetchall()
+    except sqlite3.DatabaseError as exc:
+        if type(exc) not in _DAMAGED:
+            raise
+        raise UserError(f"{str(path)!r}: cannot read table {table}: {_first_line(exc)}") \
+            from None
+
+
 def check_export(path: str | Path) -> None:
     """The checks ``load`` makes before reading anything: an SQLite file, readable, with the
     tables of an nsys export (a one-line ``UserError`` otherwise). For callers that must refuse a
@@ -239,11 +259,8 @@ def _required(present: set[str], path: Path) -> None:
 
 
 def _tables(sq: sqlite3.Connection, path: Path) -> set[str]:
-    try:
-        rows = sq.execute("SELECT name, type FROM sqlite_master "
-                          "WHERE type IN ('table', 'view')").fetchall()
-    except sqlite3.DatabaseError as exc:
-        raise UserError(f"{str(path)!r} is a corrupt SQLite database: {exc}") from None
+    rows = _fetch(sq, path, "sqlite_master", "SELECT name, type FROM sqlite_master "
+                  "WHERE type IN ('table', 'view')")
     # a view where nsys writes a table (a hand-made file): refused, not read as an absent table
     sources = {source for source, _, _ in TABLES.values()} | set(REQUIRED_TABLES)
     views = sorted(name for name, kind in rows if kind == "view" and name in sources)
@@ -263,10 +280,10 @@ def _readable(sq: sqlite3.Connection, present: set[str], table: str, *columns: s
     return table in present and set(columns) <= _columns(sq, table)
 
 
-def _nvtx_types(sq: sqlite3.Connection, tables: set[str]) -> dict[str, int]:
+def _nvtx_types(sq: sqlite3.Connection, tables: set[str], path: Path) -> dict[str, int]:
     types = dict(_NVTX_TYPES_DEFAULT)
     if _readable(sq, tables, "ENUM_NSYS_EVENT_TYPE", "id", "name"):
-        for id_, name in sq.execute(_ENUM_SQL):
+        for id_, name in _fetch(sq, path, "ENUM_NSYS_EVENT_TYPE", _ENUM_SQL):
             if name in types:
                 if not isinstance(id_, int) or isinstance(id_, bool) or \
                         not -2**31 <= id_ < 2**31:
@@ -391,7 +408,7 @@ def load(duck: duckdb.DuckDBPyConnection, path: str | Path,
         present = _tables(sq, path)
         _required(present, path)
         export = Export(path=path, tables=present, gpu_op_rows=_gpu_op_rows(sq, present))
-        types = _nvtx_types(sq, present)
+        types = _nvtx_types(sq, present, path)
         nvtx_types = ", ".join(str(int(types[k])) for k in sorted(types))
         # every statement is written here, with sqlite3 on this thread; the lanes only run them
         sql = {target: _table_sql(sq, target, source, columns,
@@ -456,15 +473,16 @@ def _load_session(sq: sqlite3.Connection, duck: duckdb.DuckDBPyConnection, prese
     (and stopTime's) is on another clock, so the span is 0 to stopTime - startTime."""
     utc = start = stop = version = None
     if _readable(sq, present, "TARGET_INFO_SESSION_START_TIME", "utcEpochNs"):
-        row = sq.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
-        utc = row[0] if row else None
+        rows = _fetch(sq, path, "TARGET_INFO_SESSION_START_TIME",
+                      "SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1")
+        utc = rows[0][0] if rows else None
     if _readable(sq, present, "ANALYSIS_DETAILS", "startTime", "stopTime"):
-        row = sq.execute("SELECT min(startTime), max(stopTime) FROM ANALYSIS_DETAILS").fetchone()
-        start, stop = row if row else (None, None)
+        (start, stop), = _fetch(sq, path, "ANALYSIS_DETAILS",
+                                "SELECT min(startTime), max(stopTime) FROM ANALYSIS_DETAILS")
     if _readable(sq, present, "META_DATA_EXPORT", "name", "value"):
-        row = sq.execute("SELECT value FROM META_DATA_EXPORT "
-                         "WHERE name = 'EXPORT_PRODUCT_VERSION'").fetchone()
-        version = row[0] if row else None
+        rows = _fetch(sq, path, "META_DATA_EXPORT", "SELECT value FROM META_DATA_EXPORT "
+                      "WHERE name = 'EXPORT_PRODUCT_VERSION' LIMIT 1")
+        version = rows[0][0] if rows else None
     duck.execute("CREATE OR REPLACE TABLE session (source VARCHAR, nsys_version VARCHAR, "
                  "session_start_utc_ns BIGINT, trace_start_ns BIGINT, trace_end_ns BIGINT, "
                  "nvtx_push_pop_type INTEGER, nvtx_start_end_type INTEGER, "

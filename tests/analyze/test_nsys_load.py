@@ -10,7 +10,8 @@ import pytest
 
 from lmprof.analyze import kernel_tables, nsys, trace
 from lmprof.errors import UserError
-from nsys_data import REPORT, edit, process_trace, sha256, source_count, writable_copy  # noqa: F401
+from nsys_data import (REPORT, edit, process_trace, run, sha256, source_count,  # noqa: F401
+                       writable_copy)
 
 
 def test_loads_every_row_of_the_needed_tables():
@@ -166,6 +167,22 @@ def test_corrupt_pages(tmp_path, table):
     with pytest.raises(UserError, match=f"cannot read table {table}: .*malformed") as err:
         nsys.load(duckdb.connect(), _corrupt_table(tmp_path, table))
     assert "\n" not in str(err.value)
+
+
+# the small tables read through sqlite3 before the load (the event-type enum, the session row)
+@pytest.mark.parametrize("table", ["ENUM_NSYS_EVENT_TYPE", "META_DATA_EXPORT",
+                                   "TARGET_INFO_SESSION_START_TIME", "ANALYSIS_DETAILS"])
+def test_corrupt_metadata_pages(tmp_path, table):
+    """A damaged page of a metadata table was sqlite3's DatabaseError and a traceback (exit 1)
+    in every command that loads the export; now one line naming the table, as for the tables
+    DuckDB reads."""
+    path = _corrupt_table(tmp_path, table)
+    before = sha256(path)
+    for args in (["kernels", str(path)], ["sql", str(path), "SELECT 1"]):
+        code, out, err = run(*args)
+        assert code == 2 and out == "" and err.count("\n") == 1, err
+        assert f"cannot read table {table}: database disk image is malformed" in err
+    assert sha256(path) == before
 
 
 def test_launch_configuration_round_trips(process_trace):
