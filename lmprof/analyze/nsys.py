@@ -215,7 +215,11 @@ def open_readonly(path: str | Path) -> sqlite3.Connection:
         con.text_factory = lambda b: b.decode("utf-8", "replace")
         con.execute("SELECT count(*) FROM sqlite_master").fetchone()
     except sqlite3.DatabaseError as exc:
-        raise UserError(f"{str(path)!r} is not a readable SQLite database: {exc}") from None
+        raise UserError(f"{str(path)!r} is not a readable SQLite database: "
+                        f"{_first_line(exc)}") from None
+    except UnicodeDecodeError:  # SQLite's message quoted a damaged schema's bytes
+        raise UserError(f"{str(path)!r} is not a readable SQLite database: {_NOT_TEXT}") \
+            from None
     return con
 
 
@@ -224,6 +228,7 @@ def open_readonly(path: str | Path) -> sqlite3.Connection:
 # SQLITE_TOOBIG (a length read from a damaged cell). Its other errors (OperationalError: a
 # statement of ours that does not fit the file) are bugs, and keep their traceback.
 _DAMAGED = (sqlite3.DatabaseError, sqlite3.DataError)
+_NOT_TEXT = "SQLite's error message quotes bytes that are not text (a damaged page?)"
 
 
 def _fetch(sq: sqlite3.Connection, path: Path, table: str, sql: str) -> list[tuple]:
@@ -237,6 +242,8 @@ def _fetch(sq: sqlite3.Connection, path: Path, table: str, sql: str) -> list[tup
             raise
         raise UserError(f"{str(path)!r}: cannot read table {table}: {_first_line(exc)}") \
             from None
+    except UnicodeDecodeError:
+        raise UserError(f"{str(path)!r}: cannot read table {table}: {_NOT_TEXT}") from None
 
 
 def check_export(path: str | Path) -> None:
@@ -337,7 +344,10 @@ def _attach(duck: duckdb.DuckDBPyConnection, path: Path) -> None:
 
 
 def _first_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300]
+    """An error's message on one line of at most 300 characters: SQLite's about a damaged
+    schema quotes the table's declaration, its lines and any control characters in it."""
+    text = " ".join(str(exc).split())[:300]
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def _table_sql(sq: sqlite3.Connection, target: str, source: str, columns: list[Column],

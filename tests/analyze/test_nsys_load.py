@@ -185,6 +185,22 @@ def test_corrupt_metadata_pages(tmp_path, table):
     assert sha256(path) == before
 
 
+@pytest.mark.parametrize("declaration, message", [
+    # an unmatched quote: SQLite's message quoted the rest of the declaration, over 40 lines
+    ("replace(sql, 'smMajor', '\"smMajor')", 'unrecognized token: ""smMajor INTEGER, --'),
+    # and bytes in it that are not UTF-8: Python could not decode the message (a traceback)
+    ("replace(sql, 'smMajor', '\"' || CAST(x'b9' AS TEXT))", "bytes that are not text"),
+])
+def test_damaged_schema_is_one_line(tmp_path, declaration, message):
+    """A damaged declaration in sqlite_master (as a flipped byte on its page leaves it)."""
+    path = writable_copy(tmp_path)
+    edit(path, "PRAGMA writable_schema = ON",
+         f"UPDATE sqlite_master SET sql = {declaration} WHERE name = 'TARGET_INFO_GPU'")
+    code, _, err = run("kernels", str(path))
+    assert code == 2 and err.count("\n") == 1, err
+    assert "is not a readable SQLite database" in err and message in err
+
+
 def test_launch_configuration_round_trips(process_trace):
     """Grid, block, registers and shared memory are packed on load; the view gives them back."""
     import sqlite3
