@@ -81,12 +81,38 @@ def _packed(name: str, fields: list[tuple[str, int]]) -> Column:
 # load in parallel, in any order (see ``load``).
 _EXPORT_ROW = Column("export_row", (), I64, pack="rowid")
 
+
+def _checked(name: str, source: str, sources: tuple[str, ...], condition: str,
+             problem: str) -> Column:
+    """``source`` where ``condition`` (over ``sources``, each written quoted) holds of its
+    row, else DuckDB's error(), naming the row, its values and ``problem``: checked in the
+    load's own scan (a comparison a row, no second pass over the table), the load stopping at
+    the first such row (``_run_load``: one line naming the table). The values are compared as
+    BIGINT, as they load, so that a column declared TEXT still reads as before."""
+    for col in sources:
+        condition = condition.replace(f'"{col}"', f'CAST("{col}" AS BIGINT)')
+    values = " || ', ' || ".join(f"'{col} ' || coalesce(CAST(\"{col}\" AS VARCHAR), 'NULL')"
+                                 for col in sources)
+    return Column(name, sources, I64, pack=(
+        f"CASE WHEN {condition} THEN \"{source}\" ELSE error('row ' || rowid || "
+        f"' {problem} (' || {values} || '): a damaged or hand-edited export') END"))
+
+
+# A GPU op's times: nsys writes both for every op, the end at or after the start. A NULL or an
+# end before the start gave negative durations, GPU busy shares below 0% or above 100% and
+# ops missing from the sums, without a word: such an export is refused. (An NVTX range's end
+# may be NULL or before its start: never closed, ranges.sql; its start may not.)
+_OP_START = _c("start_ns", "start")
+_OP_END = _checked("end_ns", "end", ("start", "end"), '"end" >= "start"',
+                   "ends before it starts or lacks a time")
+_NVTX_START = _checked("start_ns", "start", ("start",), '"start" IS NOT NULL', "has no start")
+
 # target table -> (source table, columns, DuckDB tail clause or ""). Column sources separated by
 # "|" are alternatives across nsys versions; a source absent in this export loads as NULL.
 TABLES: dict[str, tuple[str, list[Column], str]] = {
     "_strings": ("StringIds", [_c("id", "id"), _c("value", "value", STR)], ""),
     "_kernels": ("CUPTI_ACTIVITY_KIND_KERNEL", [
-        _c("start_ns", "start"), _c("end_ns", "end"),
+        _OP_START, _OP_END,
         _packed("device_stream", [("deviceId", 0), ("streamId", 16)]),
         _c("correlation_id", "correlationId"), _c("global_pid", "globalPid"),
         # a kernel without a name (NULL, in a hand-made file) keeps one that no string has
@@ -111,19 +137,19 @@ TABLES: dict[str, tuple[str, list[Column], str]] = {
     ], "WHERE nameId IN (SELECT id FROM _strings WHERE value LIKE '%Launch%' "
        "OR value LIKE '%emcpy%' OR value LIKE '%emset%')"),
     "_memcpy": ("CUPTI_ACTIVITY_KIND_MEMCPY", [
-        _c("start_ns", "start"), _c("end_ns", "end"), _c("device_id", "deviceId", I32),
+        _OP_START, _OP_END, _c("device_id", "deviceId", I32),
         _c("stream_id", "streamId", I32), _c("correlation_id", "correlationId"),
         _c("global_pid", "globalPid"), _c("bytes", "bytes"), _c("copy_kind", "copyKind", I32),
         _EXPORT_ROW,
     ], ""),
     "_memset": ("CUPTI_ACTIVITY_KIND_MEMSET", [
-        _c("start_ns", "start"), _c("end_ns", "end"), _c("device_id", "deviceId", I32),
+        _OP_START, _OP_END, _c("device_id", "deviceId", I32),
         _c("stream_id", "streamId", I32), _c("correlation_id", "correlationId"),
         _c("global_pid", "globalPid"), _c("bytes", "bytes"),
         _EXPORT_ROW,
     ], ""),
     "_nvtx_events": ("NVTX_EVENTS", [
-        _c("start_ns", "start"), _c("end_ns", "end"), _c("event_type", "eventType", I32),
+        _NVTX_START, _c("end_ns", "end"), _c("event_type", "eventType", I32),
         _c("text", "text", STR), _c("text_id", "textId"), _c("global_tid", "globalTid"),
         _c("domain_id", "domainId"), _c("range_id", "rangeId"),
     ], "WHERE eventType IN ({nvtx_types})"),
@@ -131,7 +157,7 @@ TABLES: dict[str, tuple[str, list[Column], str]] = {
     # GPU ops of kind 'graph'; the graph's kernels are absent from the kernel table (the
     # analysis says so)
     "_graph_execs": ("CUPTI_ACTIVITY_KIND_GRAPH_TRACE", [
-        _c("start_ns", "start"), _c("end_ns", "end"), _c("device_id", "deviceId", I32),
+        _OP_START, _OP_END, _c("device_id", "deviceId", I32),
         _c("stream_id", "streamId", I32), _c("correlation_id", "correlationId"),
         _c("global_pid", "globalPid"), _EXPORT_ROW,
     ], ""),
@@ -382,8 +408,10 @@ def _run_load(duck: duckdb.DuckDBPyConnection, export: Export, target: str, sql:
     except duckdb.Error as exc:
         if (machine := machine_error(exc)) is not None:  # (writing --db on a full disk)
             raise machine from None
-        raise UserError(f"{str(path)!r}: cannot read table {source}: {_first_line(exc)}") \
-            from None
+        text = _first_line(exc)
+        if text.startswith("Invalid Input Error: row "):  # error() of a column ``_checked``
+            text = text[len("Invalid Input Error: "):]
+        raise UserError(f"{str(path)!r}: cannot read table {source}: {text}") from None
     except UnicodeDecodeError:  # DuckDB's message quoted the value's bytes, which are not UTF-8
         raise UserError(f"{str(path)!r}: cannot read table {source}: a value is not of its "
                         "column's type (bytes that are not text)") from None

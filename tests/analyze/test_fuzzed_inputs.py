@@ -89,6 +89,24 @@ def test_an_artifact_that_is_not_a_file_is_named_as_such(tmp_path):
     ("view", "ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL RENAME TO k; "
              "CREATE VIEW CUPTI_ACTIVITY_KIND_KERNEL AS SELECT * FROM k",
      "CUPTI_ACTIVITY_KIND_KERNEL is a view, not a table"),
+    # a GPU op that ends before it starts, or lacks a time (CREATE ... AS SELECT drops the NOT
+    # NULLs): negative durations and GPU busy shares of -1760% before, or the op left out of the
+    # sums, without a word
+    ("end-before-start", 'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = start - 1000 '
+                         'WHERE rowid = 3',
+     "cannot read table CUPTI_ACTIVITY_KIND_KERNEL: row 3 ends before it starts or lacks a time "
+     "(start 10765363, end 10764363)"),
+    ("no-end", "ALTER TABLE CUPTI_ACTIVITY_KIND_MEMSET RENAME TO m; "
+               "CREATE TABLE CUPTI_ACTIVITY_KIND_MEMSET AS SELECT * FROM m; DROP TABLE m; "
+               'UPDATE CUPTI_ACTIVITY_KIND_MEMSET SET "end" = NULL WHERE rowid = 2',
+     "cannot read table CUPTI_ACTIVITY_KIND_MEMSET: row 2 ends before it starts or lacks a time "
+     "(start 12046629, end NULL)"),
+    # an NVTX range without a start: nesting levels below 0 before
+    ("no-nvtx-start", "ALTER TABLE NVTX_EVENTS RENAME TO n; "
+                      "CREATE TABLE NVTX_EVENTS AS SELECT * FROM n; DROP TABLE n; "
+                      "UPDATE NVTX_EVENTS SET start = NULL WHERE rowid = "
+                      "(SELECT min(rowid) FROM NVTX_EVENTS WHERE eventType = 59)",
+     "cannot read table NVTX_EVENTS: row 2 has no start (start NULL)"),
 ])
 def test_damaged_exports(tmp_path, name, statement, outcome):
     path = shutil.copyfile(REPORT, tmp_path / f"{name}.sqlite")
