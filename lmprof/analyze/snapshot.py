@@ -469,7 +469,15 @@ def _stack_kind(frame_ids: tuple[int, ...], f: dict[str, list]) -> str | None:
 
 
 def _int(v, default=None):
-    return v if isinstance(v, int) and not isinstance(v, bool) else default
+    """An integer field; ``default`` where it is absent (None: older layouts lack some). Of
+    another type it is a layout error, as ``_text``'s: a segment's total_size of "big" or a
+    block's size of 1.5 counted as the default before, a reserved peak below the allocated one
+    without a word."""
+    if v is None:
+        return default
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    raise TypeError(f"a {type(v).__name__} where an integer belongs")
 
 
 def _text(v) -> str:
