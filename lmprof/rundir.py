@@ -411,8 +411,10 @@ def _kind_name(kind) -> str:
 
 def parse_json(text: str) -> Any:
     """JSON as this tool writes it: ValueError for what ``json.loads`` would take beyond that —
-    NaN and infinities (Python's own extension; 1e999 reads as infinity), and nesting so deep
-    that the reader recurses out (RecursionError, a traceback before)."""
+    NaN and infinities (Python's own extension; 1e999 reads as infinity), a key given twice in
+    one object (``json.loads`` kept the last without a word, where either may be the one meant;
+    a grid file's is refused too), and nesting so deep that the reader recurses out
+    (RecursionError, a traceback before)."""
     def finite(token: str) -> float:
         value = float(token)
         if not math.isfinite(value):
@@ -422,8 +424,17 @@ def parse_json(text: str) -> Any:
     def refuse(token: str) -> float:
         raise ValueError(f"{token} is not a JSON number")
 
+    def once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(pairs)
+        if len(obj) < len(pairs):
+            seen: set[str] = set()
+            twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+            raise ValueError(f"the key {twice!r} is given twice in one object")
+        return obj
+
     try:
-        return json.loads(text, parse_float=finite, parse_constant=refuse)
+        return json.loads(text, parse_float=finite, parse_constant=refuse,
+                          object_pairs_hook=once)
     except RecursionError:
         raise ValueError("nested too deeply") from None
 

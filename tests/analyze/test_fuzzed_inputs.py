@@ -5,6 +5,7 @@ the user runs them, in a subprocess with a time limit, where a hang is the failu
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import shutil
 import sqlite3
@@ -184,3 +185,36 @@ def test_db_through_a_symbolic_link(tmp_path):
     code, _, err = run("kernels", str(REPORT), "--db", str(tmp_path / "a"))
     assert code == 2 and "leads nowhere" in err and err.count("\n") == 1, err
     assert (tmp_path / "a").is_symlink()
+
+
+
+def _key_twice(path: Path, key: str, value: str) -> None:
+    """``path``'s JSON object with ``key`` given first as ``value``, then as it was."""
+    path.write_text("{" + f'"{key}": {value}, ' + path.read_text().lstrip()[1:])
+
+
+@pytest.mark.parametrize("record", ["run.json", "sweep.json"])
+def test_a_key_given_twice_is_refused(tmp_path, record):
+    """json.loads keeps the last of two equal keys: a run.json whose "status" was given twice
+    read as whichever came last, without a word (as a grid file's key given twice, refused)."""
+    run_dir = tmp_path / "sweep" / "cells" / "a"
+    shutil.copytree(MEMORY_RUN, run_dir)
+    (tmp_path / "sweep" / "sweep.json").write_text(json.dumps(
+        {"schema_version": 1, "kind": "lmprof-sweep", "grids": [{"grid_hash": "x"}]}))
+    if record == "run.json":
+        _key_twice(run_dir / "run.json", "status", '"OOM"')
+    else:
+        _key_twice(tmp_path / "sweep" / "sweep.json", "grids", "[]")
+    err = _one_line(_cli("analyze", "runs", str(tmp_path / "sweep"), cwd=tmp_path))
+    assert f"is not a readable {record}: the key '{'status' if record == 'run.json' else 'grids'}'" \
+        " is given twice in one object" in err
+
+
+def test_attention_results_with_a_key_given_twice_are_named_unreadable(tmp_path):
+    run_dir = tmp_path / "att"
+    shutil.copytree(ATTENTION_RUN, run_dir)
+    _key_twice(run_dir / "attention.json", "part_c", "[]")
+    proc = _cli("analyze", "report", str(run_dir), "-o", "rep", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "the key 'part_c' is given twice in one object" in \
+        (tmp_path / "rep" / "report.md").read_text()
