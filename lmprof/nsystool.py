@@ -128,12 +128,12 @@ def _remove_orphans(out: Path) -> None:
             continue
         try:
             os.kill(int(pid), 0)
-        except ProcessLookupError:  # (PermissionError: another user's process runs)
+        except (OSError, OverflowError) as exc:
+            if not isinstance(exc, ProcessLookupError):
+                continue  # (PermissionError: another user's process runs; its file stays)
             with contextlib.suppress(OSError):
                 path.unlink()
                 path.with_name(path.name + "-journal").unlink(missing_ok=True)
-        except (OSError, OverflowError):
-            pass
 
 
 def _why_no_export(nsys: str, status: int, output: str) -> str:
