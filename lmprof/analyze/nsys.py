@@ -625,6 +625,10 @@ def _is_text(head: bytes) -> bool:
     return all(c.isprintable() or c in "\t\n\r" for c in text)
 
 
+# What to do where nsys is not found: each place ``nsystool.find_nsys`` looks
+_GIVE_NSYS = "put nsys on PATH (or give --nsys-path or $NSYS)"
+
+
 def _sqlite_for_rep(rep: Path, nsys_path: str | None) -> Path:
     """The SQLite export of a ``.nsys-rep``: a cached one (beside it, or in the user's cache when
     its folder is read-only) that passes ``check_export`` and is that report's (``_made_from``),
@@ -664,16 +668,14 @@ def _sqlite_for_rep(rep: Path, nsys_path: str | None) -> Path:
         if another:
             raise UserError(f"the cached export {str(another)!r} is the export of another report "
                             f"than {str(rep)!r} (their sizes or SHA-256 differ) and nsys is not "
-                            f"available to export this one ({why}): put nsys on PATH (or give "
-                            "--nsys-path)") from None
+                            f"available to export this one ({why}): {_GIVE_NSYS}") from None
         if damaged:
             raise UserError(f"the cached export of nsys report {str(rep)!r} cannot be used "
                             f"({damaged[1]}) and nsys is not available to export it again "
-                            f"({why}): delete {str(damaged[0])!r}, or put nsys on PATH (or "
-                            "give --nsys-path)") from None
+                            f"({why}): delete {str(damaged[0])!r}, or {_GIVE_NSYS}") from None
         raise UserError(f"{str(rep)!r} is an nsys report and nsys is not available to export it "
                         f"({why}): run \"nsys export --type=sqlite {shlex.quote(str(rep))}\" and "
-                        "pass the .sqlite, or put nsys on PATH (or give --nsys-path)") from None
+                        f"pass the .sqlite, or {_GIVE_NSYS}") from None
     if target is elsewhere and not _writable_folder(target.parent):
         target = _temporary_folder(rep, elsewhere.parent) / beside.name
         click.echo(f"note: {str(rep)!r} is exported to a temporary file, removed at the end "

@@ -345,3 +345,23 @@ def test_the_partial_file_of_an_export_whose_process_died_is_removed_by_the_next
     assert code == 0, err
     assert sorted(p.name for p in rep.parent.iterdir()) == sorted(
         [elsewhere.name, going_on.name, "trace.nsys-rep", "trace.sqlite"])
+
+
+@pytest.mark.parametrize("cached", ["none", "another-reports", "damaged"])
+def test_without_nsys_the_line_names_every_way_to_give_it(tmp_path, monkeypatch, cached):
+    """Without nsys to export a report, the line said to put nsys on PATH or give --nsys-path,
+    and not $NSYS, the third place nsys is looked for (``nsystool.INSTALL_HINT`` names it)."""
+    rep = a_rep(tmp_path / "data")
+    beside = rep.with_suffix(".sqlite")
+    if cached == "another-reports":
+        assert run("kernels", str(rep), "--nsys-path", str(fake_nsys(tmp_path / "bin")),
+                   "--table", "gemm_fraction")[0] == 0
+        rep.write_bytes(b"\1" * 64)
+    elif cached == "damaged":
+        beside.write_bytes(REPORT.read_bytes()[:200_000])
+        _set_mtime(beside, rep, later_s=60)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.delenv("NSYS", raising=False)
+    code, _, err = run("kernels", str(rep), "--table", "gemm_fraction")
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.endswith("put nsys on PATH (or give --nsys-path or $NSYS)\n"), err
