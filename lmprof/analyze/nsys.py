@@ -27,12 +27,13 @@ Loaded tables (prefixed ``_``; the documented views are built by ``lmprof.analyz
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
 import shlex
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -634,28 +635,15 @@ def _sqlite_for_rep(rep: Path, nsys_path: str | None) -> Path:
     its folder is read-only) that passes ``check_export`` and is that report's (``_made_from``),
     else exported there with nsys (a damaged cached export, or another report's, is replaced:
     the report is the input), or, where neither can be written, to a temporary file that this
-    command alone uses (a line on stderr says so)."""
+    command alone uses (a line on stderr says so). One process at a time exports a report
+    into the cache (``_exporting``): one that waited for another takes the export it made."""
     from lmprof.nsystool import export_sqlite, find_nsys
 
     _check_rep(rep)
     beside, elsewhere = rep.with_suffix(".sqlite"), _export_cache(rep)
-    damaged: tuple[Path, str] | None = None
-    another: Path | None = None  # a cached export of another report
-    for cached in (beside, elsewhere):
-        if not cached.is_file():
-            continue
-        try:
-            check_export(cached)
-        except UserError as exc:  # (a truncated copy, a file of another kind by that name)
-            if cached.stat().st_mtime_ns >= rep.stat().st_mtime_ns:
-                damaged = damaged or (cached, str(exc))
-            continue
-        made_from = _made_from(cached, rep)
-        if made_from or (made_from is None and  # (an export made otherwise: by its time)
-                         cached.stat().st_mtime_ns >= rep.stat().st_mtime_ns):
-            return cached
-        if made_from is False:
-            another = another or cached
+    found, damaged, another = _cached(rep, (beside, elsewhere))
+    if found is not None:
+        return found
     target = beside if os.access(rep.parent, os.W_OK) else elsewhere
     try:
         nsys = find_nsys(nsys_path)
@@ -676,18 +664,84 @@ def _sqlite_for_rep(rep: Path, nsys_path: str | None) -> Path:
         raise UserError(f"{str(rep)!r} is an nsys report and nsys is not available to export it "
                         f"({why}): run \"nsys export --type=sqlite {shlex.quote(str(rep))}\" and "
                         f"pass the .sqlite, or {_GIVE_NSYS}") from None
+    shared = True  # (where the export goes is a cache that other processes read)
     if target is elsewhere and not _writable_folder(target.parent):
-        target = _temporary_folder(rep, elsewhere.parent) / beside.name
+        target, shared = _temporary_folder(rep, elsewhere.parent) / beside.name, False
         click.echo(f"note: {str(rep)!r} is exported to a temporary file, removed at the end "
                    f"(neither its folder nor the cache folder {str(elsewhere.parent)!r} can be "
                    "written): nsys exports it again next time", err=True)
     from lmprof.capture import termination
 
     try:
-        with termination.as_exception():  # (SIGTERM, SIGHUP: nsys goes, as at Ctrl-C)
+        # (SIGTERM, SIGHUP: nsys goes, as at Ctrl-C; so too the wait for another's export)
+        with termination.as_exception(), \
+                _exporting(rep) if shared else contextlib.nullcontext(False) as waited:
+            if waited and (found := _cached(rep, (beside, elsewhere))[0]) is not None:
+                return found  # (the export the process waited for made)
             return export_sqlite(nsys, rep, target)
     except termination.Terminated as exc:
         termination.exit_terminated(exc)
+
+
+def _cached(rep: Path, places: tuple[Path, ...]
+            ) -> tuple[Path | None, tuple[Path, str] | None, Path | None]:
+    """What ``places`` hold for report ``rep``: the first cached export to use (else None); the
+    first damaged one not older than the report, with why; the first of another report."""
+    damaged: tuple[Path, str] | None = None
+    another: Path | None = None
+    for cached in places:
+        if not cached.is_file():
+            continue
+        try:
+            check_export(cached)
+        except UserError as exc:  # (a truncated copy, a file of another kind by that name)
+            if cached.stat().st_mtime_ns >= rep.stat().st_mtime_ns:
+                damaged = damaged or (cached, str(exc))
+            continue
+        made_from = _made_from(cached, rep)
+        if made_from or (made_from is None and  # (an export made otherwise: by its time)
+                         cached.stat().st_mtime_ns >= rep.stat().st_mtime_ns):
+            return cached, damaged, another
+        if made_from is False:
+            another = another or cached
+    return None, damaged, another
+
+
+@contextlib.contextmanager
+def _exporting(rep: Path) -> Iterator[bool]:
+    """Inside, no other process exports ``rep`` by way of ``_sqlite_for_rep``: an exclusive
+    ``flock`` on the report itself, opened read-only (no file is made, the input is left as it
+    is; the lock goes when the process ends, however it ends). Where another process holds it,
+    a note on stderr says so and this one waits (Ctrl-C ends the wait as it ends the export);
+    yields whether it waited. Where the report cannot be locked (an error other than that it is
+    taken: NFS without its lock service) or opened (its read says why), it goes on unlocked."""
+    try:
+        fd = os.open(rep, os.O_RDONLY)  # (not inherited: nsys holds no lock of ours)
+    except OSError:
+        yield False
+        return
+    try:
+        yield _lock(fd, rep)
+    finally:
+        os.close(fd)  # (the lock with it)
+
+
+def _lock(fd: int, rep: Path) -> bool:
+    """``flock(fd, LOCK_EX)`` as ``_exporting`` takes it; whether it waited for another."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        click.echo(f"note: waiting for another process exporting {str(rep)!r}", err=True)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:  # (taken, then refused: looked at again all the same)
+        pass
+    return True
 
 
 def _writable_folder(folder: Path) -> bool:

@@ -365,3 +365,99 @@ def test_without_nsys_the_line_names_every_way_to_give_it(tmp_path, monkeypatch,
     code, _, err = run("kernels", str(rep), "--table", "gemm_fraction")
     assert code == 2 and err.count("\n") == 1, err
     assert err.endswith("put nsys on PATH (or give --nsys-path or $NSYS)\n"), err
+
+
+@contextlib.contextmanager
+def _exporting_and_waiting(tmp_path: Path):
+    """Two ``analyze kernels`` of one report: the first exporting it (its stand-in nsys waits for
+    a file ``go`` in ``tmp_path``), the second started once nsys runs, yielded once it says it
+    waits for the first. Yields (report, stand-in nsys, first, second, second's stderr file);
+    after, ``go`` is there and both are gone."""
+    rep = a_rep(tmp_path / "data")
+    go = tmp_path / "go"
+    fake = fake_nsys(tmp_path / "bin", before=f"while not os.path.exists({str(go)!r}):\n"
+                     "    time.sleep(0.05)")
+    args = ["kernels", str(rep), "--nsys-path", str(fake), "--table", "gemm_fraction",
+            "--format", "csv"]
+    calls, err = fake.parent / "calls", tmp_path / "second.err"
+    first = analyze(*args)
+    second = None
+    try:
+        end = time.monotonic() + 60
+        while not calls.is_file():
+            assert time.monotonic() < end and first.poll() is None, first.communicate()
+            time.sleep(0.05)
+        with open(err, "w") as fh:
+            second = subprocess.Popen([sys.executable, "-m", "lmprof.analyze", *args], cwd=ROOT,
+                                      env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                      stdout=subprocess.PIPE, stderr=fh, text=True)
+        while "note: " not in err.read_text():
+            # (nsys run twice: the second exported the report beside the first)
+            assert calls.read_text() == "x", "the second process ran nsys too"
+            assert time.monotonic() < end and second.poll() is None, err.read_text()
+            time.sleep(0.05)
+        yield rep, fake, first, second, err
+    finally:
+        go.touch()  # (the stand-in nsys ends; then its analyze)
+        for proc in (first, second):
+            if proc is not None:
+                try:
+                    proc.communicate(timeout=60)
+                finally:
+                    proc.kill()
+
+
+def test_two_exports_of_one_report_at_once_run_nsys_once(tmp_path):
+    """Two commands started at once on one .nsys-rep both ran nsys on it (minutes each, for a
+    large report), each writing its export over the other's. The export is made by one process
+    at a time (an flock on the report): the second waits, saying so, then takes the export the
+    first made."""
+    with _exporting_and_waiting(tmp_path) as (rep, fake, first, second, err):
+        (tmp_path / "go").touch()
+        out1, err1 = first.communicate(timeout=120)
+        out2, _ = second.communicate(timeout=120)
+    assert first.returncode == 0 and second.returncode == 0, (err1, err.read_text())
+    assert err1 == ""
+    assert err.read_text() == f"note: waiting for another process exporting {str(rep)!r}\n"
+    assert (fake.parent / "calls").read_text() == "x"
+    code, expected, _ = run("kernels", str(REPORT), "--table", "gemm_fraction", "--format", "csv")
+    assert code == 0 and out1 == out2 == expected
+    assert sorted(p.name for p in rep.parent.iterdir()) == ["trace.nsys-rep", "trace.sqlite"]
+
+
+@pytest.mark.parametrize("signum, status, line", [
+    (signal.SIGINT, 130, "aborted"), (signal.SIGTERM, 143, "terminated (SIGTERM)"),
+], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_waiting_for_another_export_ends_as_usual(tmp_path, signum, status,
+                                                                line):
+    """Ctrl-C (or SIGTERM) while waiting for another process's export of the report ends the
+    command as in the export itself; the other export goes on."""
+    with _exporting_and_waiting(tmp_path) as (rep, fake, first, second, err):
+        second.send_signal(signum)
+        second.communicate(timeout=60)
+        assert second.returncode == status, err.read_text()
+        assert err.read_text().split("\n") == [
+            f"note: waiting for another process exporting {str(rep)!r}", *[""] * (
+                signum == signal.SIGINT), line, ""]  # (click's empty line at Ctrl-C)
+        (tmp_path / "go").touch()
+        _, err1 = first.communicate(timeout=120)
+    assert first.returncode == 0, err1
+    assert (fake.parent / "calls").read_text() == "x"
+    assert sorted(p.name for p in rep.parent.iterdir()) == ["trace.nsys-rep", "trace.sqlite"]
+
+
+def test_an_export_goes_on_where_the_report_cannot_be_locked(tmp_path, monkeypatch):
+    """A file system without flock (NFS without its lock service: ENOLCK) exports the report
+    unlocked, without a word, as before."""
+    import errno
+    import fcntl
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    rep = a_rep(tmp_path / "data")
+    fake = fake_nsys(tmp_path / "bin")
+    code, _, err = run("kernels", str(rep), "--nsys-path", str(fake), "--table", "gemm_fraction")
+    assert code == 0 and err == "", err
+    assert (fake.parent / "calls").read_text() == "x"
