@@ -25,7 +25,9 @@ INSTALL_HINT = (
 # The table export_sqlite adds to each export: the size and SHA-256 of the report it was made
 # from (and its file name, for people), by which analyze takes a cached export for a report
 # only where it is that report's, whatever the files' times say (a report replaced by an older
-# one's copy, a folder copied without its times)
+# one's copy, a folder copied without its times); and the report's absolute path, by which
+# analyze drops from the user's cache the exports of reports replaced or gone
+# (``nsys._prune_cache``; exports made before the column have none)
 SOURCE_TABLE = "lmprof_source_report"
 
 
@@ -192,8 +194,10 @@ def _record_source(export: Path, rep: Path, size: int, sha256: str, out: Path) -
     con = sqlite3.connect(export)
     try:
         with con:
-            con.execute(f"CREATE TABLE {SOURCE_TABLE} (name TEXT, bytes INTEGER, sha256 TEXT)")
-            con.execute(f"INSERT INTO {SOURCE_TABLE} VALUES (?, ?, ?)", (rep.name, size, sha256))
+            con.execute(f"CREATE TABLE {SOURCE_TABLE} (name TEXT, bytes INTEGER, sha256 TEXT, "
+                        "path TEXT)")
+            con.execute(f"INSERT INTO {SOURCE_TABLE} VALUES (?, ?, ?, ?)",
+                        (rep.name, size, sha256, str(rep.resolve())))
     except sqlite3.Error as exc:
         number = _SQLITE_MACHINE_ERRORS.get(getattr(exc, "sqlite_errorcode", 0) & 0xFF)
         if number is not None:

@@ -31,6 +31,7 @@ import contextlib
 import functools
 import importlib.util
 import os
+import re
 import shlex
 import sqlite3
 from collections.abc import Callable, Iterator
@@ -563,13 +564,74 @@ def _text(value):
 
 def _export_cache(rep: Path) -> Path:
     """Where the export of a ``.nsys-rep`` in a folder we may not write goes: the user's cache
-    ($XDG_CACHE_HOME or ~/.cache, lmprof/exports), named by the report's path, size and mtime."""
+    ($XDG_CACHE_HOME or ~/.cache, lmprof/exports), named by the report's path, size and mtime
+    (``_CACHE_NAME``); ``_prune_cache`` drops what is no longer of use there."""
     import hashlib
 
     st = rep.stat()
     key = hashlib.sha1(f"{rep.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return root / "lmprof" / "exports" / f"{rep.stem}-{key[:16]}.sqlite"
+
+
+# The names of the files in the user's cache: '<report's stem>-<16 hex digits>.sqlite'
+_CACHE_NAME = re.compile(r".+-[0-9a-f]{16}\.sqlite")
+
+
+def _prune_cache(written: Path, rep: Path) -> None:
+    """Remove from the user's cache folder, where the export of ``rep`` was just ``written``,
+    the exports lmprof made there of a report at the path of ``rep`` (an earlier version of
+    it, replaced since) and of a report that no longer is at its path (removed, moved, or on a
+    drive not there now: its export would be made again), by the report's path each records
+    (``nsystool.SOURCE_TABLE``): without it the cache grew by an export, as large as its
+    report, with each version of each report, for good. A file is removed only where it is
+    named as the cache names its files (``_CACHE_NAME``) and records a report's path; a file
+    that cannot be read, or made before exports recorded the path, stays; so do the exports
+    beside reports (the user's files), which this never looks at."""
+    try:
+        names = os.listdir(written.parent)
+    except OSError:
+        return
+    this = rep.resolve()
+    for name in names:
+        path = written.parent / name
+        if name == written.name or not _CACHE_NAME.fullmatch(name):
+            continue
+        made_for = _report_path(path)
+        if made_for is not None and (made_for == this or _gone(made_for)):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def _report_path(export: Path) -> Path | None:
+    """The report's path an export records (``nsystool.SOURCE_TABLE``), or None: not an SQLite
+    file, unreadable, without the table or the column, or not one path in it."""
+    from lmprof.nsystool import SOURCE_TABLE
+
+    try:
+        if not export.is_file():
+            return None
+        sq = sqlite3.connect(f"{export.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+        try:
+            rows = sq.execute(f"SELECT path FROM {SOURCE_TABLE}").fetchall()
+        finally:
+            sq.close()
+    except (OSError, sqlite3.Error):
+        return None
+    if len(rows) != 1 or not isinstance(rows[0][0], str) or not os.path.isabs(rows[0][0]):
+        return None
+    return Path(rows[0][0])
+
+
+def _gone(path: Path) -> bool:
+    """Whether nothing is at ``path`` (a folder that cannot be looked into is not that)."""
+    try:
+        path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _made_from(export: Path, rep: Path) -> bool | None:
@@ -678,7 +740,10 @@ def _sqlite_for_rep(rep: Path, nsys_path: str | None) -> Path:
                 _exporting(rep) if shared else contextlib.nullcontext(False) as waited:
             if waited and (found := _cached(rep, (beside, elsewhere))[0]) is not None:
                 return found  # (the export the process waited for made)
-            return export_sqlite(nsys, rep, target)
+            exported = export_sqlite(nsys, rep, target)
+            if target == elsewhere:
+                _prune_cache(exported, rep)
+            return exported
     except termination.Terminated as exc:
         termination.exit_terminated(exc)
 

@@ -461,3 +461,99 @@ def test_an_export_goes_on_where_the_report_cannot_be_locked(tmp_path, monkeypat
     code, _, err = run("kernels", str(rep), "--nsys-path", str(fake), "--table", "gemm_fraction")
     assert code == 0 and err == "", err
     assert (fake.parent / "calls").read_text() == "x"
+
+
+def _in_the_cache(tmp_path: Path, monkeypatch, rep: Path, nsys: Path) -> Path:
+    """Export ``rep``, whose folder is taken for read-only, into the cache under ``tmp_path``;
+    returns the cache's file."""
+    from lmprof.analyze import nsys as analyze_nsys
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    # (tests may run as root, for whom no folder is read-only: the check is what is replaced)
+    real_access = os.access
+    monkeypatch.setattr(analyze_nsys.os, "access", lambda path, mode: False if Path(path) ==
+                        rep.parent else real_access(path, mode))
+    code, _, err = run("kernels", str(rep), "--nsys-path", str(nsys), "--table", "gemm_fraction")
+    assert code == 0, err
+    cached = analyze_nsys._export_cache(rep)
+    monkeypatch.undo()
+    return cached
+
+
+def test_the_user_cache_drops_the_exports_of_replaced_and_removed_reports(tmp_path,
+                                                                          monkeypatch):
+    """The user's cache of exports ($XDG_CACHE_HOME/lmprof/exports) was never emptied: each
+    version of a report in a read-only folder added an export (as large as the report's) for
+    good. An export written there now removes the cache's other exports of that report's path
+    and those whose report is gone, by the report's path that each records
+    (lmprof_source_report.path); any other file stays: another name, an export that records no
+    path (made before the column, or not by lmprof), one that cannot be read; and the exports
+    beside reports, which are the user's files."""
+    import shutil
+    import sqlite3
+
+    from lmprof.nsystool import SOURCE_TABLE
+
+    fake = fake_nsys(tmp_path / "bin")
+    shared = tmp_path / "shared"
+    rep, kept, gone = a_rep(shared, "a.nsys-rep"), a_rep(shared, "b.nsys-rep"), \
+        a_rep(shared, "c.nsys-rep")
+    beside_gone = a_rep(tmp_path / "mine", "d.nsys-rep")
+    assert run("kernels", str(beside_gone), "--nsys-path", str(fake), "--table",
+               "gemm_fraction")[0] == 0
+    beside_gone.unlink()
+    first = _in_the_cache(tmp_path, monkeypatch, rep, fake)
+    con = sqlite3.connect(first)
+    assert con.execute(f"SELECT path FROM {SOURCE_TABLE}").fetchall() == [(str(rep.resolve()),)]
+    con.close()
+    of_kept = _in_the_cache(tmp_path, monkeypatch, kept, fake)
+    of_gone = _in_the_cache(tmp_path, monkeypatch, gone, fake)
+    gone.unlink()
+    cache = first.parent
+    others = {  # (files named as the cache names them that are not to go)
+        "notes.sqlite": None, "nopath-0123456789abcdef.sqlite": "no-path",
+        "bare-0123456789abcdef.sqlite": "no-table", "text-0123456789abcdef.sqlite": "text"}
+    for name, kind in others.items():
+        if kind == "text":
+            (cache / name).write_text("not an export")
+        else:
+            shutil.copyfile(of_gone, cache / name)
+            con = sqlite3.connect(cache / name)
+            with con:
+                con.execute(f"ALTER TABLE {SOURCE_TABLE} DROP COLUMN path" if kind == "no-path"
+                            else f"DROP TABLE {SOURCE_TABLE}")
+            con.close()
+    (cache / "sub-0123456789abcdef.sqlite").mkdir()
+    rep.write_bytes(b"\1" * 80)  # (a new version: another cache file)
+    second = _in_the_cache(tmp_path, monkeypatch, rep, fake)
+    assert second != first
+    assert sorted(p.name for p in cache.iterdir()) == sorted(
+        [second.name, of_kept.name, "sub-0123456789abcdef.sqlite", *others])
+    assert sorted(p.name for p in beside_gone.parent.iterdir()) == ["d.sqlite"]
+    assert (fake.parent / "calls").read_text() == "xxxxx"
+
+
+def test_an_export_that_records_no_report_path_is_still_its_reports(tmp_path, monkeypatch):
+    """An export lmprof made before it recorded the report's path (lmprof_source_report without
+    the column path) is taken for its report by the size and SHA-256 it records, as before."""
+    import hashlib
+    import shutil
+    import sqlite3
+
+    from lmprof.nsystool import SOURCE_TABLE
+
+    rep = a_rep(tmp_path / "data")
+    beside = rep.with_suffix(".sqlite")
+    shutil.copyfile(REPORT, beside)
+    _set_mtime(beside, rep, later_s=-60)  # (older than the report: taken by what it records)
+    con = sqlite3.connect(beside)
+    with con:
+        con.execute(f"CREATE TABLE {SOURCE_TABLE} (name TEXT, bytes INTEGER, sha256 TEXT)")
+        con.execute(f"INSERT INTO {SOURCE_TABLE} VALUES (?, ?, ?)", (
+            rep.name, 64, hashlib.sha256(rep.read_bytes()).hexdigest()))
+    con.close()
+    _set_mtime(beside, rep, later_s=-60)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.delenv("NSYS", raising=False)
+    code, _, err = run("kernels", str(rep), "--table", "gemm_fraction")
+    assert code == 0, err
