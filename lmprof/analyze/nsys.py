@@ -322,8 +322,9 @@ def _nvtx_types(sq: sqlite3.Connection, tables: set[str], path: Path) -> dict[st
             if name in types:
                 if not isinstance(id_, int) or isinstance(id_, bool) or \
                         not -2**31 <= id_ < 2**31:
-                    raise UserError(f"ENUM_NSYS_EVENT_TYPE gives {name} the id {id_!r}, not a "
-                                    "32-bit integer (a damaged or hand-edited export?)")
+                    raise UserError(f"{str(path)!r}: ENUM_NSYS_EVENT_TYPE gives {name} the id "
+                                    f"{id_!r}, not a 32-bit integer (a damaged or hand-edited "
+                                    "export?)")
                 types[name] = id_
     return types
 
@@ -441,8 +442,25 @@ def load(duck: duckdb.DuckDBPyConnection, path: str | Path,
     everything has finished; it raises the load's first error (by table order), else what
     ``beside`` raised. Tables go into ``duck``'s current schema. ``_kernel_short_names`` is
     grouped from ``_kernels`` at the end (the export's kernel table is read once).
+
+    Where the export is one that lmprof made and ``_sqlite_for_rep`` took from a cache
+    (``_FROM_CACHE``), an error of the file's (its one line names it first: a page damaged
+    behind a whole header, which the checks before it is taken do not read) says whose cached
+    export it is and that, deleted, the next run exports the report again: it failed each run.
     """
     path = Path(path)
+    try:
+        return _load(duck, path, beside)
+    except UserError as exc:
+        rep = _FROM_CACHE.get(path.resolve())
+        if rep is None or not str(exc).startswith(repr(str(path))):
+            raise
+        raise UserError(f"{exc}; it is the cached export of {str(rep)!r}: delete it and the "
+                        "next run exports the report again") from None
+
+
+def _load(duck: duckdb.DuckDBPyConnection, path: Path,
+          beside: Callable[[Export], None] | None) -> Export:
     sq = open_readonly(path)
     try:
         present = _tables(sq, path)
@@ -748,6 +766,11 @@ def _sqlite_for_rep(rep: Path, nsys_path: str | None) -> Path:
         termination.exit_terminated(exc)
 
 
+# The exports lmprof made that ``_cached`` took from a cache in this process (resolved), each
+# with its report: ``load`` names the report where such a file turns out damaged
+_FROM_CACHE: dict[Path, Path] = {}
+
+
 def _cached(rep: Path, places: tuple[Path, ...]
             ) -> tuple[Path | None, tuple[Path, str] | None, Path | None]:
     """What ``places`` hold for report ``rep``: the first cached export to use (else None); the
@@ -764,6 +787,8 @@ def _cached(rep: Path, places: tuple[Path, ...]
                 damaged = damaged or (cached, str(exc))
             continue
         made_from = _made_from(cached, rep)
+        if made_from:
+            _FROM_CACHE[cached.resolve()] = rep
         if made_from or (made_from is None and  # (an export made otherwise: by its time)
                          cached.stat().st_mtime_ns >= rep.stat().st_mtime_ns):
             return cached, damaged, another

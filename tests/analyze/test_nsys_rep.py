@@ -557,3 +557,54 @@ def test_an_export_that_records_no_report_path_is_still_its_reports(tmp_path, mo
     monkeypatch.delenv("NSYS", raising=False)
     code, _, err = run("kernels", str(rep), "--table", "gemm_fraction")
     assert code == 0, err
+
+
+def _damage_kernel_table(export: Path) -> None:
+    """Scribble over the kernel table's root page of ``export``: its header stays whole (as
+    ``check_export`` reads it), the load fails."""
+    import sqlite3
+
+    con = sqlite3.connect(f"{export.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+    page = con.execute("PRAGMA page_size").fetchone()[0]
+    root = con.execute("SELECT rootpage FROM sqlite_master WHERE name = "
+                       "'CUPTI_ACTIVITY_KIND_KERNEL'").fetchone()[0]
+    con.close()
+    with open(export, "r+b") as fh:
+        fh.seek((root - 1) * page)
+        fh.write(b"\xff" * page)
+
+
+@pytest.mark.parametrize("where", ["beside", "user-cache", "given"])
+def test_a_cached_export_damaged_inside_says_that_deleting_it_exports_it_again(
+        tmp_path, monkeypatch, where):
+    """A cached export whose header is whole but a page is damaged (a disk's fault) passes the
+    checks made before it is taken, and its load failed, every run, naming a file the user did
+    not make and not what to do. The line now says whose cached export it is and that the next
+    run exports the report again once it is deleted; an export given as such (a .sqlite) is the
+    user's, and its line is as before."""
+    rep = a_rep(tmp_path / "data")
+    fake = fake_nsys(tmp_path / "bin")
+    if where == "user-cache":
+        export = _in_the_cache(tmp_path, monkeypatch, rep, fake)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+        real_access = os.access
+        monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) ==
+                            rep.parent else real_access(path, mode))
+    else:
+        assert run("kernels", str(rep), "--nsys-path", str(fake), "--table",
+                   "gemm_fraction")[0] == 0
+        export = rep.with_suffix(".sqlite")
+    _damage_kernel_table(export)
+    arg = str(export if where == "given" else rep)
+    code, _, err = run("kernels", arg, "--nsys-path", str(fake), "--table", "gemm_fraction")
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {str(export)!r}: cannot read table "
+                          "CUPTI_ACTIVITY_KIND_KERNEL: "), err
+    hint = (f"; it is the cached export of {str(rep)!r}: delete it and the next run exports the "
+            "report again\n")
+    assert err.endswith(hint) == (where != "given"), err
+    if where != "given":
+        export.unlink()
+        code, _, err = run("kernels", arg, "--nsys-path", str(fake), "--table", "gemm_fraction")
+        assert code == 0, err
+        assert (fake.parent / "calls").read_text() == "xx"
