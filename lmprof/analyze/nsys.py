@@ -647,8 +647,8 @@ def _gone(path: Path) -> bool:
         path.stat()
     except (FileNotFoundError, NotADirectoryError):
         return True
-    except OSError:
-        return False
+    except OSError:  # (no permission: it may be there)
+        pass
     return False
 
 
