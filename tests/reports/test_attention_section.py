@@ -621,6 +621,30 @@ def test_runs_at_another_batch_or_heads_are_drawn_as_lines_of_their_own(tmp_path
     assert "Runs given other --batch or --heads have lines of their own" in text
 
 
+def test_shapes_of_one_cell_are_in_the_order_of_their_numbers_not_their_text(tmp_path):
+    """The real part c runs together with one run again at --batch 2, one at --heads 8 and one
+    without the mask: a cell's rows came in the order of their "B, H" text, "128, 128" before
+    "2, 128" and "128, 8". By batch, then heads, by value; causal before not causal."""
+    dirs = _runs(tmp_path)
+    again = [_run_again_with(tmp_path, dirs[0], option, value)
+             for option, value in (("batch", 2), ("heads", 8), ("causal", False))]
+    [(_, _, rows)] = section.combined_part_c(_read([*dirs, *again]))
+    table = section.part_c_table(rows, keys=("dtype", "d", "seq", "shape", "runs"))
+    at_128 = table[(table["d"] == 16) & (table["Seq"] == 128)]
+    assert list(at_128["Shape (B, H)"]) == ["2, 128", "128, 8", "128, 128",
+                                            "128, 128, not causal"]
+    # (the table's other keys keep their order: dtype, d, then seq by value)
+    assert list(table["d"]) == sorted(table["d"])
+    for d in set(table["d"]):
+        seqs = list(table.loc[table["d"] == d, "Seq"])
+        assert seqs == sorted(seqs)
+    text = report.build([str(d) for d in (*dirs, *again)], tmp_path / "report").read_text()
+    [(header, body)] = [t for t in _tables(text) if "Runs" in t[0]]
+    shape = header.index("Shape (B, H)")
+    assert [r[shape] for r in body if r[:3] == ["bfloat16", "16", "128"]] == \
+        list(at_128["Shape (B, H)"])
+
+
 def test_part_a_rows_at_other_batches_say_their_batch():
     """Part a rows of two batches (the caption reads 'Batch 8, 2.'): the table gave d, Seq, Dtype
     and the implementation, so the two rows of a cell could not be told apart. A Batch column

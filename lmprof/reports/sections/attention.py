@@ -108,7 +108,12 @@ def part_c_frame(rows: list[dict], keys: tuple[str, ...] = ("dtype", "d", "seq")
             if not flash.empty:
                 wide[f"flash_{part}"] = flash.groupby(keys)[part].agg(
                     lambda b: "/".join(sorted(set(b))))
-    return wide.reset_index()
+    wide = wide.reset_index()
+    if "shape" in keys:  # (by its numbers, not its text: "2, 128" before "128, 128")
+        rank = _shape_ranks(rows)
+        wide = wide.sort_values(keys, key=lambda c: c.map(rank) if c.name == "shape" else c,
+                                kind="stable", ignore_index=True)
+    return wide
 
 
 def part_c_table(rows: list[dict], keys: tuple[str, ...] = ("dtype", "d", "seq")
@@ -149,6 +154,17 @@ def with_shape(rows: list[dict]) -> list[dict]:
     """Part c rows with ``shape``, their cell's "B, H" (", not causal" where unmasked)."""
     return [{**row, "shape": f"{row.get('batch')}, {row.get('heads')}"
                              + ("" if row.get("causal", True) else ", not causal")} for row in rows]
+
+
+def _shape_ranks(rows: list[dict]) -> dict[str, int]:
+    """Each ``shape`` of ``with_shape``'s rows -> its place in a table: by batch, then heads,
+    smallest first (a missing one last), causal before not causal."""
+    def order(row: dict) -> tuple:
+        b, h = row.get("batch"), row.get("heads")
+        return b is None, b or 0, h is None, h or 0, not row.get("causal", True)
+
+    places = {row["shape"]: order(row) for row in rows}
+    return {shape: i for i, shape in enumerate(sorted(places, key=places.__getitem__))}
 
 
 def _on_cuda(env: dict[str, Any]) -> bool:
