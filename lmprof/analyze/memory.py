@@ -655,7 +655,9 @@ def _matched_state_rows(con, s, state: str, expected: int, wanted: Counter,
 
 def compare(con) -> pd.DataFrame:
     """One row per snapshot and device: the config, the run's status and its peaks (overall
-    and per phase)."""
+    and per phase); in the order the snapshots were loaded (``analyze memory`` and the report
+    load runs in the benchmark table's order of configurations, ``rundir.config_order``: sizes
+    smallest first, not "2.7B" before "medium" before "small" as their names sort)."""
     df = con.execute("""
         SELECT s.label AS snapshot, p.device, s.size, s.context_length, s.batch_size, s.mode,
             s.dtype, s.attention, s.compile, s.status, p.peak_allocated_bytes,
@@ -671,7 +673,7 @@ def compare(con) -> pd.DataFrame:
         FROM memory_peaks p JOIN memory_snapshots s USING (snapshot_id)
         LEFT JOIN memory_by_phase b ON b.snapshot_id = p.snapshot_id AND b.device = p.device
         GROUP BY ALL
-        ORDER BY s.size, s.context_length, s.mode, s.dtype, p.snapshot_id, p.device""").df()
+        ORDER BY p.snapshot_id, p.device""").df()
     return df.drop(columns="snapshot_id")
 
 
@@ -688,7 +690,9 @@ def peak_by_context(cmp: pd.DataFrame) -> pd.DataFrame:
     """The write-up table: peak allocated by context length, a column per mode and dtype; a
     row per size, context length and each of batch size, attention and compile that differs
     between the snapshots (unknown where a run did not record it), and per run status where a
-    run failed (OOM). Snapshots of one configuration give their largest peak."""
+    run failed (OOM). Snapshots of one configuration give their largest peak. Sizes in the
+    order of ``cmp``'s rows (``compare``: smallest first), each size's rows by setting and
+    context length."""
     known = cmp.dropna(subset=["context_length", "mode", "dtype"])
     if known.empty:
         return pd.DataFrame()
@@ -706,7 +710,11 @@ def peak_by_context(cmp: pd.DataFrame) -> pd.DataFrame:
     table = known.pivot_table(index=["size", *varying, "context_length"], columns="column",
                               values="peak_allocated_bytes", aggfunc="max")
     table.columns.name = None
-    return table.astype("Int64").reset_index()
+    table = table.astype("Int64").reset_index()
+    # (pivot_table sorts the sizes by name: "2.7B", "medium", "small")
+    place = {size: i for i, size in enumerate(dict.fromkeys(known["size"]))}
+    return table.sort_values("size", key=lambda c: c.map(place), kind="stable",
+                             ignore_index=True)
 
 
 def timeline(con, sid: int, device: int, buckets: int = 2000) -> pd.DataFrame:

@@ -246,6 +246,35 @@ def test_peak_by_context_keeps_a_size_with_other_dims_apart(tmp_path):
     assert {r["size"] for r in tables["memory_compare"]} == set(sizes)
 
 
+def test_sizes_compare_smallest_first_not_by_name(tmp_path):
+    """Runs of small (contexts 1024 and 128), 2.7B and medium: the comparison tables sorted the
+    sizes by name, "2.7B" before "medium" before "small". Both follow the benchmark table's
+    order: sizes smallest first, then context length by value."""
+    from lmprof.model.config import SIZES
+
+    src = ROOT / "tests" / "data" / "h200-lmprof-memory"
+    record = json.loads((src / "run.json").read_text())
+    dirs = []
+    for i, (size, ctx) in enumerate((("small", 1024), ("2.7B", 128), ("medium", 2),
+                                     ("small", 128))):
+        d = tmp_path / f"run{i}"
+        d.mkdir()
+        (d / "memory.pickle.xz").write_bytes((src / "memory.pickle.xz").read_bytes())
+        dims = dict(zip(("d_model", "d_ff", "num_layers", "num_heads"), SIZES[size]))
+        (d / "run.json").write_text(json.dumps({
+            **record, "run_id": f"{size}-ctx{ctx}", "config": {
+                **record["config"], "size": size, "context_length": ctx},
+            "model": {**record["model"], **dims, "context_length": ctx}}))
+        dirs.append(str(d))
+    res = CliRunner().invoke(analyze, ["memory", *dirs, "--format", "json"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    tables = json.loads(res.output)
+    expected = [("small", 128), ("small", 1024), ("medium", 2), ("2.7B", 128)]
+    for name in ("memory_compare", "memory_peak_by_context"):
+        assert [(r["size"], r["context_length"]) for r in tables[name]] == expected, name
+
+
 def test_largest_allocations_show_first_alloc_in_ms():
     # first_alloc_us is NULL for memory allocated before recording, so its column holds integers
     # with gaps: markdown must still turn µs into the ms its header names (it printed µs)
