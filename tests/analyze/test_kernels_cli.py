@@ -6,6 +6,7 @@ import io
 import json
 import lzma
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,42 @@ def test_whole_report_totals_equal_cuda_gpu_kern_sum(tmp_path):
     np.testing.assert_allclose(mine["med_ns"], theirs["Med (ns)"], atol=0.051)
     np.testing.assert_allclose(mine["std_ns"], theirs["StdDev (ns)"], atol=0.051)
     np.testing.assert_allclose(mine["time_pct"], theirs["Time (%)"], atol=0.051)
+
+
+def test_classes_of_equal_time_come_in_one_order_every_time(tmp_path):
+    """An export (a copy of the fixture) whose elementwise and softmax kernels take equal time
+    in the forward phase: class_breakdown ordered a phase's classes by time alone, and the two
+    came in either order from one run of the same command to the next (DuckDB sorts on several
+    threads). Equal times go by class name."""
+    from lmprof.analyze.classify import classify
+
+    copy = writable_copy(tmp_path)
+    code, out, _ = run("kernels", str(copy), "--table", "class_breakdown", "--format", "csv")
+    assert code == 0
+    rows = pd.read_csv(io.StringIO(out))
+    count = rows[rows["phase"] == "forward"].set_index("kernel_class")["kernels"]
+    ids: dict[str, list[int]] = {}
+    con = sqlite3.connect(copy)
+    for (name_id, name) in con.execute(
+            "SELECT id, value FROM StringIds WHERE id IN "
+            "(SELECT demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL)"):
+        ids.setdefault(classify(name), []).append(name_id)
+    con.close()
+    # each class's kernels as long as the other class has kernels: equal sums in forward
+    edit(copy, *(f'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = start + {count[other]} '
+                 f'WHERE demangledName IN ({", ".join(map(str, ids[cls]))})'
+                 for cls, other in (("softmax", "elementwise"), ("elementwise", "softmax"))))
+    outs = set()
+    for _ in range(5):
+        code, out, _ = run("kernels", str(copy), "--table", "class_breakdown", "--format", "csv")
+        assert code == 0
+        outs.add(out)
+        rows = pd.read_csv(io.StringIO(out))
+        forward = rows[rows["phase"] == "forward"].set_index("kernel_class")
+        assert forward.loc["softmax", "total_ns"] == forward.loc["elementwise", "total_ns"]
+        tied = [c for c in forward.index if c in ("softmax", "elementwise")]
+        assert tied == ["elementwise", "softmax"], tied
+    assert len(outs) == 1
 
 
 def test_phase_tables_are_consistent_with_the_kernels(tmp_path):

@@ -1,4 +1,5 @@
--- Kernel time by class per phase.
+-- Kernel time by class per phase: the phases in a fixed order, each phase's classes by time,
+-- longest first (equal times by class name: the same order every run).
 --
 --   phase          VARCHAR  all | forward | backward | optimizer | inference | (none)
 --   kernel_class   VARCHAR  class from lmprof.analyze.classify
@@ -15,4 +16,4 @@ SELECT phase, kernel_class, kernels, total_ns,
        100.0 * total_ns / sum(total_ns) OVER (PARTITION BY phase) AS time_pct
 FROM grouped
 ORDER BY list_position(['all', 'forward', 'backward', 'optimizer', 'inference', '(none)'], phase),
-         total_ns DESC;
+         total_ns DESC, kernel_class;
