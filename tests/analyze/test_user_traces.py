@@ -9,6 +9,7 @@ exports (nsys-stats/, nsys 2025.3.1) and against interval arithmetic done here i
 from __future__ import annotations
 
 import io
+import json
 import shutil
 import sqlite3
 from pathlib import Path
@@ -415,6 +416,38 @@ def test_process_timing_from_the_raw_export(exports):
     code, out, err = run("kernels", str(exports / "emit" / "report.sqlite"), *PHASE_ARGS,
                          "--table", "process_timing")
     assert code == 0 and "Phase ranges of one process at most" in out, err
+
+
+def test_devices_and_processes_in_one_cell_are_in_numeric_order(exports, tmp_path):
+    """A copy of the DDP export whose second rank is process 10908 (every thread id of its
+    process rewritten) and whose first rank's kernels ran on GPUs 2 and 10, the second's on 2:
+    a process's GPUs (process timing) and a GPU's processes (communication) were joined in the
+    order of their text, "10, 2" and "10908, 907". By value: "2, 10" and "907, 10908"."""
+    path = tmp_path / "report.sqlite"
+    shutil.copyfile(exports / "ddp" / "report.sqlite", path)
+    con = sqlite3.connect(path)
+    first = 907  # (the first rank's process; the second's is 908)
+    with con:
+        for (table,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'"
+                                    ).fetchall():
+            for column in [c[1] for c in con.execute(f"PRAGMA table_info({table})")]:
+                if column in ("globalTid", "globalPid"):
+                    con.execute(f"UPDATE {table} SET {column} = {column} + ((10908 - 908) << 24) "
+                                f"WHERE ({column} >> 24) & 16777215 = 908")
+        con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET deviceId = CASE WHEN "
+                    f"(globalPid >> 24) & 16777215 = {first} AND correlationId % 2 = 0 "
+                    "THEN 10 ELSE 2 END")
+        for table in ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
+            con.execute(f"UPDATE {table} SET deviceId = 2")
+    con.close()
+    code, out, err = run("kernels", str(path), *PHASE_ARGS, "--table", "process_timing",
+                         "--table", "communication", "--format", "json")
+    assert code == 0, err
+    tables = json.loads(out)
+    devices = {(r["phase"], r["pid"]): r["devices"] for r in tables["process_timing"]}
+    assert devices[("step", first)] == "2, 10" and devices[("step", 10908)] == "2"
+    pids = {(r["phase"], r["device_id"]): r["pids"] for r in tables["communication"]}
+    assert pids[("all", 2)] == "907, 10908" and pids[("all", 10)] == "907"
 
 
 def test_rank_tables_left_out_of_a_one_gpu_default_output(exports, tmp_path):

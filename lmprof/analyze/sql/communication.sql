@@ -7,7 +7,7 @@
 --                              ('(none)': kernels of no phase, outside the phase ranges or in
 --                              steps that --skip-steps left out; a row only where there are some)
 --   device_id         INTEGER  the GPU
---   pids              VARCHAR  processes that launched communication kernels on it
+--   pids              VARCHAR  processes that launched communication kernels on it, by number
 --   comm_kernels      BIGINT   communication kernels of the phase on the device
 --   comm_ns           BIGINT   their summed duration (ns), waiting for other ranks included
 --   overlapped_ns     BIGINT   the part of comm_ns during which a compute kernel (any other
@@ -36,8 +36,8 @@ WITH k AS (
     SELECT * FROM k WHERE kernel_class = 'communication'
 ), bounds AS (
     SELECT device_id, min(start_ns) AS lo, max(end_ns) AS hi,
-           string_agg(DISTINCT CAST((launch_global_tid >> 24) & 16777215 AS VARCHAR), ', '
-                      ORDER BY CAST((launch_global_tid >> 24) & 16777215 AS VARCHAR)) AS pids
+           array_to_string(list_sort(list(DISTINCT (launch_global_tid >> 24) & 16777215)),
+                           ', ') AS pids
     FROM comm GROUP BY device_id
 ), compute AS (
     SELECT k.device_id, k.start_ns, k.end_ns

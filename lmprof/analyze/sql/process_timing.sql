@@ -6,7 +6,7 @@
 --
 --   phase              VARCHAR  step | forward | backward | optimizer | inference
 --   pid                INTEGER  process of the ranges
---   devices            VARCHAR  GPUs that ran the process's operations
+--   devices            VARCHAR  GPUs that ran the process's operations, by number ("2, 10")
 --   instances          BIGINT   range instances of the phase in the process
 --   cpu_mean_ns        DOUBLE   mean wall-clock duration of the range (ns)
 --   gpu_kernel_mean_ns DOUBLE   mean summed kernel time per instance (ns)
@@ -23,8 +23,7 @@ WITH inst AS (
     SELECT *, start_ns - min(start_ns) OVER (PARTITION BY phase, k) AS lag_ns FROM inst
 ), devices AS (
     SELECT CAST((launch_global_tid >> 24) & 16777215 AS INTEGER) AS pid,
-           string_agg(DISTINCT CAST(device_id AS VARCHAR), ', '
-                      ORDER BY CAST(device_id AS VARCHAR)) AS devices
+           array_to_string(list_sort(list(DISTINCT device_id)), ', ') AS devices
     FROM gpu_ops GROUP BY 1
 )
 SELECT l.phase, l.pid, d.devices, count(*) AS instances, avg(l.cpu_ns) AS cpu_mean_ns,
