@@ -132,7 +132,9 @@ def expand_with_artifact(args, keys: tuple[str, ...], what: str, hint: str) -> l
     """Input arguments with each sweep directory or directory of runs replaced by those of its
     runs whose run.json names an existing artifact under one of ``keys`` (``what`` says which
     kind in the error where none does, with ``hint`` where none names one, else the file that
-    one names and lacks); other arguments stay as given."""
+    one names and lacks), in the benchmark table's order of configurations
+    (``rundir.config_order``: not by folder name, where "2.7B-..." came before "small-..." and
+    "small-ctx1024-..." before "small-ctx128-..."); other arguments stay as given."""
     out: list = []
     for arg in args:
         p = Path(arg)
@@ -143,7 +145,9 @@ def expand_with_artifact(args, keys: tuple[str, ...], what: str, hint: str) -> l
         if runs == [p]:  # no runs in it: the caller's resolver says what it is not
             out.append(arg)
             continue
-        named = {r: [a for a in (rundir.artifact_path(rundir.load_run(r), k) for k in keys)
+        records = {r: rundir.load_run(r) for r in runs}
+        runs.sort(key=lambda r: rundir.config_order(records[r]))
+        named = {r: [a for a in (rundir.artifact_path(records[r], k) for k in keys)
                      if a is not None] for r in runs}
         kept = [r for r in runs if any(a.is_file() for a in named[r])]
         if not kept:

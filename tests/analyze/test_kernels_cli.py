@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from lmprof import rundir
 from nsys_data import (REPORT, edit, export_digest, run, sha256, source_count, stats,
                        write_run_json, writable_copy)
 
@@ -280,6 +281,29 @@ def test_a_directory_of_runs_stands_for_its_runs_with_an_export(tmp_path):
     write_run_json(empty / "r", sqlite_name="missing.sqlite")
     code, out, err = run("kernels", str(empty))
     assert code == 2 and "has an nsys export" in err and "Traceback" not in err
+
+
+def test_the_runs_of_a_directory_are_in_the_order_of_their_configurations(tmp_path):
+    """A directory of runs named as a sweep names its cells ("2.7B-ctx128-...",
+    "small-ctx1024-...", "small-ctx2-..."): the per-run tables stacked them in the order of
+    their names, 2.7B before medium before small and context 1024 before 128 before 2. They
+    follow the benchmark table's order of configurations, as the cross-run tables do."""
+    root = tmp_path / "runs"
+    for size, ctx in (("small", 1024), ("small", 2), ("2.7B", 128), ("medium", 128),
+                      ("small", 128)):
+        d = root / f"{size}-ctx{ctx}-b4-train-fp32-w3-nsys-0000abcd"
+        d.mkdir(parents=True)
+        writable_copy(d)
+        write_run_json(d, size=size, context_length=ctx)
+    code, out, err = run("kernels", str(root), "--format", "json", "--out", str(tmp_path / "o"),
+                         "--table", "gemm_fraction")
+    assert code == 0, err
+    expected = ["small ctx2", "small ctx128", "small ctx1024", "medium ctx128", "2.7B ctx128"]
+    per_run = json.loads((tmp_path / "o" / "gemm_fraction.json").read_text())
+    assert [r.removesuffix(" train fp32") for r in dict.fromkeys(r["run"] for r in per_run)] \
+        == expected
+    cross = json.loads((tmp_path / "o" / "gemm_fraction_by_run.json").read_text())
+    assert [r["run"].removesuffix(" train fp32") for r in cross] == expected
 
 
 def test_a_latest_marker_written_as_a_text_file_is_its_run(tmp_path):
@@ -709,7 +733,10 @@ def test_a_folder_of_runs_whose_exports_are_gone_names_one(tmp_path):
     code, _, err = run("kernels", str(copy))
     assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
     assert f"the {len(cells)} whose run.json names one lack the file (such as " in err
-    assert str(cells[0] / "report.sqlite") in err and "capture run --nsys" not in err
+    # (the first in the benchmark table's order: small, context 128, forward)
+    first = min(cells, key=lambda c: rundir.config_order(rundir.load_run(c)))
+    assert first.name.startswith("small-ctx128-b4-forward-")
+    assert str(first / "report.sqlite") in err and "capture run --nsys" not in err
 
 
 def test_a_db_file_given_as_a_report_says_what_it_is(tmp_path):
