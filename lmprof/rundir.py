@@ -779,6 +779,23 @@ def model_label(record: dict[str, Any]) -> str:
     return f"{size} ({', '.join(other)})" if other else size
 
 
+def size_order(label: Any) -> tuple:
+    """Sort key of a model size as the tables name it (``model_label``): the size table's sizes
+    smallest first (tiny, small, ... 2.7B), each followed by its models with other dims, the
+    numbers in their names by value ("small (2 layers)" before "small (10 layers)"), then other
+    names; a missing one last."""
+    from lmprof.model.config import SIZES
+
+    if label is None or (isinstance(label, float) and label != label):
+        return (1, 0, ())
+    text = str(label)
+    base = text.split(" (")[0]
+    rank = list(SIZES).index(base) if base in SIZES else len(SIZES)
+    # (text and digits alternate from a text part on, so two names compare part by part)
+    parts = tuple(int(p) if i % 2 else p for i, p in enumerate(re.split(r"(\d+)", text)))
+    return (0, rank, parts)
+
+
 def run_label(record: dict[str, Any], sep: str = " ") -> str:
     """A short label from a run's config: size, context, mode, dtype, compile, attention."""
     c = record.get("config", {})

@@ -518,16 +518,11 @@ def without_empty_phases(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def by_size_and_context(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Cross-run rows by model size as in the CS336 table (tiny, small, ... 2.7B; other sizes
-    after them), then context length (unknown last), then run; stable."""
-    from lmprof.model.config import SIZES
-
-    rank = {name: i for i, name in enumerate(SIZES)}
-    # (a size with other dims, "small (2 layers)", after the size's own runs)
-    return sorted(rows, key=lambda r: (rank.get(str(r["size"]).split(" (")[0], len(rank)),
-                                       " (" in str(r["size"]), str(r["size"]),
-                                       r["context_length"] is None, r["context_length"] or 0,
-                                       str(r["run"])))
+    """Cross-run rows by model size as in the CS336 table (tiny, small, ... 2.7B, a size with
+    other dims after the size's own runs, other sizes after them: ``rundir.size_order``), then
+    context length (unknown last), then run; stable."""
+    return sorted(rows, key=lambda r: (rundir.size_order(r["size"]), r["context_length"] is None,
+                                       r["context_length"] or 0, str(r["run"])))
 
 
 def size_context(trace: Trace) -> dict[str, Any]:

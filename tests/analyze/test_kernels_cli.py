@@ -239,6 +239,24 @@ def test_a_size_with_other_dims_is_its_own_model_in_the_cross_run_tables(tmp_pat
         assert sizes == ["small", "small (2 layers)", "medium"], (table, sizes)
 
 
+def test_sizes_with_other_dims_are_in_the_order_of_their_numbers(tmp_path):
+    """Small runs of 10 and 2 layers beside a 12-layer one: the cross-run tables ordered the
+    changed sizes by their names' text, "small (10 layers)" before "small (2 layers)". The
+    numbers in the names go by value."""
+    runs = []
+    for name, layers in (("small10", 10), ("small", None), ("small2", 2)):
+        d = tmp_path / name
+        d.mkdir()
+        writable_copy(d)
+        write_run_json(d, size="small", context_length=128, num_layers=layers)
+        runs.append(str(d))
+    code, out, err = run("kernels", *runs, "--format", "json", "--out", str(tmp_path / "o"),
+                         "--table", "gemm_fraction")
+    assert code == 0, err
+    rows = json.loads((tmp_path / "o" / "gemm_fraction_by_run.json").read_text())
+    assert [r["size"] for r in rows] == ["small", "small (2 layers)", "small (10 layers)"]
+
+
 def test_one_export_named_twice_is_one_and_equal_labels_are_told_apart(tmp_path):
     for name in ("a", "b"):
         d = tmp_path / name
