@@ -70,7 +70,9 @@ def cell(g: pd.DataFrame, col: str) -> Any:
 
 def _grid(df: pd.DataFrame, keys: list[str], col: str) -> pd.DataFrame:
     """``col`` per configuration (``keys``) × context length, one cell per pair (``cell``);
-    columns ``ctx <n>`` in increasing context, rows in the order of ``df``. Frame attributes
+    columns ``ctx <n>`` in increasing context, rows by configuration (``_row_order``: in the
+    order of ``df``, a configuration's first run at its smallest context, batch 16 came
+    before batch 2 where only it ran at context 2). Frame attributes
     of the cells shown: ``runs_in_cell``, the largest number of runs of one configuration
     (warm-up included) behind one cell; ``warmups_in_cell``, whether a cell holds runs of
     several warm-ups (where ``keys`` leave the warm-up out)."""
@@ -89,11 +91,28 @@ def _grid(df: pd.DataFrame, keys: list[str], col: str) -> pd.DataFrame:
                       key=lambda c: (c is None, c or 0))  # unknown last
     names = {c: "ctx ?" if c is None else f"ctx {int(c)}" for c in contexts}
     rows = [{**dict(zip(keys, key)), **{names[c]: row.get(c) for c in contexts}}
-            for key, row in cells.items() if any(v is not None for v in row.values())]
+            for key, row in sorted(cells.items(), key=lambda item: _row_order(keys, item[0]))
+            if any(v is not None for v in row.values())]
     table = pd.DataFrame(rows, columns=[*keys, *names.values()])
     table.attrs["runs_in_cell"] = most
     table.attrs["warmups_in_cell"] = warmups
     return table
+
+
+def _row_order(keys: list[str], key: tuple) -> tuple:
+    """Sort key of a grid row's configuration, part by part: sizes smallest first
+    (``rundir.size_order``), numbers by value, text by text, a value a run lacks last. A phase
+    (the GEMM grid's) keeps the place it came in, the GEMM fraction table's order of phases."""
+    def part(name: str, value: Any) -> tuple:
+        if name == "size":
+            return rundir.size_order(value)
+        if value is None:
+            return (2, 0.0, "")
+        if pd.api.types.is_number(value):  # (bools too; numpy's 16 is no int: it sorted as "16")
+            return (0, float(value), "")
+        return (1, 0.0, str(value))
+
+    return tuple(part(name, value) for name, value in zip(keys, key) if name != "phase")
 
 
 def step_grid(df: pd.DataFrame) -> pd.DataFrame:

@@ -508,6 +508,27 @@ def test_gemm_grid_keeps_configurations_apart(tmp_path):
                                                                   ("naive", 80.0)]
 
 
+def test_grid_rows_are_in_the_order_of_their_configurations(tmp_path):
+    """Small runs at batch 16 (contexts 2 and 128), 2 and 4 (128, 1024), and of 10 and 2
+    layers: the grid's rows came in the order of each configuration's first run at its smallest
+    context, so batch 16 before 2 before 4 and "small (10 layers)" (which ran at context 2)
+    before "small (2 layers)". Rows go by size, then batch, ..., by value."""
+    recs = []
+    for ctx, batch, layers in ((2, 16, None), (128, 16, None), (128, 2, None), (128, 4, None),
+                               (1024, 4, None), (2, 4, 10), (128, 4, 2)):
+        rec = run_record(ctx=ctx, peak=ctx * 2**20)
+        rec["config"]["batch_size"] = batch
+        rec["run_id"] += f"-b{batch}-l{layers}"
+        if layers:
+            rec["model"]["num_layers"] = layers
+        recs.append(rec)
+    df = comparisons.runs_frame(load_runs([str(write_sweep(tmp_path / "s", recs))]))
+    expected = [("small", 2), ("small", 4), ("small", 16), ("small (2 layers)", 4),
+                ("small (10 layers)", 4)]
+    for grid in (comparisons.step_grid(df), comparisons.peak_memory_grid(df)):
+        assert list(zip(grid["size"], grid["batch"])) == expected
+
+
 def test_runs_of_one_size_with_other_dims_are_other_configurations(tmp_path):
     """--model tiny with --num-layers 8 --vocab-size 50000 is not --model tiny: the grid's
     cells and the speed-ups keep them apart, each named by what differs from the size's table
