@@ -771,7 +771,12 @@ def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]
     if not opts.quiet:
         tally = ", ".join(f"{k} {v}" for k, v in sorted(_count(final.values()).items()))
         echo(f"done: {tally or 'no cell in this shard'}; results in {root}")
-        for name, entry in index.items():  # (entries of another grid's run may be older)
+        # the plan's cells in its order, as listed above (the index holds them in the order
+        # they finished: a shard's cells before the rest, one GPU's before another's), then
+        # those of another grid of the sweep (--force-mix; their entries may be older)
+        place = {name: i for i, name in enumerate(final)}
+        for name in sorted(index, key=lambda n: place.get(n, len(place))):
+            entry = index[name]
             if entry.get("status") != "OK":
                 echo(f"  {name}: {entry.get('status')} — {entry.get('error')}")
     return 1 if any(s in ("ERROR", "TIMEOUT") for s in final.values()) else 0

@@ -620,6 +620,26 @@ def test_failed_cells_are_recorded_skipped_on_rerun_and_retried(tmp_path, capsys
     assert sorted(r["context"] for r in rows) == [16, 32, 48, 64]
 
 
+def test_failed_cells_are_listed_in_the_plans_order(tmp_path, capsys, monkeypatch):
+    """Cells whose process exits with an error (4 quick processes), half run by --shard 1/2
+    first: the sweep's closing list of failed cells came in the order of its index, the shard's
+    cells (contexts 1024, 64) before the others (128, 2). It follows the plan, as the table the
+    sweep prints first."""
+    monkeypatch.setattr(sweep.Launcher, "command",
+                        lambda self, cell, target: [sys.executable, "-c", "raise SystemExit(3)"])
+    args = ["sweep", *TINY, "--context-length", "128,1024,2,64", "--out", str(tmp_path),
+            "--name", "s"]
+    rc, _, _ = cli([*args, "--shard", "1/2"], capsys)
+    assert rc == 1
+    rc, text, _ = cli(args, capsys)
+    assert rc == 1 and "2 finished, 2 to run" in text
+    plan, failed = text.split("done: ")
+    planned = [line.split()[1] for line in plan.splitlines()[2:]]
+    listed = [line.split(":")[0].strip() for line in failed.splitlines()[1:]]
+    assert [n.split("-")[1] for n in planned] == ["ctx128", "ctx1024", "ctx2", "ctx64"]
+    assert listed == planned
+
+
 def test_a_dead_cell_of_the_default_size_is_recorded_as_that_size(tmp_path, capsys,
                                                                  monkeypatch):
     """A cell whose process died leaves a stand-in run.json: with no --model given, the size and
