@@ -752,14 +752,16 @@ def _sortable(value: Any) -> tuple:
 
 def config_order(record: dict[str, Any]) -> tuple:
     """Sort key: runs by configuration, as the benchmark table orders its rows (model width,
-    size, context, batch, mode, dtype, compile, attention, warm-up, profiling), settings a run
-    lacks last, then by run id and directory."""
+    size — a size with other dims after the size's own, by ``size_order``: "small", "small (2
+    layers)", "small (10 layers)" —, context, batch, mode, dtype, compile, attention, warm-up,
+    profiling), settings a run lacks last, then by run id and directory."""
     c, m = record.get("config") or {}, record.get("model") or {}
-    values = (m.get("d_model"), c.get("size"), c.get("context_length"), c.get("batch_size"),
-              c.get("mode"), c.get("dtype"), c.get("compile"), c.get("attention"),
-              c.get("warmup"), c.get("nsys"), c.get("memory"))
-    return (*(_sortable(v) for v in values), str(record.get("run_id", "")),
-            str(record.get("run_dir", "")))
+    values = (c.get("context_length"), c.get("batch_size"), c.get("mode"), c.get("dtype"),
+              c.get("compile"), c.get("attention"), c.get("warmup"), c.get("nsys"),
+              c.get("memory"))
+    size = size_order(model_label(record)) if c.get("size") else size_order(None)
+    return (_sortable(m.get("d_model")), size, *(_sortable(v) for v in values),
+            str(record.get("run_id", "")), str(record.get("run_dir", "")))
 
 
 def model_label(record: dict[str, Any]) -> str:

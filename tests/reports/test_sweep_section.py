@@ -17,6 +17,7 @@ from lmprof.reports import comparisons
 from lmprof.reports.report import ReportContext, build, load_runs
 from lmprof.reports.sections import precision as precision_section
 from lmprof.reports.sections import sweep as sweep_section
+from lmprof.reports.tables import benchmark_table
 
 DIMS = {"tiny": (64, 256, 2, 4), "small": (768, 3072, 12, 12), "medium": (1024, 4096, 24, 16),
         "large": (1280, 5120, 36, 20)}
@@ -626,6 +627,22 @@ def test_report_orders_runs_by_configuration_not_run_id(tmp_path):
                    ("small", 256, "naive")]
     table = comparisons.runs_frame(runs)
     assert list(zip(table["size"], table["context"], table["attention"])) == got
+
+
+def test_runs_of_one_size_with_other_dims_are_ordered_by_their_dims_not_run_id(tmp_path):
+    """Small runs of 10, 12 and 2 layers at one context: runs of one width and size came in the
+    order of their run ids (Layers 10, 12, 2 here) in the benchmark table and every per-run
+    part of the report. The size's own runs first, then the others by the numbers in their
+    names, as the sweep grids name and order them."""
+    recs = []
+    for run_id, layers in (("a", 10), ("b", 12), ("c", 2)):
+        rec = run_record(ctx=128)
+        rec["model"]["num_layers"] = layers
+        rec["run_id"] = f"{run_id}-{rec['run_id']}"
+        recs.append(rec)
+    runs = load_runs([str(write_sweep(tmp_path / "s", recs))])
+    assert [r["model"]["num_layers"] for r in runs] == [12, 2, 10]
+    assert list(benchmark_table(runs)["layers"]) == [12, 2, 10]
 
 
 def test_context_plot_marks_where_a_configuration_failed(tmp_path, monkeypatch):
