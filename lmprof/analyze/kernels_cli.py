@@ -377,11 +377,15 @@ def _explained(query: str) -> list[str]:
     return texts
 
 
-SCHEMA_SQL = ("SELECT table_schema AS schema, table_name AS name, table_type AS kind, "
+# (the schemas of several reports by their number: r1, r2, ... r10, not r1, r10, r2)
+SCHEMA_SQL = ("SELECT * FROM (SELECT table_schema AS schema, table_name AS name, "
+              "table_type AS kind, "
               "string_agg(column_name || ' ' || data_type, ', ' ORDER BY ordinal_position) "
               "AS columns FROM information_schema.columns c JOIN information_schema.tables t "
               "USING (table_catalog, table_schema, table_name) "
-              "WHERE table_name NOT LIKE '\\_%' ESCAPE '\\' GROUP BY ALL ORDER BY 1, 2")
+              "WHERE table_name NOT LIKE '\\_%' ESCAPE '\\' GROUP BY ALL) "
+              "ORDER BY TRY_CAST(regexp_extract(schema, '^r([0-9]+)$', 1) AS BIGINT) NULLS FIRST, "
+              "schema, name")
 
 
 @click.command("sql", epilog="FILE" + _REPORTS_HELP[len("REPORT"):] + " FILE may also be a DuckDB "

@@ -381,6 +381,20 @@ def test_db_persists_and_sql_queries_it(tmp_path):
     assert code == 2 and err.startswith("error: query failed") and err.count("\n") == 1
 
 
+def test_the_schema_of_ten_reports_lists_them_by_number(tmp_path):
+    """`analyze sql runs/ --schema` over ten runs with an export (schemas r1 to r10): the
+    listing sorted the schemas by name, r1, r10, r2, ... It lists main, then r1 to r10."""
+    for i in range(10):
+        d = tmp_path / "runs" / f"run{i}"
+        d.mkdir(parents=True)
+        writable_copy(d)
+        write_run_json(d, context_length=16 * (i + 1))
+    code, out, err = run("sql", str(tmp_path / "runs"), "--schema", "--format", "csv")
+    assert code == 0, err
+    schemas = list(dict.fromkeys(pd.read_csv(io.StringIO(out))["schema"]))
+    assert schemas == ["main", *(f"r{i}" for i in range(1, 11))]
+
+
 def test_export_without_nvtx_keeps_kernel_tables(tmp_path):
     path = edit(writable_copy(tmp_path), "DROP TABLE NVTX_EVENTS")
     code, out, err = run("kernels", str(path), "--format", "md")
