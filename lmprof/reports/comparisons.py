@@ -70,9 +70,9 @@ def cell(g: pd.DataFrame, col: str) -> Any:
 
 def _grid(df: pd.DataFrame, keys: list[str], col: str) -> pd.DataFrame:
     """``col`` per configuration (``keys``) × context length, one cell per pair (``cell``);
-    columns ``ctx <n>`` in increasing context, rows by configuration (``_row_order``: in the
-    order of ``df``, a configuration's first run at its smallest context, batch 16 came
-    before batch 2 where only it ran at context 2). Frame attributes
+    columns ``ctx <n>`` in increasing context, rows by configuration (``_row_order``; in the
+    order of ``df`` a configuration took the place of its run at its smallest context: batch
+    16, run at context 2 alone, came before batch 2). Frame attributes
     of the cells shown: ``runs_in_cell``, the largest number of runs of one configuration
     (warm-up included) behind one cell; ``warmups_in_cell``, whether a cell holds runs of
     several warm-ups (where ``keys`` leave the warm-up out)."""
