@@ -92,9 +92,8 @@ def export_sqlite(nsys: str, rep: Path, out: Path | None = None) -> Path:
                 proctree.kill_tree(proc.pid)  # (before the partial file it writes goes)
                 raise
         if proc.returncode != 0 or not partial.is_file():
-            for number in MACHINE_ERRNOS:  # (nsys's words for a full disk, an I/O error: exit 1)
-                if os.strerror(number) in stderr + stdout:
-                    raise OSError(number, os.strerror(number), str(out))
+            if (number := _machine_trouble(stderr + stdout)) is not None:  # (exit 1)
+                raise OSError(number, os.strerror(number), str(out))
             raise UserError(f"nsys export failed for {str(rep)!r}: "
                             f"{_why_no_export(nsys, proc.returncode, stderr or stdout)}")
         if (problem := _not_an_export(partial)) is not None:
@@ -136,6 +135,21 @@ def _remove_orphans(out: Path) -> None:
             with contextlib.suppress(OSError):
                 path.unlink()
                 path.with_name(path.name + "-journal").unlink(missing_ok=True)
+
+
+# SQLite's words for its errors SQLITE_FULL and SQLITE_IOERR, which nsys's export passes on:
+# "Exportation error: database or disk is full" (nsys 2025.3.1 exporting onto a full tmpfs,
+# H100, 2026-12-07), where the system's "No space left on device" is not in its message
+_SQLITE_WORDS = {"database or disk is full": errno.ENOSPC, "disk I/O error": errno.EIO}
+
+
+def _machine_trouble(output: str) -> int | None:
+    """The errno of the machine's trouble (a full disk, an I/O error) that nsys's ``output``
+    names, in the system's words or SQLite's, else None."""
+    for number in MACHINE_ERRNOS:
+        if os.strerror(number) in output:
+            return number
+    return next((number for words, number in _SQLITE_WORDS.items() if words in output), None)
 
 
 def _why_no_export(nsys: str, status: int, output: str) -> str:

@@ -326,7 +326,9 @@ def test_nsys_run_records_the_nsys_version_and_the_extra_flags(monkeypatch, tmp_
     ("ERROR: export: the report is locked", 0, "nsys export failed for {rep!r}: {failure}",
      ["--quiet"]),
     ("write: No space left on device", 1, "No space left on device", []),
-], ids=["nsys-error", "nsys-error-quiet", "full-disk"])
+    # (real nsys 2025.3.1 on a full tmpfs, H100, 2026-12-07: SQLite's words, not the system's)
+    ("Exportation error: database or disk is full", 1, "No space left on device", []),
+], ids=["nsys-error", "nsys-error-quiet", "full-disk", "full-disk-sqlite-words"])
 def test_an_nsys_run_whose_export_fails_keeps_its_report_for_analyze(monkeypatch, tmp_path,
                                                                      capsys, failure, status,
                                                                      why, quiet):
