@@ -328,7 +328,7 @@ def _text_columns(rows: list) -> list[int]:
 
 def _cell(v: Any) -> Any:
     """A markdown table cell: a '|' in text (a file name, a kernel's template arguments) would
-    end the cell; escaped, it shows as itself. Line breaks and '<' as ``md_text``."""
+    end the cell; escaped, it shows as itself. The rest as ``md_text``."""
     return md_text(v).replace("|", "\\|") if isinstance(v, str) else v
 
 
@@ -340,11 +340,38 @@ def ratio_text(v: float) -> str:
 
 def md_text(text: str) -> str:
     """Text from the inputs (a kernel name, a run.json value, an error) for one line of
-    markdown: its line breaks become spaces (a break ended the table row or list item) and a
-    '<' is escaped, so that "MulFunctor<float>" or "<script>" shows as written rather than
-    being read as HTML. Other control characters (a NUL, an ESC that a terminal would obey)
-    show as ``\\xNN``."""
-    return _one_line(text).replace("<", "\\<")
+    markdown, to show as itself: what CommonMark and GFM would read as markup is escaped with a
+    backslash (``_MARKUP``), its line breaks become spaces (a break ended the table row or list
+    item), and other control characters (a NUL, an ESC that a terminal would obey) show as
+    ``\\xNN``."""
+    return _one_line(_MARKUP.sub(_escape_mark, text))
+
+
+# Markup in text, as CommonMark with GFM's strikethrough reads it (a GitHub view showed
+# "__init__" as a bold "init", "k`x`y" with a code span, "f[1](x)" as a link, "a\*b" as "a*b"):
+# a '\' before ASCII punctuation, where it escapes it, or at the end (before what follows;
+# "\xAA" or "C:\runs" stay as written), '`' (a code span), '*' and '~' (emphasis,
+# strikethrough), '<' (HTML: "MulFunctor<float>", "<script>"; an autolink), a ']' right before
+# '(' (the end of a link's or image's text: lmprof's markdown defines no references, so a link
+# needs that; "kernel[float]" stays as written), '&' where it starts an entity ("&amp;" showed
+# as "&"), and runs of '_' (``_escape_mark``).
+_MARKUP = re.compile(r"\\(?=[!-/:-@\[-`{-~]|\Z)|[`*~<]|\](?=\()|&(?=#?[0-9A-Za-z]+;)|_+")
+
+
+def _escape_mark(m: re.Match) -> str:
+    """A match of ``_MARKUP`` escaped, but a run of '_' between two letters or digits: there
+    CommonMark never reads it as emphasis, so d_model and sm80_xmma_gemm stay as written."""
+    mark, text, i, j = m.group(), m.string, m.start(), m.end()
+    if mark[0] == "_" and 0 < i and j < len(text) and text[i - 1].isalnum() and text[j].isalnum():
+        return mark
+    return "".join("\\" + ch for ch in mark)
+
+
+def md_link_text(text: str) -> str:
+    """Text from the inputs inside the brackets of a markdown link or image (its alt text), as
+    ``md_text`` writes it, each '[' and ']' escaped too: there one would end the text or open a
+    link inside it."""
+    return "\\]".join("\\[".join(map(md_text, part.split("["))) for part in text.split("]"))
 
 
 def plot_text(text: str) -> str:
@@ -584,14 +611,15 @@ def emit(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: str | Pat
          raw: bool = False, owner: str | None = None,
          inputs: Iterable[str | Path] = ()) -> str:
     """Render named tables to one text (stdout), and write each to ``out/<name>.<fmt>`` if given
-    (``raw``: see ``render``). On stdout one table is its rows (markdown under a title, csv, or
-    a JSON list); several are, in markdown, titled sections; in csv, each table after a
-    ``# name`` line (csv has no form for several tables); in JSON, one object of the tables'
-    rows by name, so that the whole output parses. ``owner`` (the command) removes from ``out``
-    the tables its previous run there wrote and this one did not (``rundir.retire_stale``).
-    ``inputs``, the files the command read: a table file that is one of them is refused before
-    any is written (``rundir.refuse_overwrite``). Neither the text nor a file ends with an empty
-    line."""
+    (``raw``: see ``render``; ``notes``: a markdown line above a table in markdown, lmprof's
+    words with text from the inputs in it as ``md_text`` writes it). On stdout one table is its
+    rows (markdown under a title, csv, or a JSON list); several are, in markdown, titled
+    sections; in csv, each table after a ``# name`` line (csv has no form for several tables);
+    in JSON, one object of the tables' rows by name, so that the whole output parses. ``owner``
+    (the command) removes from ``out`` the tables its previous run there wrote and this one did
+    not (``rundir.retire_stale``). ``inputs``, the files the command read: a table file that is
+    one of them is refused before any is written (``rundir.refuse_overwrite``). Neither the text
+    nor a file ends with an empty line."""
     notes = notes or {}
     parts = []
     if fmt == "json" and len(tables) > 1:
@@ -604,8 +632,7 @@ def emit(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: str | Pat
             body = render(df, fmt, shorten, raw)
             if fmt == "md":
                 title = f"## {name.replace('_', ' ')}\n\n"
-                # (a note quotes the user's names: as text, not HTML)
-                note = f"{md_text(notes[name])}\n\n" if name in notes else ""
+                note = f"{notes[name]}\n\n" if name in notes else ""
                 parts.append(f"{title}{note}{body}\n")
             else:
                 parts.append(body if len(tables) == 1 else f"# {name}\n{body}")

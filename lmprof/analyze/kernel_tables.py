@@ -20,6 +20,7 @@ from lmprof.analyze.trace import CALL_SUFFIX, Trace
 from lmprof.errors import reading
 from lmprof.model.config import ModelConfig
 from lmprof.model.flops import attention_flops
+from lmprof.render import md_text
 
 Result = duckdb.DuckDBPyConnection  # a connection holding an executed, unfetched SELECT
 
@@ -329,7 +330,8 @@ def _notes(trace: Trace, names: tuple[str, ...], out: dict[str, Any],
              for name in names}
     if out.get("softmax_vs_matmul") is not None and out["softmax_vs_matmul"].empty:
         opts = trace.options
-        looked_for = ", ".join(repr(n) for n in (*opts.softmax_ranges, *opts.matmul_ranges))
+        looked_for = ", ".join(md_text(repr(n))
+                               for n in (*opts.softmax_ranges, *opts.matmul_ranges))
         notes["softmax_vs_matmul"] += " " + (_no_attention_ranges(trace) or (
             f"No kernel ran under a range named {looked_for}: name your attention's softmax "
             "and matmul ranges with --softmax-range and --matmul-range."))
@@ -383,9 +385,9 @@ def _near_phase_names(trace: Trace) -> str:
         "GROUP BY ALL ORDER BY p.range_name, n DESC, r.name").fetchall()
     found: dict[tuple[str, str], list[str]] = {}
     for given, phase, name, n in rows:
-        found.setdefault((given, phase), []).append(f"{name!r} ({n})")
-    return " ".join(f"No range is named {given!r} (a name of the {phase} phase); differing from "
-                    f"it only in case or spaces: {', '.join(names)}."
+        found.setdefault((given, phase), []).append(f"{md_text(repr(name))} ({n})")
+    return " ".join(f"No range is named {md_text(repr(given))} (a name of the {phase} phase); "
+                    f"differing from it only in case or spaces: {', '.join(names)}."
                     for (given, phase), names in found.items())
 
 
@@ -407,7 +409,8 @@ def _no_phase_ranges(trace: Trace) -> str:
     the names looked for, and the most frequent outer ranges to name with --phase-range: push/pop
     ranges of level 0 or 1 and start/end ranges (no level), of the default domain, else (the
     user's ranges in a domain of their own) of any."""
-    looked_for = ", ".join(repr(n) for n in dict.fromkeys(n for n, _ in trace.options.phase_ranges))
+    looked_for = ", ".join(md_text(repr(n))
+                           for n in dict.fromkeys(n for n, _ in trace.options.phase_ranges))
     # the pattern as a literal: a bound parameter makes DuckDB import pandas
     rows = trace.use().execute(
         "WITH outer_ranges AS (SELECT name, domain, start_ns FROM nvtx_ranges "
@@ -416,7 +419,7 @@ def _no_phase_ranges(trace: Trace) -> str:
         "SELECT name, count(*) AS n FROM outer_ranges WHERE domain = '' "
         "OR NOT EXISTS (SELECT 1 FROM outer_ranges WHERE domain = '') "
         "GROUP BY name ORDER BY n DESC, min(start_ns) LIMIT 6").fetchall()
-    found = ", ".join(f"{name!r} ({n})" for name, n in rows)
+    found = ", ".join(f"{md_text(repr(name))} ({n})" for name, n in rows)
     return (f"No NVTX range marks a phase: none is named {looked_for} (each optionally with a "
             f"_N suffix). " + (f"Outer ranges of this report: {found}. " if found else "") +
             "Name the phases with --phase-range PHASE=NAME (e.g. --phase-range forward=fwd).")
@@ -429,8 +432,9 @@ def _no_attention_ranges(trace: Trace) -> str | None:
     if isinstance(attention, str) and attention != "naive":
         return ("Nothing ran under those ranges: only naive attention opens them (scores, "
                 f"softmax and final matmul as separate steps); this run's attention is "
-                f"{attention!r}, which computes them in one call (with the Triton kernel or a "
-                "fused SDPA backend, one kernel of class attention, in the tables above).")
+                f"{md_text(repr(attention))}, which computes them in one call (with the Triton "
+                "kernel or a fused SDPA backend, one kernel of class attention, in the tables "
+                "above).")
     if config.get("compile") is True:
         return ("Nothing ran under those ranges: this run was compiled (torch.compile), and "
                 "lmprof's model opens no ranges inside compiled code (a range there would "
@@ -621,7 +625,7 @@ def stacked_notes(runs: list[tuple[str, dict[str, str], dict[str, Any]]]) -> dic
         said: dict[str, list[str]] = {}
         for label, _, extra, _ in split:
             if extra:
-                said.setdefault(extra, []).append(label)
+                said.setdefault(extra, []).append(md_text(label))  # (notes are markdown)
         notes[name] = " ".join([(with_rows or split)[0][1], *(
             extra if len(labels) == len(runs) else f"{', '.join(labels)}: {extra}"
             for extra, labels in said.items())])

@@ -61,6 +61,7 @@ from lmprof.analyze import memory_replay
 from lmprof.analyze.blocks import exact_block_bytes
 from lmprof.analyze.snapshot import Flat, read_flat
 from lmprof.errors import UserError
+from lmprof.render import md_text
 
 PHASE_ORDER = ("forward", "inference", "backward", "optimizer", "step", "other", "unknown")
 
@@ -743,7 +744,8 @@ def _tidy(df: pd.DataFrame, many_snapshots: bool, many_devices: bool) -> pd.Data
 
 def tables(con: duckdb.DuckDBPyConnection, top: int = 10) -> tuple[dict[str, pd.DataFrame],
                                                                    dict[str, str]]:
-    """Every memory table of the loaded snapshots, and a note per table (markdown only)."""
+    """Every memory table of the loaded snapshots, and a note per table (markdown, its text
+    from the inputs as ``md_text`` writes it)."""
     snaps = snapshots(con)
     pk = peaks(con)
     many_s = len(snaps) > 1
@@ -780,13 +782,13 @@ def tables(con: duckdb.DuckDBPyConnection, top: int = 10) -> tuple[dict[str, pd.
     early_oom = empty[empty["status"] == "OOM"]
     empty = empty[empty["status"] != "OOM"]
     if len(empty):
-        notes["memory_peak"] += (" No trace entries in " + ", ".join(empty["label"]) + ": "
-                                 "memory history was not recorded (or the trace is empty); the "
-                                 "state at dump time is reported.")
+        notes["memory_peak"] += (" No trace entries in " + ", ".join(map(md_text, empty["label"]))
+                                 + ": memory history was not recorded (or the trace is empty); "
+                                 "the state at dump time is reported.")
     if len(early_oom):
-        notes["memory_peak"] += (" " + ", ".join(early_oom["label"]) + " ran out of memory "
-                                 "before recording began (in warm-up): the state at the failure "
-                                 "is reported, without a trace.")
+        notes["memory_peak"] += (" " + ", ".join(map(md_text, early_oom["label"])) + " ran out of "
+                                 "memory before recording began (in warm-up): the state at the "
+                                 "failure is reported, without a trace.")
     out = {
         "memory_peak": pk,
         "memory_by_phase": by_phase(con),

@@ -1484,3 +1484,29 @@ def test_a_full_disk_under_out_is_the_machines_error_and_leaves_no_half_table(tm
     assert err.count("\n") == 1 and "No space left on device" in err, err
     assert str(out / "top_kernels.csv") in err, err
     assert not (out / "top_kernels.csv").exists() and stdout == ""
+
+
+def test_range_and_kernel_names_show_as_written_in_markdown(tmp_path):
+    """Names from an export are text, not markup: a kernel named __my_kernel__ showed as a bold
+    'my_kernel', a range '*fwd*' in the note listing the ranges to name as an italic 'fwd',
+    '`opt`' as code, and the note's own '_N' and the '_' that ends 'iter_0_' set the words
+    between them in italics. The note's own words keep their markdown."""
+    path = edit(writable_copy(tmp_path),
+                "UPDATE NVTX_EVENTS SET text = '*fwd*' WHERE text = 'forward'",
+                "UPDATE NVTX_EVENTS SET text = '__bwd__' WHERE text = 'backward'",
+                "UPDATE NVTX_EVENTS SET text = '`opt`' WHERE text = 'optimizer'",
+                "UPDATE NVTX_EVENTS SET text = 'iter_0_' WHERE text LIKE 'step%'",
+                "UPDATE NVTX_EVENTS SET text = 'eval' WHERE text LIKE 'inference%'",
+                "UPDATE StringIds SET value = 'void __my_kernel__<float *, (int)4>(T1 *)' "
+                "WHERE id = (SELECT demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL GROUP BY 1 "
+                "ORDER BY sum(\"end\" - start) DESC LIMIT 1)")
+    code, out, err = run("kernels", str(path), "--table", "phase_timing", "--table",
+                         "top_kernels", "--top", "1")
+    assert code == 0, err
+    note = out.split("\n\n")[1]
+    assert ("(each optionally with a _N suffix). Outer ranges of this report: 'attention' (24), "
+            "'ffn' (24), 'iter_0\\_' (3), '\\*fwd\\*' (3), '\\_\\_bwd\\_\\_' (3), '\\`opt\\`' (3)."
+            ) in note
+    kernel_rows = [ln for ln in out.splitlines() if "my_kernel" in ln]
+    assert kernel_rows and all(ln.split("|")[2].strip() == "\\_\\_my_kernel\\_\\_\\<float \\*, 4>"
+                               for ln in kernel_rows)

@@ -4,6 +4,8 @@ result, for every kernel table of both fixtures and for values chosen to hit the
 
 from __future__ import annotations
 
+import csv
+import io
 import lzma
 import math
 import random
@@ -13,7 +15,7 @@ import duckdb
 import pytest
 
 from lmprof.analyze import kernel_tables, kernels, trace
-from lmprof.render import FORMATS, Table, emit, render
+from lmprof.render import FORMATS, Table, emit, md_code, md_link_text, md_text, render
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 FIXTURES = {"no_run_json": DATA / "h200-small-fp32" / "report.sqlite",
@@ -328,6 +330,51 @@ def test_a_bar_in_text_stays_in_its_cell():
     assert [c.strip() for c in row.strip("|").split(" | ")] == ["runs/a\\|b.pickle", "2.500"]
     assert header.count("|") - header.count("\\|") == 3  # two cells
     assert render(Table.fetch(con.execute(sql)), "csv").splitlines()[1] == "runs/a|b.pickle,2.5"
+
+
+# text from the inputs -> its markdown cell; a GitHub view (CommonMark with GFM, checked with
+# markdown-it-py's gfm-like preset) showed the text of the cell on the right before
+MARKUP = [
+    ("__init__", r"\_\_init\_\_"),  # bold "init" (a memory site's function)
+    ("_leading_underscore_", r"\_leading_underscore\_"),  # italic
+    ("sm80_gemm_*fast*_kernel", r"sm80_gemm\_\*fast\*\_kernel"),  # "sm80_gemm_<em>fast</em>_kernel"
+    ("f(ncclDevComm *, float*)", r"f(ncclDevComm \*, float\*)"),  # ", float" in italics
+    ("k`tick`name", r"k\`tick\`name"),  # a code span "tick"
+    ("foo[1](x)_kernel", r"foo[1\](x)\_kernel"),  # a link "1" to x
+    ("strike~~out~~", r"strike\~\~out\~\~"),  # struck through
+    ("amp&amp;ersand", r"amp\&amp;ersand"),  # "amp&ersand"
+    ("a\\|b", r"a\\\|b"),  # "a|b": the backslash taken for the bar's escape
+    ("x \\* y", r"x \\\* y"),  # "x * y"
+    ("back\\_slash", r"back\\\_slash"),  # "back_slash"
+    ("ends\\", r"ends\\"),
+    # nothing to escape: '_' inside a word, brackets that make no link, '&' of no entity, a
+    # backslash before a letter (CommonMark keeps all of these as they are)
+    ("d_model", "d_model"),
+    ("sm80_xmma_gemm_f32f32__5x_cublas", "sm80_xmma_gemm_f32f32__5x_cublas"),
+    ("direct_copy_kernel_cuda[float]", "direct_copy_kernel_cuda[float]"),
+    ("at::TensorIteratorBase &, \\xAA", "at::TensorIteratorBase &, \\xAA"),
+]
+
+
+@pytest.mark.parametrize("text,cell", MARKUP, ids=[t for t, _ in MARKUP])
+def test_markup_in_text_shows_as_written_in_markdown(text, cell):
+    """Kernel names, range names, labels: what CommonMark reads as emphasis, a code span, a
+    link, an entity or an escape is escaped with a backslash in a markdown table cell, and
+    in text (md_text); csv keeps the text as it is."""
+    con = duckdb.connect()
+    sql = "SELECT ? AS name, 1 AS n"
+    for table in (Table.fetch(con.execute(sql, [text])), con.execute(sql, [text]).df()):
+        row = render(table, "md").splitlines()[2]
+        assert row.strip("|").rsplit("|", 1)[0].strip() == cell
+    assert md_text(text) == cell.replace("\\|", "|")
+    csv_text = render(Table.fetch(con.execute(sql, [text])), "csv")
+    assert list(csv.reader(io.StringIO(csv_text)))[1] == [text, "1"]
+    assert md_code(text).strip("` ") == text  # (in a code span a backslash is a backslash)
+
+
+def test_link_text_escapes_every_bracket():
+    # inside an image's alt text an unbalanced '[' or ']' of a file name broke the image
+    assert md_link_text("snap]s [1](x).pickle") == r"snap\]s \[1\](x).pickle"
 
 
 def test_control_characters_in_text_show_escaped_in_markdown():

@@ -232,6 +232,23 @@ def test_memory_plots_alt_text_says_what_each_draws(tmp_path):
                       "train fp32"}
 
 
+def test_a_snapshot_named_with_markup_keeps_its_name_in_headings_and_alt_text(tmp_path):
+    """A snapshot's label (its file name) in the plots' heading: '__snap__' showed as a bold
+    'snap'. In the alt text every bracket is escaped: an unbalanced one would end it or open a
+    link inside it."""
+    snapshot = tmp_path / "in" / "__snap__ a](b) c[d.pickle.xz"
+    snapshot.parent.mkdir()
+    shutil.copy(MEMORY / "memory.pickle.xz", snapshot)
+    md = _report([str(snapshot)], tmp_path / "rep")
+    label = "in/\\_\\_snap\\_\\_ a\\](b) c[d.pickle"
+    assert f"#### {label} (cuda:0)" in md.splitlines()
+    alts = re.findall(r"^!\[(.*)\]\(img/memory[^)]+\.png\)$", md, flags=re.M)
+    assert len(alts) == 2 and all(alt.endswith(" of in/\\_\\_snap\\_\\_ a\\](b) c\\[d.pickle")
+                                  for alt in alts), alts
+    # (a note is markdown: its own emphasis and code stay, the names in it are escaped)
+    assert "*Allocated* counts allocator blocks, as `torch.cuda.memory_allocated` does" in md
+
+
 def test_the_overview_names_the_nsys_that_recorded_a_run(tmp_path):
     def edit(record):
         record["environment"]["nsys"] = "2025.3.1.90-253135822126v0"

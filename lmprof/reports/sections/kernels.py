@@ -157,7 +157,7 @@ def section(ctx: ReportContext) -> str | None:
         for name, heading in _TABLES:
             if name not in tables:
                 continue
-            parts += [f"**{heading}.** {md_text(item.notes.get(name, ''))}",  # (user's names)
+            parts += [f"**{heading}.** {item.notes.get(name, '')}",
                       to_markdown(tables[name], shorten=_SHORTEN)]
     if cross:
         from lmprof.analyze.kernel_tables import CROSS_RUN_NOTES

@@ -15,7 +15,7 @@ import functools
 from lmprof import rundir
 from lmprof.errors import UserError
 from lmprof.reports.report import ReportContext
-from lmprof.render import md_code, md_text, to_markdown
+from lmprof.render import md_code, md_link_text, md_text, to_markdown
 
 _TOP = 10
 
@@ -74,7 +74,7 @@ def section(ctx: ReportContext) -> str | None:
             continue
         parts += [f"### {title}", ""]
         if name in notes:
-            parts += [md_text(notes[name]), ""]  # (a note may quote the user's names)
+            parts += [notes[name], ""]
         parts += [to_markdown(df, shorten=shorten), ""]
     plots = []  # (under a heading of their own: after the last table, they read as its)
     for sid, device, label, events in con.execute(
@@ -91,8 +91,7 @@ def section(ctx: ReportContext) -> str | None:
                  "allocated memory (MiB) by inferred category over time")):
             link = ctx.image(f"{slug}_{kind}.png", lambda path: fn(con, sid, device, path, title))
             if link:
-                alt = md_text(label).replace("[", "\\[").replace("]", "\\]")  # (a file name's)
-                links.append(f"![{shows} of {alt}]({link})")
+                links.append(f"![{shows} of {md_link_text(label)}]({link})")
         if links:
             plots += [f"#### {md_text(label)} (cuda:{device})", "", *links, ""]
     if plots:
