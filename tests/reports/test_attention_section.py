@@ -756,3 +756,14 @@ def test_part_b_compares_only_bf16_rows_with_the_bf16_matmul_rate():
     table = section.part_b_table(rows, 700.0)
     assert "% of matmul" not in table
     assert table["% of bf16 matmul"].tolist() == ["50", ""]
+
+
+def test_the_device_line_shows_the_environment_as_written():
+    """The caption's device, versions and precision came from attention.json unescaped: a
+    GPU name '<b>...</b>' was HTML, '__x__' a bold 'x', a device '*cpu*' an italic 'cpu'."""
+    results = _results()
+    results["environment"].update(gpu_name="<b>H100</b> __x__", torch="2.11`dev`")
+    text = section.render_tables(results)
+    assert text.startswith("Device: \\<b>H100\\</b> \\_\\_x\\_\\_; torch 2.11\\`dev\\`, ")
+    results["environment"] = {"device": "*cpu*"}
+    assert "measured on CUDA only (\\*cpu\\* run)." in section.render_tables(results)

@@ -203,7 +203,8 @@ def _part_a_memory(env: dict[str, Any]) -> str:
     allocator counter, which other devices do not have."""
     if _on_cuda(env):
         return "memory: `torch.cuda.memory_allocated` after the forward, before the backward."
-    return f"no memory figures: they are measured on CUDA only ({env.get('device')} run)."
+    return ("no memory figures: they are measured on CUDA only "
+            f"({md_text(str(env.get('device')))} run).")
 
 
 def _part_a_setup(rows: list[dict]) -> str:
@@ -232,11 +233,11 @@ def render_tables(results: dict[str, Any], run: str = "") -> str:
     mm = results.get("matmul_bf16_tflops")
     # (a flash switch that was off: other kernels or configurations than the defaults')
     off = "".join(f"; flash kernels under {s}" for s in flash_switches_off(env))
-    parts = [f"Device: {env.get('gpu_name') or env.get('device')}; torch {env.get('torch')}, "
-             f"triton {env.get('triton')}, CUDA {env.get('cuda') or '-'}, cuDNN "
-             f"{env.get('cudnn') or '-'}, fp32 matmul precision "
-             f"{env.get('float32_matmul_precision')}{off}. Measured bf16 matmul (8192³): "
-             f"{_fmt(mm, '.0f') or 'n/a'} TFLOP/s."]
+    parts = [md_text(f"Device: {env.get('gpu_name') or env.get('device')}; torch "
+                     f"{env.get('torch')}, triton {env.get('triton')}, CUDA "
+                     f"{env.get('cuda') or '-'}, cuDNN {env.get('cudnn') or '-'}, fp32 matmul "
+                     f"precision {env.get('float32_matmul_precision')}{off}.")
+             + f" Measured bf16 matmul (8192³): {_fmt(mm, '.0f') or 'n/a'} TFLOP/s."]
     if results.get("part_a"):
         parts += [f"### CS336 attention benchmark (part a){of}",
                   f"{_part_a_setup(results['part_a'])} Mean of the timed passes, each between "
