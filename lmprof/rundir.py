@@ -178,7 +178,7 @@ def check_writable_dir(path: Path) -> Path:
     (exit 1), as ``write_json`` raises it."""
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".lmprof-write-test-{os.getpid()}"
+        probe = temp_beside(path / "lmprof-write-test")
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
@@ -216,9 +216,16 @@ def _not_a_folder(path: Path) -> tuple[Path, str] | None:
     return None
 
 
+def temp_beside(path: Path) -> Path:
+    """A hidden name beside ``path`` for a file written, then renamed over it: the pid and a
+    random part, as processes on machines that share a folder (a job array, Kubernetes pods)
+    can have one pid, and two writers of one temp file emptied and renamed each other's."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+
+
 def write_json(path: Path, obj: Any, indent: int = 1) -> None:
     """Atomic write: a temp file beside ``path``, then one rename (a reader never sees half)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_beside(path)
     try:
         tmp.write_text(json.dumps(obj, indent=indent, default=str) + "\n")
         os.replace(tmp, path)
@@ -243,11 +250,10 @@ def mark_latest(out_root: Path, run_dir: Path) -> str | None:
     # made beside it and renamed over it: two runs ending at once each leave a whole link (an
     # unlink, then a link made, lost that race now and then: the link of the other run was there
     # already, and the text form written through it failed)
-    tmp = out_root / f".{LATEST}.tmp-{os.getpid()}"
+    tmp = temp_beside(link)
     try:
         if not (link.is_symlink() or _is_marker(link)) and link.exists():
             return f"left {str(link)!r} as it is: not the link to the latest run this tool makes"
-        tmp.unlink(missing_ok=True)
         try:
             tmp.symlink_to(run_dir.name, target_is_directory=True)
         except OSError:
@@ -657,7 +663,7 @@ def retire_stale(folder: str | Path, owner: str, written: list[str]) -> None:
     # written beside it and renamed over it: a link or a pipe of that name is replaced, never
     # written through (a folder that takes the results but not the list: the next run there
     # removes nothing)
-    tmp = folder / f".lmprof-{owner}.tmp-{os.getpid()}"
+    tmp = temp_beside(manifest)
     try:
         with open(tmp, "x") as f:
             f.write("".join(f"{n}\n" for n in sorted(keep)))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -73,10 +74,10 @@ class ReportContext:
         """A hidden folder beside the report that holds its images until every section is done
         (``build`` then moves them into the image folder): a report that stops leaves an earlier
         report's images in that folder as they were."""
-        if self._stage is None:
-            self._stage = self.out_dir / f".{self.img_name}.tmp-{os.getpid()}"
-            shutil.rmtree(self._stage, ignore_errors=True)  # (a killed report's, of this pid)
-            self._stage.mkdir(parents=True)
+        if self._stage is None:  # (its own: a report written beside it has another)
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self._stage = Path(tempfile.mkdtemp(prefix=f".{self.img_name}.tmp-",
+                                                dir=self.out_dir))
         return self._stage
 
     def image(self, name: str, draw: Callable[[Path], Any]) -> str | None:
