@@ -223,14 +223,25 @@ def temp_beside(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
 
 
-def write_json(path: Path, obj: Any, indent: int = 1) -> None:
-    """Atomic write: a temp file beside ``path``, then one rename (a reader never sees half)."""
+def write_text(path: Path, text: str) -> None:
+    """``text`` into ``path`` by one rename of a temp file beside it (``temp_beside``): a reader
+    never sees part of it, nor the start of one text and the end of the next. An OSError (the
+    temp file removed, ``path`` as it was) is the caller's to word."""
     tmp = temp_beside(path)
     try:
-        tmp.write_text(json.dumps(obj, indent=indent, default=str) + "\n")
+        tmp.write_text(text)
         os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, obj: Any, indent: int = 1) -> None:
+    """Atomic write (``write_text``): a reader never sees half."""
+    try:
+        write_text(path, json.dumps(obj, indent=indent, default=str) + "\n")
     except OSError as exc:  # a full disk, a folder gone: one line, no temp file left
-        tmp.unlink(missing_ok=True)
         raise_machine_error(exc, path)  # (exit 1, naming the file: not the user's input)
         raise UserError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
 

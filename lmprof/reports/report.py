@@ -254,11 +254,11 @@ def build(paths: list[str], out: str | Path, kernel_options: Any = None,
             except OSError as exc:
                 raise_machine_error(exc, dest)
                 raise UserError(f"cannot write {str(dest)!r}: {exc.strerror or exc}") from None
-        try:
-            target.write_text("\n".join(parts))
+        try:  # (by a rename: a reader of the earlier report.md reads it whole)
+            rundir.write_text(target, "\n".join(parts))
         except OSError as exc:
-            # the machine's trouble (a full disk, an I/O error: the file was opened, so
-            # emptied) leaves no half-written report and is exit 1, as render's --out tables
+            # the machine's trouble (a full disk, an I/O error) leaves no report beside the
+            # images just put in place, and is exit 1, as render's --out tables
             if machine_error(exc) is not None:
                 target.unlink(missing_ok=True)
             raise_machine_error(exc, target)

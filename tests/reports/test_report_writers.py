@@ -1,0 +1,51 @@
+"""`analyze report -o DIR` while something else reads DIR or writes a report into it: a reader
+sees one whole report, and two reports written at once leave one of them whole, its images
+with it. The interleavings are forced (a section's stand-in, a hook where the report is put in
+place); no timing decides them."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from lmprof.reports import report
+
+RUN = Path(__file__).resolve().parents[1] / "data" / "h200-oom" / "warmup0" / "run.json"
+
+
+def _runs(tmp_path: Path, n: int) -> list[str]:
+    out = []
+    for i in range(n):
+        run = tmp_path / "runs" / f"run{i}"
+        run.mkdir(parents=True)
+        shutil.copy(RUN, run / "run.json")
+        out.append(str(run))
+    return out
+
+
+def _section(ctx: report.ReportContext) -> str:
+    """A stand-in section: images named by how many runs the report has ("<n>.png") and one
+    name every report draws ("shared.png"), each holding the number; text long enough that a
+    reader reads it in parts."""
+    n = len(ctx.runs)
+    links = [ctx.image(name, lambda path: path.write_text(str(n)) or True)
+             for name in (f"{n}.png", "shared.png")]
+    return "\n".join(f"![]({link})" for link in links) + "\n" + f"{n} runs. " * 2000
+
+
+def test_a_reader_of_report_md_sees_one_whole_report_while_it_is_written_again(tmp_path,
+                                                                                 monkeypatch):
+    """report.md was emptied and written again in place: a reader part way through read the
+    start of one report and the rest of the next."""
+    monkeypatch.setattr(report, "_sections", lambda: [("Stand-in", _section)])
+    runs, out = _runs(tmp_path, 2), tmp_path / "rep"
+    report.build(runs[:1], out)
+    first = (out / "report.md").read_text()
+    with open(out / "report.md") as reader:
+        head = reader.read(200)
+        report.build(runs, out)  # written again while the reader is at byte 200
+        rest = reader.read()
+    assert head + rest == first
+    assert (out / "report.md").read_text() != first
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".img")) == []
+
