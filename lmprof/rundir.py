@@ -81,7 +81,7 @@ import secrets
 import stat
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from lmprof.errors import UserError, raise_machine_error
 
@@ -221,6 +221,49 @@ def temp_beside(path: Path) -> Path:
     random part, as processes on machines that share a folder (a job array, Kubernetes pods)
     can have one pid, and two writers of one temp file emptied and renamed each other's."""
     return path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+@contextlib.contextmanager
+def taking_turns(lock: Path) -> Iterator[None]:
+    """Inside, no other process is inside ``taking_turns(lock)``: an exclusive ``flock`` on the
+    hidden file ``lock``, made for the turn and removed after it (the lock goes when the process
+    ends, however it ends). Two commands that put their results into one folder at once so take
+    turns, and the folder ends with all of the last one's results, never some of each; the work
+    before (drawing, loading) runs side by side. Where the file cannot be made or locked (a
+    read-only folder, NFS without its lock service) it goes on unlocked: the writes say why."""
+    fd = _lock_file(lock)
+    try:
+        yield
+    finally:
+        if fd is not None:  # (removed while held: one that waits for it looks again, _lock_file)
+            with contextlib.suppress(OSError):
+                lock.unlink()
+            os.close(fd)
+
+
+def _lock_file(lock: Path) -> int | None:
+    """A descriptor of ``lock`` that holds its ``flock``, or None where it cannot be had. A file
+    locked after its holder removed it is no lock: it is made again and locked anew."""
+    import fcntl
+
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if os.path.samestat(os.fstat(fd), os.stat(lock, follow_symlinks=False)):
+                return fd
+        except FileNotFoundError:  # (removed by its holder while this one waited)
+            pass
+        except OSError:
+            os.close(fd)
+            return None
+        except BaseException:  # (Ctrl-C while waiting)
+            os.close(fd)
+            raise
+        os.close(fd)
 
 
 def write_text(path: Path, text: str) -> None:

@@ -93,3 +93,35 @@ def test_two_writers_listing_their_files_with_one_pid_both_keep_a_list(tmp_path,
     rundir.retire_stale(folder, "kernels", ["a.csv"])
     assert (folder / ".lmprof-kernels").read_text() == "a.csv\n"
     assert sorted(p.name for p in folder.iterdir()) == [".lmprof-kernels"]
+
+
+def test_a_turn_taken_on_a_lock_file_its_holder_removed_is_taken_anew(tmp_path, monkeypatch):
+    """taking_turns removes its lock file as its turn ends: one that waited on that file, then
+    locked it, holds a lock on a file that is gone, which a third takes beside it. It makes the
+    file again and locks that."""
+    import fcntl
+
+    lock = tmp_path / ".report.md.lock"
+    real = fcntl.flock
+    calls = []
+
+    def flock(fd, op):
+        calls.append(op)
+        if len(calls) == 1:
+            lock.unlink()  # (the holder's turn ended while this one waited)
+        return real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    with rundir.taking_turns(lock):
+        assert lock.exists() and len(calls) == 2
+        # another process's turn waits: its lock, tried without waiting, is refused
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            try:
+                real(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                raise AssertionError("the lock was not held")
+            except BlockingIOError:
+                pass
+        finally:
+            os.close(fd)
+    assert not lock.exists()

@@ -244,27 +244,30 @@ def build(paths: list[str], out: str | Path, kernel_options: Any = None,
             raise_machine_error(exc, exc.filename)
             raise UserError(f"cannot write {str(exc.filename)!r}: {exc.strerror or exc}") from None
         img_dir = target.parent / ctx.img_name
-        if ctx.images:  # (all drawn: they replace the earlier report's, then the report)
-            dest = img_dir
-            try:
-                img_dir.mkdir(exist_ok=True)
-                for path in ctx.images:
-                    dest = img_dir / path.name
-                    os.replace(path, dest)
+        # (one report at a time puts its files in place: two written into one folder at once
+        # leave the last one whole, its images with it)
+        with rundir.taking_turns(target.parent / f".{target.name}.lock"):
+            if ctx.images:  # (all drawn: they replace the earlier report's, then the report)
+                dest = img_dir
+                try:
+                    img_dir.mkdir(exist_ok=True)
+                    for path in ctx.images:
+                        dest = img_dir / path.name
+                        os.replace(path, dest)
+                except OSError as exc:
+                    raise_machine_error(exc, dest)
+                    raise UserError(f"cannot write {str(dest)!r}: {exc.strerror or exc}") from None
+            try:  # (by a rename: a reader of the earlier report.md reads it whole)
+                rundir.write_text(target, "\n".join(parts))
             except OSError as exc:
-                raise_machine_error(exc, dest)
-                raise UserError(f"cannot write {str(dest)!r}: {exc.strerror or exc}") from None
-        try:  # (by a rename: a reader of the earlier report.md reads it whole)
-            rundir.write_text(target, "\n".join(parts))
-        except OSError as exc:
-            # the machine's trouble (a full disk, an I/O error) leaves no report beside the
-            # images just put in place, and is exit 1, as render's --out tables
-            if machine_error(exc) is not None:
-                target.unlink(missing_ok=True)
-            raise_machine_error(exc, target)
-            raise UserError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
-        if img_dir.is_dir():  # images of an earlier report here that this one has not drawn
-            rundir.retire_stale(img_dir, "report", [p.name for p in ctx.images])
+                # the machine's trouble (a full disk, an I/O error) leaves no report beside the
+                # images just put in place, and is exit 1, as render's --out tables
+                if machine_error(exc) is not None:
+                    target.unlink(missing_ok=True)
+                raise_machine_error(exc, target)
+                raise UserError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
+            if img_dir.is_dir():  # images of an earlier report here that this one has not drawn
+                rundir.retire_stale(img_dir, "report", [p.name for p in ctx.images])
     except BaseException:
         if created is not None:  # no half-written report folder left behind
             shutil.rmtree(created, ignore_errors=True)
