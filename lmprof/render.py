@@ -637,31 +637,34 @@ def emit(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: str | Pat
             else:
                 parts.append(body if len(tables) == 1 else f"# {name}\n{body}")
     if out is not None:
-        from lmprof.rundir import refuse_overwrite, retire_stale
+        from lmprof import rundir
 
         out_dir = Path(out)
         files = {name: out_dir / f"{name}.{fmt}" for name in tables}
-        refuse_overwrite(files.values(), inputs, "--out")
+        rundir.refuse_overwrite(files.values(), inputs, "--out")
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             _write_error(exc, out_dir, None)
-        for name, df in tables.items():
-            text = render(df, fmt, shorten, raw)  # (csv ends its last row with a newline)
-            try:
-                files[name].write_text(text if text.endswith("\n") else text + "\n")
-            except OSError as exc:
-                _write_error(exc, out_dir, files[name])
-        if owner is not None:
-            retire_stale(out_dir, owner, [f"{name}.{fmt}" for name in tables])
+        texts = {name: render(df, fmt, shorten, raw) for name, df in tables.items()}
+        # each file by a rename (a reader sees a whole table), all in one turn (two commands
+        # writing one --out at once leave the tables of the last, none of the other's)
+        with rundir.taking_turns(out_dir / f".lmprof-{owner or 'tables'}.lock"):
+            for name, text in texts.items():  # (csv ends its last row with a newline)
+                try:
+                    rundir.write_text(files[name], text if text.endswith("\n") else text + "\n")
+                except OSError as exc:
+                    _write_error(exc, out_dir, files[name])
+            if owner is not None:
+                rundir.retire_stale(out_dir, owner, [f"{name}.{fmt}" for name in tables])
     return "\n".join(parts).rstrip("\n")  # (the caller's echo ends the last line)
 
 
 def _write_error(exc: OSError, out_dir: Path, file: Path | None) -> None:
     """A table ``file`` (None: the folder) that could not be written under ``--out``. The
-    machine's trouble (a full disk, an I/O error: the file was opened, so emptied, and is left
-    half-written) removes the file and is an OSError naming it (exit 1); any other (a folder in
-    the way, no permission: nothing was written) a one-line UserError (exit 2)."""
+    machine's trouble (a full disk, an I/O error) removes the file (an earlier command's table
+    of that name beside this one's others) and is an OSError naming it (exit 1); any other (a
+    folder in the way, no permission: nothing was written) a one-line UserError (exit 2)."""
     from lmprof.errors import machine_error, raise_machine_error
 
     if file is not None and machine_error(exc) is not None:

@@ -1,5 +1,7 @@
+import fcntl
 import lzma
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -37,3 +39,51 @@ def runs_with_exports(tmp_path_factory):
         return root
 
     return copy
+
+
+@pytest.fixture
+def meanwhile(monkeypatch):
+    """A function (owner, name, command) -> a function that waits for ``command`` and returns
+    what it raised (None, or the exception): ``command`` runs on a thread from inside the first
+    call of ``owner.name`` (as another process writing the same place would run then) until it
+    is done or waits for its turn to put its files in place (an exclusive ``flock``: it then
+    goes on once this command's turn ends). Forces an interleaving of two commands with no
+    timing deciding it."""
+    def start(owner, name: str, command):
+        done, waits = threading.Event(), threading.Event()
+        raised: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                command()
+            except BaseException as exc:  # noqa: BLE001 — returned to the test
+                raised.append(exc)
+            finally:
+                done.set()
+
+        other = threading.Thread(target=run)
+        real_flock, real = fcntl.flock, getattr(owner, name)
+
+        def flock(fd, op):
+            if threading.current_thread() is other and op & fcntl.LOCK_EX:
+                waits.set()
+            return real_flock(fd, op)
+
+        def hooked(*args, **kwargs):
+            if threading.current_thread() is not other and not other.is_alive() \
+                    and not done.is_set():
+                other.start()
+                while not (done.wait(0.05) or waits.is_set()):
+                    pass
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(fcntl, "flock", flock)
+        monkeypatch.setattr(owner, name, hooked)
+
+        def finish() -> BaseException | None:
+            other.join()
+            return raised[0] if raised else None
+
+        return finish
+
+    return start

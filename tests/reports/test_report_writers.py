@@ -5,9 +5,7 @@ place); no timing decides them."""
 
 from __future__ import annotations
 
-import fcntl
 import shutil
-import threading
 from pathlib import Path
 
 from lmprof import rundir
@@ -53,44 +51,17 @@ def test_a_reader_of_report_md_sees_one_whole_report_while_it_is_written_again(t
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".img")) == []
 
 
-def test_two_reports_written_into_one_folder_at_once_leave_one_whole(tmp_path, monkeypatch):
+def test_two_reports_written_into_one_folder_at_once_leave_one_whole(tmp_path, monkeypatch,
+                                                                      meanwhile):
     """Another report put in place between this one's report.md and its removal of the images
     it did not draw: that report.md was left, its own image ('2.png') removed as this report's
     stale one, 'shared.png' whichever came last."""
     monkeypatch.setattr(report, "_sections", lambda: [("Stand-in", _section)])
     runs, out = _runs(tmp_path, 2), tmp_path / "rep"
     (out / "img").mkdir(parents=True)  # (so that both reports find their folders made)
-    other_done, other_waits = threading.Event(), threading.Event()
-    real_flock, real_retire = fcntl.flock, rundir.retire_stale
-    errors = []
-
-    def other_report() -> None:
-        try:
-            report.build(runs, out)
-        except BaseException as exc:  # noqa: BLE001 — checked below
-            errors.append(exc)
-        finally:
-            other_done.set()
-
-    other = threading.Thread(target=other_report)
-
-    def flock(fd, op):
-        if threading.current_thread() is other and op & fcntl.LOCK_EX:
-            other_waits.set()  # (the other report is at its turn to put its files in place)
-        return real_flock(fd, op)
-
-    def retire_stale(folder, owner, written):
-        if not other.is_alive() and not other_done.is_set():
-            other.start()  # the other report, started now, runs until done or made to wait
-            while not (other_done.wait(0.05) or other_waits.is_set()):
-                pass
-        return real_retire(folder, owner, written)
-
-    monkeypatch.setattr(fcntl, "flock", flock)
-    monkeypatch.setattr(rundir, "retire_stale", retire_stale)
+    other = meanwhile(rundir, "retire_stale", lambda: report.build(runs, out))
     report.build(runs[:1], out)
-    other.join()
-    assert errors == []
+    assert other() is None
     md = (out / "report.md").read_text()
     images = {p.name: p.read_text() for p in (out / "img").iterdir() if p.suffix == ".png"}
     n = md.split(" runs. ", 1)[0].rsplit("\n", 1)[-1]  # the report left: of 1 run or of 2

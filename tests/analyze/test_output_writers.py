@@ -1,0 +1,36 @@
+"""What `analyze` writes (--out tables, --plots, --db) while another command reads or writes the
+same place: a reader sees whole files, and two commands at once leave the results of one of
+them whole. The interleavings are forced (a hook where a command puts its files in place, the
+other command run there, in a thread where it must wait its turn); no timing decides them."""
+
+from __future__ import annotations
+
+from lmprof import render, rundir
+
+
+def test_a_reader_of_an_out_table_sees_one_whole_table_while_it_is_written_again(tmp_path):
+    """--out's tables were emptied and written again in place: a reader part way through one
+    read the start of one command's table and the rest of the next's."""
+    out = tmp_path / "out"
+    render.emit({"top_kernels": "| a |\n" * 2000}, "md", out, owner="kernels")
+    with open(out / "top_kernels.md") as reader:
+        head = reader.read(100)
+        render.emit({"top_kernels": "| b |\n" * 2000}, "md", out, owner="kernels")
+        read = head + reader.read()
+    whole = read == "| a |\n" * 2000  # (not compared in the assert: its diff is slow)
+    assert whole, read.count("b")
+
+
+def test_two_commands_writing_tables_into_one_out_at_once_leave_one_whole(tmp_path, meanwhile):
+    """Another command's tables written between this one's tables and its removal of the
+    tables it did not write: the other's own table was removed as this one's stale one, and a
+    table both write held the other's rows beside this one's other table."""
+    out = tmp_path / "out"
+    other = meanwhile(rundir, "retire_stale", lambda: render.emit(
+        {"shared": "| other |\n", "theirs": "| other |\n"}, "md", out, owner="kernels"))
+    render.emit({"shared": "| this |\n", "mine": "| this |\n"}, "md", out, owner="kernels")
+    assert other() is None
+    tables = {p.name: p.read_text() for p in out.iterdir() if not p.name.startswith(".")}
+    assert tables in ({"shared.md": "| other |\n", "theirs.md": "| other |\n"},
+                      {"shared.md": "| this |\n", "mine.md": "| this |\n"}), tables
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [".lmprof-kernels"]
