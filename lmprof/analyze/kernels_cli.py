@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import tempfile
 from pathlib import Path
@@ -482,19 +483,24 @@ def _no_load_options(file: str) -> None:
 def _streamed(result, fmt: str, out: str | None, name: str, inputs: list[Path]) -> bool:
     """``result`` written as csv or json to stdout (and ``out/<name>.<fmt>``, which is none of
     ``inputs``) as it is fetched; False, with no file opened, where it is not (see
-    ``lmprof.render.stream``)."""
+    ``lmprof.render.stream``). The file's rows go into a temp file beside it, renamed over it
+    once all are written, in a turn as ``emit``'s (a reader sees a whole result: the last, or
+    this one; a query that fails leaves the last as it was)."""
+    from lmprof import rundir
     from lmprof.render import stream, streams
-    from lmprof.rundir import refuse_overwrite, retire_stale
 
     if not streams(result, fmt):  # emit writes the file, once the whole table is fetched
         return False
     with contextlib.ExitStack() as stack:
         if out is not None:
             path = Path(out) / f"{name}.{fmt}"
-            refuse_overwrite([path], inputs, "--out")
+            rundir.refuse_overwrite([path], inputs, "--out")
+            if path.is_dir():  # (before any row: the rename at the end would fail)
+                raise UserError(f"cannot write to --out {str(out)!r}: Is a directory")
+            partial = rundir.temp_beside(path)
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                f = stack.enter_context(path.open("w"))
+                f = stack.enter_context(partial.open("x"))
             except OSError as exc:
                 raise_machine_error(exc, path)  # (a full disk: exit 1, naming the file)
                 raise UserError(f"cannot write to --out {str(out)!r}: "
@@ -510,12 +516,18 @@ def _streamed(result, fmt: str, out: str | None, name: str, inputs: list[Path]) 
             if out is not None:
                 with writing(path):  # (the last rows are written as the file closes)
                     f.close()
+                with rundir.taking_turns(Path(out) / ".lmprof-sql.lock"):
+                    try:
+                        os.replace(partial, path)
+                    except OSError as exc:  # (a folder of that name made meanwhile)
+                        raise_machine_error(exc, path)
+                        raise UserError(f"cannot write to --out {str(out)!r}: "
+                                        f"{exc.strerror or exc}") from None
+                    rundir.retire_stale(out, "sql", [f"{name}.{fmt}"])
         except BaseException:
             if out is not None:  # no half-written result file
                 with contextlib.suppress(OSError):  # (its close failing again)
                     stack.close()
-                path.unlink(missing_ok=True)
+                partial.unlink(missing_ok=True)
             raise
-    if streamed and out is not None:
-        retire_stale(out, "sql", [f"{name}.{fmt}"])
     return streamed
