@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import click
@@ -75,17 +78,37 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
                 # the plots go elsewhere now: those an earlier run wrote into --out are stale
                 rundir.retire_stale(out, "memory-plots", [])
             if plot_dir:
-                from lmprof.reports.memory_plots import write_plots
-
-                try:
-                    written = write_plots(con, Path(plot_dir))
-                except OSError as exc:
-                    where = exc.filename or plot_dir
-                    raise_machine_error(exc, where)  # (a full disk: exit 1, naming the file)
-                    raise UserError(f"cannot write the plots to {str(where)!r}: "
-                                    f"{exc.strerror or exc}") from None
-                rundir.retire_stale(plot_dir, "memory-plots", [p.name for p in written])
-                for path in written:
+                for path in _plot(con, Path(plot_dir)):
                     click.echo(f"wrote {path}", err=True)
         finally:
             con.close()
+
+
+def _plot(con, folder: Path) -> list[Path]:
+    """The plots of the loaded snapshots, drawn in a hidden folder of their own in ``folder``,
+    then renamed into it with the removal of an earlier command's that these replace, in one
+    turn (``rundir.taking_turns``): a reader sees whole images, and two commands plotting into
+    one folder at once leave all of the last one's plots, none of the other's beside them."""
+    from lmprof import rundir
+    from lmprof.reports.memory_plots import write_plots
+
+    stage = None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=".memory-plots.tmp-", dir=folder))
+        drawn = write_plots(con, stage)
+        with rundir.taking_turns(folder / ".lmprof-memory-plots.lock"):
+            for path in drawn:
+                os.replace(path, folder / path.name)
+            rundir.retire_stale(folder, "memory-plots", [p.name for p in drawn])
+    except OSError as exc:
+        where = Path(exc.filename) if exc.filename else folder
+        if stage is not None and where.parent == stage:  # (the file it was drawn for)
+            where = folder / where.name
+        raise_machine_error(exc, where)  # (a full disk: exit 1, naming the file)
+        raise UserError(f"cannot write the plots to {str(where)!r}: "
+                        f"{exc.strerror or exc}") from None
+    finally:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+    return [folder / p.name for p in drawn]

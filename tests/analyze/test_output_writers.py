@@ -5,6 +5,8 @@ other command run there, in a thread where it must wait its turn); no timing dec
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from lmprof import render, rundir
 
 
@@ -56,3 +58,49 @@ def test_a_reader_of_a_streamed_sql_result_sees_one_whole_result(tmp_path):
     whole = read == first  # (not compared in the assert: its diff is slow)
     assert whole, len(read)
     assert sorted(p.name for p in out.iterdir()) == [".lmprof-sql", "result.csv"]
+
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+SNAPSHOTS = (DATA / "h200-small-fp32" / "memory.pickle.xz",
+             DATA / "h200-lmprof-memory" / "memory.pickle.xz")
+
+
+def _memory(*args) -> None:
+    from lmprof.analyze.cli import analyze
+
+    analyze.main(["memory", *map(str, args), "--format", "csv"], standalone_mode=False)
+
+
+def test_a_reader_of_a_memory_plot_sees_one_whole_image_while_it_is_drawn_again(tmp_path):
+    """--plots' PNGs were drawn into their names in place: a reader part way through one read
+    the start of one command's image and the rest of the next's (and two commands drawing one
+    name at once each wrote into the one file)."""
+    plots = tmp_path / "plots"
+    _memory(SNAPSHOTS[0], "--plots", plots)
+    first = (plots / "memory_timeline.png").read_bytes()
+    with open(plots / "memory_timeline.png", "rb") as reader:
+        head = reader.read(100)
+        _memory(SNAPSHOTS[1], "--plots", plots)
+        read = head + reader.read()
+    assert read == first
+    assert sorted(p.name for p in plots.iterdir()) == \
+        [".lmprof-memory-plots", "memory_categories.png", "memory_timeline.png"]
+
+
+def test_two_commands_plotting_into_one_folder_at_once_leave_one_whole(tmp_path, meanwhile):
+    """Another command's plots drawn between this one's timeline and its categories plot: the
+    folder was left with the other's timeline beside this one's categories."""
+    from lmprof.reports import memory_plots
+
+    alone = {}
+    for i, snapshot in enumerate(SNAPSHOTS):  # (each command's plots, drawn on its own)
+        _memory(snapshot, "--plots", tmp_path / f"alone{i}")
+        alone[i] = {p.name: p.read_bytes() for p in (tmp_path / f"alone{i}").glob("*.png")}
+    plots = tmp_path / "plots"
+    other = meanwhile(memory_plots, "categories_png",
+                      lambda: _memory(SNAPSHOTS[1], "--plots", plots))
+    _memory(SNAPSHOTS[0], "--plots", plots)
+    assert other() is None
+    left = {p.name: p.read_bytes() for p in plots.glob("*.png")}
+    assert left in (alone[0], alone[1]), {name: [i for i in alone if alone[i][name] == data]
+                                          for name, data in left.items()}
