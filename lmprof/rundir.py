@@ -224,14 +224,18 @@ def temp_beside(path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def taking_turns(lock: Path) -> Iterator[None]:
+def taking_turns(lock: Path, busy: str | None = None) -> Iterator[None]:
     """Inside, no other process is inside ``taking_turns(lock)``: an exclusive ``flock`` on the
     hidden file ``lock``, made for the turn and removed after it (the lock goes when the process
     ends, however it ends). Two commands that put their results into one folder at once so take
     turns, and the folder ends with all of the last one's results, never some of each; the work
-    before (drawing, loading) runs side by side. Where the file cannot be made or locked (a
+    before (drawing, loading) runs side by side. Given ``busy``, a turn another process holds is
+    not waited for: a UserError with that message. Where the file cannot be made or locked (a
     read-only folder, NFS without its lock service) it goes on unlocked: the writes say why."""
-    fd = _lock_file(lock)
+    try:
+        fd = _lock_file(lock, wait=busy is None)
+    except BlockingIOError:
+        raise UserError(busy) from None
     try:
         yield
     finally:
@@ -241,9 +245,10 @@ def taking_turns(lock: Path) -> Iterator[None]:
             os.close(fd)
 
 
-def _lock_file(lock: Path) -> int | None:
-    """A descriptor of ``lock`` that holds its ``flock``, or None where it cannot be had. A file
-    locked after its holder removed it is no lock: it is made again and locked anew."""
+def _lock_file(lock: Path, wait: bool) -> int | None:
+    """A descriptor of ``lock`` that holds its ``flock``, or None where it cannot be had;
+    BlockingIOError where another holds it and ``wait`` is false. A file locked after its holder
+    removed it is no lock: it is made again and locked anew."""
     import fcntl
 
     while True:
@@ -252,11 +257,14 @@ def _lock_file(lock: Path) -> int | None:
         except OSError:
             return None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             if os.path.samestat(os.fstat(fd), os.stat(lock, follow_symlinks=False)):
                 return fd
         except FileNotFoundError:  # (removed by its holder while this one waited)
             pass
+        except BlockingIOError:
+            os.close(fd)
+            raise
         except OSError:
             os.close(fd)
             return None

@@ -67,8 +67,9 @@ def staged(path: str | Path | None, inputs: Iterable[str | Path] = ()) -> Iterat
     only when the command ends well: a copy of PATH (or a new file) beside it, ``PATH.partial``,
     which replaces PATH once the block ends without error, and is removed otherwise. A run that
     fails halfway (a damaged snapshot or export) so leaves the tables of earlier runs as they
-    were, and no new PATH. PATH itself stays open meanwhile (checked as ``connect`` checks it),
-    so DuckDB's file lock still keeps a second run from writing it at the same time. Without
+    were, and no new PATH. PATH itself stays open meanwhile (checked as ``connect`` checks it);
+    a second command given PATH while one works on it is refused, one line (a turn, taken
+    without waiting: ``rundir.taking_turns`` on the hidden ``.PATH.lock``). Without
     PATH: None (in memory). The caller closes its connection to the copy inside the block.
     PATH, the copy or a write-ahead log of either that is one of ``inputs`` (the files the
     command reads) is refused first (``rundir.refuse_overwrite``)."""
@@ -85,8 +86,20 @@ def staged(path: str | Path | None, inputs: Iterable[str | Path] = ()) -> Iterat
     if not target.parent.is_dir():  # (else DuckDB's error would name the copy, PATH.partial)
         raise UserError(f"--db {str(path)!r}: no folder {str(target.parent)!r} to write it in")
     work = target.with_name(target.name + ".partial")
-    rundir.refuse_overwrite([path, work, Path(f"{work}.wal"), Path(f"{target}.wal")], inputs,
-                            "--db")
+    lock = target.with_name(f".{target.name}.lock")
+    rundir.refuse_overwrite([path, work, Path(f"{work}.wal"), Path(f"{target}.wal"), lock],
+                            inputs, "--db")
+    # one command at a time works on the copy: a second would remove the first's (as one left
+    # by a run that was killed) where PATH is new, and DuckDB's lock on PATH refuses it only
+    # where PATH exists
+    with rundir.taking_turns(lock, busy=f"--db {str(path)!r} is being written by another "
+                             "command: give another file, or run this one once that one has "
+                             "ended"):
+        yield from _staged(target, work)
+
+
+def _staged(target: Path, work: Path) -> Iterator[str]:
+    """``staged``'s work on ``target`` through its copy ``work``, in its turn."""
     # (an empty file, as mktemp makes, is a new database: DuckDB refuses to open it)
     new = not target.exists() or (target.is_file() and not target.stat().st_size)
     holder = None if new else connect(target)

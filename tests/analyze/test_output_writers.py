@@ -104,3 +104,37 @@ def test_two_commands_plotting_into_one_folder_at_once_leave_one_whole(tmp_path,
     left = {p.name: p.read_bytes() for p in plots.glob("*.png")}
     assert left in (alone[0], alone[1]), {name: [i for i in alone if alone[i][name] == data]
                                           for name, data in left.items()}
+
+
+def test_a_second_command_keeping_a_new_database_while_one_writes_it_is_one_line(tmp_path):
+    """Two commands with one new --db FILE at once: the second removed the first's working
+    copy (FILE.partial, 'one left behind by a run that was killed') and made its own; then
+    one failed 'cannot write --db', another DuckDB's lock error on the copy, or a traceback,
+    and at times neither left FILE. The second is refused, one line, exit 2, as it is for a
+    FILE that exists (DuckDB's lock); the first ends well."""
+    import os
+    import subprocess
+    import sys
+
+    import duckdb
+
+    from lmprof.analyze import db
+    from nsys_data import REPORT
+
+    path = tmp_path / "k.duckdb"
+    root = Path(__file__).resolve().parents[2]
+    with db.staged(path) as work:
+        con = db.connect(work)
+        con.execute("CREATE TABLE mine AS SELECT 1 AS x")
+        proc = subprocess.run(  # the other command, started now
+            [sys.executable, "-m", "lmprof.analyze", "kernels", str(REPORT), "--table",
+             "gemm_fraction", "--db", str(path)], cwd=root, capture_output=True, text=True,
+            env={**os.environ, "PYTHONPATH": str(root)}, timeout=300)
+        con.close()
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr == f"error: --db {str(path)!r} is being written by another command: " \
+                          "give another file, or run this one once that one has ended\n"
+    con = duckdb.connect(str(path), read_only=True)
+    assert con.execute("SELECT table_name FROM duckdb_tables()").fetchall() == [("mine",)]
+    con.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.duckdb"]
