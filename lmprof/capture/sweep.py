@@ -393,13 +393,22 @@ def check_out(out: Path) -> None:
 def open_sweep_dir(root: Path, grid: Grid, force_mix: bool, write: bool = True) -> None:
     """Create or reopen ``root`` for ``grid``; refuse a directory of another grid unless told.
 
-    With ``write=False`` (a dry run) only the refusal is checked and nothing is created.
+    With ``write=False`` (a dry run) only the refusal is checked and nothing is created. The look
+    and the write are one turn (``rundir.taking_turns``): of two sweeps opening one directory at
+    once, the second sees the first's sweep.json (refused, or its grid added beside it).
     """
-    if write:
-        rundir.check_writable_dir(root)
+    if not write:
+        _open_sweep_dir(root, grid, force_mix, write)
+        return
+    rundir.check_writable_dir(root)
+    with rundir.taking_turns(root / f".{sweepdir.SWEEP_FILE}.lock"):
+        _open_sweep_dir(root, grid, force_mix, write)
+
+
+def _open_sweep_dir(root: Path, grid: Grid, force_mix: bool, write: bool) -> None:
     entry = grid.to_dict()
     if not sweepdir.is_sweep_dir(root):
-        # hidden entries may be another shard's temp sweep.json or write probe
+        # hidden entries may be another shard's temp sweep.json, write probe or lock
         others = root.is_dir() and any(not e.name.startswith(".") for e in root.iterdir())
         if others and not sweepdir.is_sweep_dir(root):
             raise UserError(f"{str(root)!r} exists and is not a sweep directory; choose another")

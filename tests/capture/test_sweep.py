@@ -317,6 +317,35 @@ def test_a_cell_published_in_between_by_another_copy_is_replaced(tmp_path, monke
     assert not attempt.exists()
 
 
+@pytest.mark.parametrize("force_mix", [False, True], ids=["new", "force-mix"])
+def test_two_sweeps_of_other_grids_opening_one_directory_at_once(force_mix, tmp_path,
+                                                                 meanwhile):
+    """Two sweeps of other grids with one --out/--name, the other opening the directory between
+    this one's look and its sweep.json: both were new, each wrote its grid, and the other's
+    cells went into a sweep of this grid without --force-mix (refused now, as it is one after
+    the other); with --force-mix each added its grid to what it had read, and the other's grid
+    was lost from sweep.json (now both are in it)."""
+    from lmprof.errors import UserError
+
+    grids = [sweep.build_grid({}, {"context_length": ctx, "device": "cpu"})
+             for ctx in ("16", "32", "48")]
+    root = tmp_path / "runs" / "mixed"
+    if force_mix:
+        sweep.open_sweep_dir(root, grids[0], False)
+    other = meanwhile(rundir, "write_json",
+                      lambda: sweep.open_sweep_dir(root, grids[2], force_mix))
+    sweep.open_sweep_dir(root, grids[1], force_mix)
+    raised = other()
+    written = [g["grid_hash"] for g in sweepdir.read_sweep(root)["grids"]]
+    if force_mix:
+        assert raised is None
+        assert written == [g.grid_hash for g in grids]
+    else:
+        assert isinstance(raised, UserError) and "different grid" in str(raised), raised
+        assert written == [grids[1].grid_hash]
+    assert sorted(p.name for p in root.iterdir()) == ["sweep.json"]
+
+
 def test_nsys_cells_without_nsys_are_refused_before_any_starts(tmp_path, capsys, monkeypatch):
     """capture run looks for nsys before any work; a sweep did not, so every --nsys cell started
     a process, failed (exit 2) and was recorded ERROR, to be retried by hand once nsys was
