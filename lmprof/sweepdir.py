@@ -10,7 +10,8 @@ Layout::
                                        {status, error, config_hash, wall_s, created_utc (the
                                        run's start)}}, every grid's cells of a mixed sweep; a
                                        shard writes index.shard-I-of-N.json instead (a summary:
-                                       the cells' run.json files are the truth)
+                                       the cells' run.json files are the truth); sweeps of the
+                                       directory at once each add their cells' entries to it
     <sweep>/cells/<cell>/run.json      a finished cell: an ordinary run directory (any status)
     <sweep>/.staging/<cell>.<pid>/     a cell in flight; moved into cells/ by one rename when done
 

@@ -722,19 +722,23 @@ def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]
         if path.exists() and path.is_dir() != folder:  # (a hand's damage: refused before work)
             raise UserError(f"{str(path)!r} is a {'file' if folder else 'folder'} where the sweep "
                             f"keeps its {path.name}{'/' if folder else ''}; move it away")
-    # cells of the other grids of a mixed sweep (--force-mix) keep their entries
-    index = {name: entry for name, entry in _read_index(index_path).items()
-             if name not in done and (root / sweepdir.CELLS / name).is_dir()}
-    for c in plan:
-        if done[c.name] is not None:
-            rec = rundir.load_run(root / sweepdir.CELLS / c.name)
-            index[c.name] = _index_entry(c, rec)
+    # Each write of the index is a turn that reads it first: a sweep of this directory running
+    # beside this one (a rerun, another grid with --force-mix) keeps the entries it writes.
+    index_turn = root / f".{index_path.name}.lock"
 
-    def write_index() -> None:
+    def write_index(cells: dict[str, dict[str, Any]]) -> None:
         rundir.write_json(index_path, {"grid_hash": grid.grid_hash,
-                                       "cells": dict(sorted(index.items()))})
+                                       "cells": dict(sorted(cells.items()))})
 
-    write_index()  # (from the cells: an index lost, damaged or left by shards is whole again)
+    with rundir.taking_turns(index_turn):
+        # cells of the other grids of a mixed sweep (--force-mix) keep their entries
+        index = {name: entry for name, entry in _read_index(index_path).items()
+                 if name not in done and (root / sweepdir.CELLS / name).is_dir()}
+        for c in plan:
+            if done[c.name] is not None:
+                rec = rundir.load_run(root / sweepdir.CELLS / c.name)
+                index[c.name] = _index_entry(c, rec)
+        write_index(index)  # (from the cells: an index lost, damaged or left by shards is whole)
     staging = root / sweepdir.STAGING
     for c in todo:
         for stale in staging.glob(f"{c.name}.*") if staging.is_dir() else ():
@@ -761,7 +765,8 @@ def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]
             running.pop(cell.name, None)
             counts[record["status"]] = counts.get(record["status"], 0) + 1
             index[cell.name] = _index_entry(cell, record)
-            write_index()
+            with rundir.taking_turns(index_turn):
+                write_index({**_read_index(index_path), cell.name: index[cell.name]})
             bar.update()
             postfix()
 

@@ -346,6 +346,47 @@ def test_two_sweeps_of_other_grids_opening_one_directory_at_once(force_mix, tmp_
     assert sorted(p.name for p in root.iterdir()) == ["sweep.json"]
 
 
+class _Instant:
+    """A Launcher whose cells finish at once, OK, without a process."""
+
+    def __init__(self, root: Path, grid_hash: str, *args, **kwargs):
+        self.root, self.grid_hash = root, grid_hash
+
+    def __call__(self, cell: sweep.Cell, gpu: int | None) -> dict:
+        record = {"run_id": cell.name, "status": "OK", "error": None,
+                  "sweep": {"cell": cell.name, "config_hash": cell.config_hash,
+                            "grid_hash": self.grid_hash, "wall_s": 0.0, "gpu": gpu}}
+        target = self.root / sweepdir.CELLS / cell.name
+        target.mkdir(parents=True)
+        rundir.write_run(target, record)
+        return record
+
+    def kill_all(self) -> None:
+        pass
+
+
+def test_two_sweeps_of_one_directory_at_once_keep_each_others_cells_in_the_index(
+        tmp_path, monkeypatch, meanwhile):
+    """Two --force-mix sweeps of one directory at once, the other running its cell after this
+    one read the index: each rewrote index.json from what it had read and its own cells, and
+    the other's cell was lost from it for good (its run.json stayed: the index is a summary,
+    made whole only by a sweep of that grid run again). Each sweep's entry is now added to the
+    index as it stands."""
+    monkeypatch.setattr(sweep, "Launcher", _Instant)
+    grids = [sweep.build_grid({}, {"context_length": ctx, "device": "cpu"})
+             for ctx in ("16", "32")]
+    root = tmp_path / "runs" / "mixed"
+    for grid in grids:
+        sweep.open_sweep_dir(root, grid, True)
+    opts = sweep.Options(quiet=True)
+    other = meanwhile(rundir, "write_json", lambda: sweep.run_sweep(grids[1], root, opts, print))
+    assert sweep.run_sweep(grids[0], root, opts, print) == 0
+    assert other() is None
+    index = json.loads((root / "index.json").read_text())["cells"]
+    assert sorted(index) == sorted(d.name for d in sweepdir.cell_dirs(root)), index
+    assert len(index) == 2 and {e["status"] for e in index.values()} == {"OK"}
+
+
 def test_nsys_cells_without_nsys_are_refused_before_any_starts(tmp_path, capsys, monkeypatch):
     """capture run looks for nsys before any work; a sweep did not, so every --nsys cell started
     a process, failed (exit 2) and was recorded ERROR, to be retried by hand once nsys was
