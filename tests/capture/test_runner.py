@@ -144,7 +144,8 @@ def test_two_runs_of_one_label_in_one_second_get_their_own_directories(tmp_path,
     monkeypatch.setattr(rundir, "_dt", types.SimpleNamespace(datetime=Frozen,
                                                              timezone=dt.timezone))
     draws = iter(["beef", "beef", "cafe"])
-    monkeypatch.setattr(rundir.secrets, "token_hex", lambda n: next(draws))
+    real = rundir.secrets.token_hex  # (for the temp names, of 4 bytes: rundir.temp_beside)
+    monkeypatch.setattr(rundir.secrets, "token_hex", lambda n: next(draws) if n == 2 else real(n))
     first = rundir.create_run_dir(tmp_path, "same")
     second = rundir.create_run_dir(tmp_path, "same")
     assert first.name == "20260102T030405Z-same-beef"
