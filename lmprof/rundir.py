@@ -258,10 +258,9 @@ def _lock_file(lock: Path, wait: bool) -> int | None:
             return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-            if os.path.samestat(os.fstat(fd), os.stat(lock, follow_symlinks=False)):
-                return fd
+            held = os.path.samestat(os.fstat(fd), os.stat(lock, follow_symlinks=False))
         except FileNotFoundError:  # (removed by its holder while this one waited)
-            pass
+            held = False
         except BlockingIOError:
             os.close(fd)
             raise
@@ -271,6 +270,8 @@ def _lock_file(lock: Path, wait: bool) -> int | None:
         except BaseException:  # (Ctrl-C while waiting)
             os.close(fd)
             raise
+        if held:
+            return fd
         os.close(fd)
 
 

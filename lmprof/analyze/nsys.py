@@ -627,14 +627,12 @@ def _report_path(export: Path) -> Path | None:
     from lmprof.nsystool import SOURCE_TABLE
 
     try:
-        if not export.is_file():
-            return None
-        sq = sqlite3.connect(f"{export.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+        sq = open_readonly(export)
         try:
             rows = sq.execute(f"SELECT path FROM {SOURCE_TABLE}").fetchall()
         finally:
             sq.close()
-    except (OSError, sqlite3.Error):
+    except (UserError, OSError, sqlite3.Error):
         return None
     if len(rows) != 1 or not isinstance(rows[0][0], str) or not os.path.isabs(rows[0][0]):
         return None
@@ -648,7 +646,7 @@ def _gone(path: Path) -> bool:
     except (FileNotFoundError, NotADirectoryError):
         return True
     except OSError:  # (no permission: it may be there)
-        pass
+        return False
     return False
 
 
@@ -827,10 +825,8 @@ def _lock(fd: int, rep: Path) -> bool:
         click.echo(f"note: waiting for another process exporting {str(rep)!r}", err=True)
     except OSError:
         return False
-    try:
+    with contextlib.suppress(OSError):  # (taken, then refused: looked at again all the same)
         fcntl.flock(fd, fcntl.LOCK_EX)
-    except OSError:  # (taken, then refused: looked at again all the same)
-        pass
     return True
 
 
