@@ -354,8 +354,9 @@ def md_text(text: str) -> str:
 # strikethrough), '<' (HTML: "MulFunctor<float>", "<script>"; an autolink), a ']' right before
 # '(' (the end of a link's or image's text: lmprof's markdown defines no references, so a link
 # needs that; "kernel[float]" stays as written), '&' where it starts an entity ("&amp;" showed
-# as "&"), and runs of '_' (``_escape_mark``).
-_MARKUP = re.compile(r"\\(?=[!-/:-@\[-`{-~]|\Z)|[`*~<]|\](?=\()|&(?=#?[0-9A-Za-z]+;)|_+")
+# as "&"), '$' (GitHub renders "$...$" and "$$...$$" as math; "\$" as a dollar sign) and runs of
+# '_' (``_escape_mark``).
+_MARKUP = re.compile(r"\\(?=[!-/:-@\[-`{-~]|\Z)|[`*~<$]|\](?=\()|&(?=#?[0-9A-Za-z]+;)|_+")
 
 
 def _escape_mark(m: re.Match) -> str:

@@ -347,6 +347,10 @@ MARKUP = [
     ("x \\* y", r"x \\\* y"),  # "x * y"
     ("back\\_slash", r"back\\\_slash"),  # "back_slash"
     ("ends\\", r"ends\\"),
+    # math: GitHub renders "$...$" and "$$...$$" as formulas (its documentation, "Writing
+    # mathematical expressions"; markdown-it-py's preset has no math)
+    ("loss $d_model$ sum", r"loss \$d_model\$ sum"),
+    ("$$x$$", r"\$\$x\$\$"),
     # nothing to escape: '_' inside a word, brackets that make no link, '&' of no entity, a
     # backslash before a letter (CommonMark keeps all of these as they are)
     ("d_model", "d_model"),
