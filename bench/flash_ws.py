@@ -228,7 +228,8 @@ def run_group(kernel: str, ws: bool, shape, one: bool = False) -> list[dict]:
     scale = 1.0 / math.sqrt(d)
     qk_scale = scale * LOG2E
     o_ref, lse_ref = flash.flash_forward(q, k, v, is_causal=True, mode="triton")
-    dq_ref, dk_ref, dv_ref = flash.flash_backward(q, k, v, o_ref, lse_ref, do, is_causal=True)
+    dq_ref, dk_ref, dv_ref = flash.flash_backward(q, k, v, o_ref, lse_ref, do, is_causal=True,
+                                                  mode="split")
     lse2 = (lse_ref.float() * LOG2E).reshape(-1).contiguous()
     delta = (o_ref.float() * do.float()).sum(-1).reshape(-1).contiguous()
     rows = []

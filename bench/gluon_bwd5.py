@@ -259,7 +259,7 @@ def run(shape, causal: bool, configs, reduces=(5, 1)) -> dict:
     q, k, v, do = (torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16, generator=g)
                    for _ in range(4))
     o, lse = flash.flash_forward(q, k, v, causal, mode="triton")
-    ref = flash.flash_backward(q, k, v, o, lse, do, causal)
+    ref = flash.flash_backward(q, k, v, o, lse, do, causal, mode="split")
     gluon_common.say(shape, "causal" if causal else "", "references ready")
     row = {"shape": list(shape), "causal": causal}
     # fp32 reference at small sizes: the error of each against it
@@ -302,7 +302,8 @@ def run(shape, causal: bool, configs, reduces=(5, 1)) -> dict:
                 o2, lse2 = flash.flash_forward(q, k, v, causal, mode="triton")
                 fn(q, k, v, o2, lse2, do, causal, **kw)
             row[tag + "_e2e_ms"] = do_bench(e2e, warmup=25, rep=200)
-    row["split_bwd_ms"] = do_bench(lambda: flash.flash_backward(q, k, v, o, lse, do, causal),
+    row["split_bwd_ms"] = do_bench(lambda: flash.flash_backward(q, k, v, o, lse, do, causal,
+                                                                mode="split"),
                                    warmup=25, rep=200)
     gluon_common.say("split bwd", row["split_bwd_ms"])
     row["fwd_ms"] = do_bench(lambda: flash.flash_forward(q, k, v, causal, mode="triton"),
@@ -310,7 +311,7 @@ def run(shape, causal: bool, configs, reduces=(5, 1)) -> dict:
 
     def split_e2e():
         o2, lse2 = flash.flash_forward(q, k, v, causal, mode="triton")
-        flash.flash_backward(q, k, v, o2, lse2, do, causal)
+        flash.flash_backward(q, k, v, o2, lse2, do, causal, mode="split")
     row["split_e2e_ms"] = do_bench(split_e2e, warmup=25, rep=200)
     # cuDNN (SDPA's default backend on these machines), forward + backward and forward alone
     from torch.nn.attention import SDPBackend, sdpa_kernel

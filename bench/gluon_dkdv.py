@@ -227,7 +227,7 @@ def run(shape, causal: bool, configs) -> dict:
 
     flash._alloc = keep
     try:
-        _, dk_ref, dv_ref = flash.flash_backward(q, k, v, o, lse, do, causal)
+        _, dk_ref, dv_ref = flash.flash_backward(q, k, v, o, lse, do, causal, mode="split")
     finally:
         flash._alloc = alloc
     delta = next(x for x in fp32 if x.shape == (b, h, t))
@@ -250,7 +250,8 @@ def run(shape, causal: bool, configs) -> dict:
     real = flash._DQ
     flash._DQ = lambda grid, *a, **k: None
     try:
-        row["triton_ms"] = do_bench(lambda: flash.flash_backward(q, k, v, o, lse, do, causal),
+        row["triton_ms"] = do_bench(lambda: flash.flash_backward(q, k, v, o, lse, do, causal,
+                                                              mode="split"),
                                     warmup=25, rep=200)
     finally:
         flash._DQ = real
