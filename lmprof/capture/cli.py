@@ -70,14 +70,17 @@ def run_cmd(out: str, nsys_path: str | None, nsys_args: str | None, quiet: bool,
         nsys_mod.exit_with_owner()
     spec = spec_from_kwargs(kwargs)
     nsys_mod.check_options(nsys_path, nsys_args, spec.nsys, "a run", "--nsys")
+    # (not for a sweep's cell, given its --run-dir: a grid may give them beside --memory yes,no
+    # or --mode forward,train, and each cell gets the grid's options)
+    source = click.get_current_context().get_parameter_source
     if not spec.memory and run_dir is None:
-        # (not for a sweep's cell, given its --run-dir: a grid may give them beside --memory
-        # yes,no, and each cell gets the grid's options)
-        source = click.get_current_context().get_parameter_source
         for name in MEMORY_OPTIONS:
             if source(name) is click.core.ParameterSource.COMMANDLINE:
                 raise UserError(f"--{name.replace('_', '-')} applies to a run that records "
                                 "memory history: add --memory")
+    if spec.mode != "train" and run_dir is None and \
+            source("lr") is click.core.ParameterSource.COMMANDLINE:
+        raise UserError(f"--lr applies to a run of --mode train (its AdamW step), not {spec.mode}")
     prep = runner.prepare(spec)
     out_root = Path(out)
     nsys = nsystool.find_nsys(nsys_path) if spec.nsys and not under_nsys else None
@@ -212,6 +215,10 @@ def sweep_cmd(grid_file: str | None, out: str, name: str | None, gpus: str | Non
     if given and not any(cell.spec.memory for cell in grid.cells()):
         raise UserError(f"--{given[0].replace('_', '-')} applies to cells that record memory "
                         "history: add --memory yes")
+    if grid.fixed.get("lr") is not None and not any(cell.spec.mode == "train"
+                                                    for cell in grid.cells()):
+        raise UserError("--lr applies to cells of --mode train (their AdamW step): add --mode "
+                        "train")
     opts = sweep_mod.Options(
         shard=sweep_mod.parse_shard(shard), gpus=sweep_mod.parse_gpus(gpus),
         timeout_s=timeout_s or None, retry_failed=retry_failed, force_mix=force_mix,

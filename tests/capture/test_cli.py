@@ -203,6 +203,17 @@ def test_profiler_flags_without_their_profiler_are_refused(tmp_path, flag, value
     assert proc.stderr.count("\n") == 1 and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("mode", ["forward", "forward-backward"])
+def test_lr_without_an_optimizer_step_is_refused(tmp_path, mode):
+    """--lr sets AdamW's learning rate, and only --mode train makes an AdamW step; a forward or
+    forward-backward run took --lr 0.5 without a word and recorded it in its config, as the
+    memory options were taken without --memory."""
+    proc = cli("run", *TINY, "--mode", mode, "--lr", "0.5", "--out", str(tmp_path / "runs"))
+    assert proc.returncode == 2, proc.stderr
+    assert f"--lr applies to a run of --mode train (its AdamW step), not {mode}" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--label", "../outside"], "--label '../outside': use 1 to 100 letters"),
     (["--label", "a/b"], "--label 'a/b'"),

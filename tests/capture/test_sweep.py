@@ -475,6 +475,23 @@ def test_memory_options_without_a_cell_recording_memory_are_refused(given, tmp_p
     assert rc == 0 and "2 cells" in out, err
 
 
+@pytest.mark.parametrize("given", [["--lr", "0.5"], ["--grid", "grid.yaml"]],
+                         ids=["command-line", "grid-file"])
+def test_lr_without_a_train_cell_is_refused(given, tmp_path, capsys):
+    """`capture run --mode forward --lr 0.5` is refused (no AdamW step takes it); a sweep whose
+    cells are all forward or forward-backward took --lr without a word. Beside --mode
+    forward,train the train cells take it."""
+    (tmp_path / "grid.yaml").write_text("lr: 0.5\n")
+    given = [str(tmp_path / g) if g == "grid.yaml" else g for g in given]
+    base = ["sweep", *TINY, "--context-length", "16", "--out", str(tmp_path / "out"),
+            "--dry-run", *given]
+    rc, _, err = cli([*base, "--mode", "forward,forward-backward"], capsys)
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert "--lr applies to cells of --mode train (their AdamW step): add --mode train" in err
+    rc, out, err = cli([*base, "--mode", "forward,train"], capsys)
+    assert rc == 0 and "2 cells" in out, err
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
