@@ -64,7 +64,9 @@ timings::
                              snapshot dump) and the memory's release after
     steps           list     per measured step done: {"step": i, "<phase>_s": seconds, "step_s": s}
                              (a run that failed in a measured step: those before it; absent where
-                             the run failed before its measured steps)
+                             the run failed before its measured steps); fp16 training (its loss
+                             scaled by torch.amp.GradScaler) adds "optimizer_skipped": bool, the
+                             step's AdamW update skipped for inf/NaN gradients
     summary         dict     per phase (forward|backward|optimizer|inference|step):
                              {mean_s, std_s, median_s, min_s, max_s, n}; a finished run's only
 """
@@ -549,8 +551,9 @@ def _shape_problem(record: dict[str, Any]) -> str | None:
                 not all(x is not None and json_is(x, item) for x in items):
             return f"'timings.{name}' is not a list of {what}"
     for step in timings.get("steps", []):
-        if not all(json_is(v, _NUMBER) for v in step.values()):
-            return "'timings.steps' holds a value that is not a number"
+        if not all(json_is(v, bool if k == "optimizer_skipped" else _NUMBER)
+                   for k, v in step.items()):
+            return "'timings.steps' holds a value that is not a number (optimizer_skipped: a bool)"
     summary = timings.get("summary", {})
     if not isinstance(summary, dict):
         return "'timings.summary' is not an object"

@@ -197,6 +197,15 @@ class StepRunner:
         self.optimizer = (
             torch.optim.AdamW(model.parameters(), lr=spec.lr) if spec.mode == "train" else None
         )
+        # fp16 training scales the loss, as PyTorch's AMP recipe does (fp16 gradients underflow
+        # without it): the unscale and inf check run in the optimizer phase, and a step whose
+        # gradients hold inf/NaN skips its AdamW update (its scale halves)
+        self.scaler = (
+            torch.amp.GradScaler(device.type)
+            if self.optimizer is not None and spec.dtype == "fp16"
+            else None
+        )
+        self._updates_before = 0
         gen = torch.Generator(device="cpu").manual_seed(spec.seed)
         shape = (spec.batch_size, cfg.context_length)
         self.inputs = torch.randint(0, cfg.vocab_size, shape, generator=gen).to(device)
@@ -244,7 +253,18 @@ class StepRunner:
                 self._train_phases(times, step_id)
         if warmup:
             times["step_s"] = times.pop(f"{WARMUP}_s")
+        if self.scaler is not None:
+            updates = self._updates()
+            if not warmup:
+                times["optimizer_skipped"] = updates == self._updates_before
+            self._updates_before = updates
         return times
+
+    def _updates(self) -> int:
+        """AdamW updates made so far: the step count of the first parameter's state (no
+        state before the first; an update GradScaler skips counts no step)."""
+        state = self.optimizer.state.get(next(self.model.parameters()))
+        return int(state["step"]) if state else 0
 
     def _train_phases(self, times: dict[str, float], step_id: int | None) -> None:
         with self._timed(FORWARD, times, step_id), self.autocast:
@@ -252,10 +272,14 @@ class StepRunner:
             logits = self.forward(self.inputs)
             loss = cross_entropy(logits, self.targets)
         with self._timed(BACKWARD, times, step_id):
-            loss.backward()
+            (loss if self.scaler is None else self.scaler.scale(loss)).backward()
         if self.optimizer is not None:
             with self._timed(OPTIMIZER, times, step_id):
-                self.optimizer.step()
+                if self.scaler is None:
+                    self.optimizer.step()
+                else:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
                 self.optimizer.zero_grad(set_to_none=True)
         else:
             self.model.zero_grad(set_to_none=True)

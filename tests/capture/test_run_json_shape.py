@@ -61,6 +61,9 @@ def _edit(path: list, value):
     (["timings", "summary", "forward"], {"mean_s": 0.1},
      "'timings.summary.forward' is not an object of numbers with max_s"),
     (["timings", "steps"], [1, 2], "'timings.steps' is not a list of objects"),
+    (["timings", "steps"], [{"step": 0, "step_s": True}], "'timings.steps' holds a value that"),
+    (["timings", "steps"], [{"step": 0, "optimizer_skipped": 1}],
+     r"'timings.steps' holds a value that is not a number \(optimizer_skipped: a bool\)"),
     (["timings", "warmup_steps_s"], ["fast"], "'timings.warmup_steps_s' is not a list of numbers"),
     (["phase_windows"], [{"phase": "forward", "start_ns": "a"}], "'phase_windows' holds an entry"),
     # values of the right type outside what the tool writes (shown as they were before)

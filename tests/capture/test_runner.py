@@ -1,8 +1,10 @@
 """The step runner on CPU with the tiny model: statuses, schema, warm-up, phase nesting, OOM."""
 
+import functools
 import json
 
 import pytest
+import torch
 
 from lmprof import annotate, rundir
 from lmprof.capture import runner
@@ -305,3 +307,60 @@ def test_memory_recorder_dumps_at_the_end_of_a_whole_recording_and_stops_after_a
         rec.after_step(0)
     assert calls == ["history all", "history None"] and not rec.recording and not rec.dumped
     assert tags == [annotate.STEP, ""]  # the listener is gone: the pop tagged nothing
+
+
+def test_fp16_training_scales_the_loss_and_records_skipped_updates(tmp_path, monkeypatch):
+    # fp16 autocast training without torch.amp.GradScaler: its gradients underflow, and the
+    # profile lacked the unscale / inf-check kernels of a real fp16 optimizer step
+    calls = []
+
+    class Counting(torch.amp.GradScaler):
+        def scale(self, outputs):
+            calls.append("scale")
+            return super().scale(outputs)
+
+        def update(self, new_scale=None):
+            calls.append("update")
+            return super().update(new_scale)
+
+    monkeypatch.setattr(runner.torch.amp, "GradScaler", Counting)
+    run_dir, record = run(tmp_path, dtype="fp16", mode="train", warmup=1, steps=2)
+    assert record["status"] == "OK"
+    assert rundir.load_run(run_dir)["timings"]["steps"] == record["timings"]["steps"]
+    assert calls == ["scale", "update"] * 3  # warm-up and measured steps alike
+    assert [type(s["optimizer_skipped"]) for s in record["timings"]["steps"]] == [bool, bool]
+    assert "optimizer_skipped" not in record["timings"]["summary"]
+
+
+def test_an_fp16_step_with_inf_gradients_is_recorded_as_skipped(tmp_path, monkeypatch):
+    # a scale of inf makes every gradient inf or NaN: GradScaler skips each AdamW update
+    monkeypatch.setattr(runner.torch.amp, "GradScaler",
+                        functools.partial(torch.amp.GradScaler, init_scale=float("inf")))
+    _, record = run(tmp_path, dtype="fp16", mode="train", warmup=0, steps=2)
+    assert record["status"] == "OK"
+    assert [s["optimizer_skipped"] for s in record["timings"]["steps"]] == [True, True]
+
+
+def test_a_skipped_update_after_warm_up_updates_is_recorded_as_skipped(tmp_path, monkeypatch):
+    class SkipsAfterTheFirst(torch.amp.GradScaler):  # as for inf/NaN gradients
+        steps = 0
+
+        def step(self, optimizer, *args, **kwargs):
+            SkipsAfterTheFirst.steps += 1
+            if SkipsAfterTheFirst.steps > 1:
+                self.unscale_(optimizer)  # (the inf check update() needs, no AdamW update)
+                return None
+            return super().step(optimizer, *args, **kwargs)
+
+    monkeypatch.setattr(runner.torch.amp, "GradScaler", SkipsAfterTheFirst)
+    _, record = run(tmp_path, dtype="fp16", mode="train", warmup=1, steps=2)
+    assert record["status"] == "OK"
+    assert [s["optimizer_skipped"] for s in record["timings"]["steps"]] == [True, True]
+
+
+@pytest.mark.parametrize("kw", [dict(dtype="bf16", mode="train"),
+                                dict(dtype="fp16", mode="forward-backward")])
+def test_no_gradient_scaling_without_fp16_training(tmp_path, kw):
+    _, record = run(tmp_path, warmup=0, steps=1, **kw)
+    assert record["status"] == "OK"
+    assert "optimizer_skipped" not in record["timings"]["steps"][0]
