@@ -76,12 +76,22 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
                             owner="memory", inputs=read))
             if out and plots and Path(plots).resolve() != Path(out).resolve():
                 # the plots go elsewhere now: those an earlier run wrote into --out are stale
-                rundir.retire_stale(out, "memory-plots", [])
+                # (removed in the turn of the plots there: another command may put its own)
+                with _plots_turn(Path(out)):
+                    rundir.retire_stale(out, "memory-plots", [])
             if plot_dir:
                 for path in _plot(con, Path(plot_dir)):
                     click.echo(f"wrote {path}", err=True)
         finally:
             con.close()
+
+
+def _plots_turn(folder: Path):
+    """The turn (``rundir.taking_turns``) in which one command at a time puts its plots into
+    ``folder`` and removes the plots an earlier command left there, or only removes them."""
+    from lmprof import rundir
+
+    return rundir.taking_turns(folder / ".lmprof-memory-plots.lock")
 
 
 def _plot(con, folder: Path) -> list[Path]:
@@ -97,7 +107,7 @@ def _plot(con, folder: Path) -> list[Path]:
         folder.mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(prefix=".memory-plots.tmp-", dir=folder))
         drawn = write_plots(con, stage)
-        with rundir.taking_turns(folder / ".lmprof-memory-plots.lock"):
+        with _plots_turn(folder):
             for path in drawn:
                 os.replace(path, folder / path.name)
             rundir.retire_stale(folder, "memory-plots", [p.name for p in drawn])

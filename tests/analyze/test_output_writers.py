@@ -106,6 +106,44 @@ def test_two_commands_plotting_into_one_folder_at_once_leave_one_whole(tmp_path,
                                           for name, data in left.items()}
 
 
+def test_plots_put_into_an_out_while_another_command_removes_its_old_ones_stay_listed(
+        tmp_path, monkeypatch, meanwhile):
+    """`--out o --plots p` removes from o the plots an earlier command drew there. Another
+    command putting its plots into o between this one's read of o's list of plots and its
+    removal of them: this one then wrote its empty list over the other's, and the other's
+    plots stayed in o unlisted, for no later command to remove ('--out o --plots p' again left
+    them beside its tables)."""
+    import lzma
+    import pickle
+    from types import SimpleNamespace
+
+    out, plots = tmp_path / "o", tmp_path / "p"
+    out.mkdir()
+    old = "memory_timeline_1_earlier_dev0.png"  # (an earlier command's plot of two snapshots)
+    (out / old).write_bytes(b"\x89PNG")
+    (out / ".lmprof-memory-plots").write_text(f"{old}\n")
+    snap = pickle.loads(lzma.decompress(SNAPSHOTS[0].read_bytes()))
+    snap["device_traces"] = [[]]  # (no trace, no plots of its own: this command only removes)
+    untraced = tmp_path / "untraced.pickle"
+    untraced.write_bytes(pickle.dumps(snap))
+    real_unlink, removing = Path.unlink, SimpleNamespace(plot=lambda path: None)
+
+    def unlink(path, *args, **kwargs):  # (the removal of a plot passes by removing.plot)
+        if path.suffix == ".png":
+            removing.plot(path)
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    other = meanwhile(removing, "plot", lambda: _memory(SNAPSHOTS[0], "--plots", out))
+    _memory(untraced, "--out", out, "--plots", plots)
+    assert other() is None
+    left = sorted(p.name for p in out.glob("*.png"))
+    assert left == ["memory_categories.png", "memory_timeline.png"]
+    assert (out / ".lmprof-memory-plots").read_text().split() == left
+    _memory(untraced, "--out", out, "--plots", plots)
+    assert list(out.glob("*.png")) == []
+
+
 def test_a_second_command_keeping_a_new_database_while_one_writes_it_is_one_line(tmp_path):
     """Two commands with one new --db FILE at once: the second removed the first's working
     copy (FILE.partial, 'one left behind by a run that was killed') and made its own; then
