@@ -13,6 +13,7 @@ without a run in the order given, and nothing time-dependent is written.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -79,6 +80,12 @@ class ReportContext:
             self._stage = Path(tempfile.mkdtemp(prefix=f".{self.img_name}.tmp-",
                                                 dir=self.out_dir))
         return self._stage
+
+    def drop_stage(self) -> None:
+        """Remove the folder of ``stage_dir`` with what is left in it."""
+        if self._stage is not None:
+            shutil.rmtree(self._stage, ignore_errors=True)
+            self._stage = None
 
     def image(self, name: str, draw: Callable[[Path], Any]) -> str | None:
         """Save a figure as ``name`` for the image folder with ``draw(path)``, which returns
@@ -223,14 +230,12 @@ def build(paths: list[str], out: str | Path, kernel_options: Any = None,
     _refuse_overwrite(target, paths, runs, exports + snapshots)
     created = next((d for d in reversed([target.parent, *target.parent.parents])
                     if not d.exists()), None)  # the outermost folder this call creates
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise_machine_error(exc, target.parent)  # (a full disk: exit 1, naming the folder)
-        raise UserError(f"cannot create {str(target.parent)!r}: {exc.strerror or exc}") from None
+    _make_folder(target.parent)
     ctx = ReportContext(runs=runs, out_dir=target.parent, exports=exports, snapshots=snapshots,
                         kernel_options=kernel_options, nsys_path=nsys_path,
                         img_name=image_folder(target))
+    img_dir, turn = target.parent / ctx.img_name, target.parent / f".{target.name}.lock"
+    placed: list[tuple[Path, os.stat_result]] = []  # what this report put in place, as it was
     try:
         parts = ["# lmprof report", "", _overview(ctx), ""]
         try:
@@ -243,10 +248,10 @@ def build(paths: list[str], out: str | Path, kernel_options: Any = None,
                 raise
             raise_machine_error(exc, exc.filename)
             raise UserError(f"cannot write {str(exc.filename)!r}: {exc.strerror or exc}") from None
-        img_dir = target.parent / ctx.img_name
+        _make_folder(target.parent)  # (again where another report that stopped removed it)
         # (one report at a time puts its files in place: two written into one folder at once
         # leave the last one whole, its images with it)
-        with rundir.taking_turns(target.parent / f".{target.name}.lock"):
+        with rundir.taking_turns(turn):
             if ctx.images:  # (all drawn: they replace the earlier report's, then the report)
                 dest = img_dir
                 try:
@@ -254,11 +259,13 @@ def build(paths: list[str], out: str | Path, kernel_options: Any = None,
                     for path in ctx.images:
                         dest = img_dir / path.name
                         os.replace(path, dest)
+                        placed.append((dest, dest.lstat()))
                 except OSError as exc:
                     raise_machine_error(exc, dest)
                     raise UserError(f"cannot write {str(dest)!r}: {exc.strerror or exc}") from None
             try:  # (by a rename: a reader of the earlier report.md reads it whole)
                 rundir.write_text(target, "\n".join(parts))
+                placed.append((target, target.lstat()))
             except OSError as exc:
                 # the machine's trouble (a full disk, an I/O error) leaves no report beside the
                 # images just put in place, and is exit 1, as render's --out tables
@@ -269,13 +276,47 @@ def build(paths: list[str], out: str | Path, kernel_options: Any = None,
             if img_dir.is_dir():  # images of an earlier report here that this one has not drawn
                 rundir.retire_stale(img_dir, "report", [p.name for p in ctx.images])
     except BaseException:
-        if created is not None:  # no half-written report folder left behind
-            shutil.rmtree(created, ignore_errors=True)
+        if created is not None:  # nothing of this report's left in the folders it made
+            ctx.drop_stage()
+            _take_back(turn, placed, img_dir, created)
         raise
     finally:
-        if ctx._stage is not None:
-            shutil.rmtree(ctx._stage, ignore_errors=True)
+        ctx.drop_stage()
     return target
+
+
+def _make_folder(folder: Path) -> None:
+    """``folder`` made, with its parents, where it is not there; a one-line error where it
+    cannot be (exit 1 for a full disk, naming it)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise_machine_error(exc, folder)
+        raise UserError(f"cannot create {str(folder)!r}: {exc.strerror or exc}") from None
+
+
+def _take_back(turn: Path, placed: list[tuple[Path, os.stat_result]], img_dir: Path,
+               created: Path) -> None:
+    """After a report into folders it made (``created``, the outermost of them) stopped: remove,
+    in the report's turn, the files it put in place (``placed``, each with its ``lstat`` then)
+    that are still those files, not another report's written over them since; then the image
+    folder and the folders it made, each only where empty. Another report written there in
+    the meantime keeps its files, and the folders that hold them; a report that stopped alone
+    leaves nothing. (The report's folder holds the turn's lock file until the turn ends: it is
+    removed after, by ``rmdir``, which takes none but an empty folder.)"""
+    with rundir.taking_turns(turn):
+        for path, made in placed:
+            with contextlib.suppress(OSError):  # (gone already: nothing of this report's)
+                if os.path.samestat(path.lstat(), made):
+                    path.unlink()
+        with contextlib.suppress(OSError):
+            img_dir.rmdir()
+    folders = [turn.parent, *turn.parent.parents]
+    for folder in folders[:folders.index(created) + 1]:  # (the innermost first)
+        try:
+            folder.rmdir()
+        except OSError:  # (another report's files in it, or in a folder inside it)
+            return
 
 
 def _refuse_overwrite(target: Path, paths: list[str], runs: list[dict[str, Any]],

@@ -8,7 +8,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from lmprof import rundir
+from lmprof.errors import UserError
 from lmprof.reports import report
 
 RUN = Path(__file__).resolve().parents[1] / "data" / "h200-oom" / "warmup0" / "run.json"
@@ -68,3 +71,65 @@ def test_two_reports_written_into_one_folder_at_once_leave_one_whole(tmp_path, m
     assert images == {f"{n}.png": n, "shared.png": n}
     assert all(f"img/{name}" in md for name in images)
     assert sorted(p.name for p in out.iterdir()) == ["img", "report.md"]  # (no lock, no stage)
+
+
+def _stopping(ctx: report.ReportContext) -> str:
+    """``_section``, whose images are drawn; then, for a report of one run, a stop (as an input
+    that cannot be read stops a section)."""
+    text = _section(ctx)
+    if len(ctx.runs) == 1:
+        raise UserError("stand-in: an input that cannot be read")
+    return text
+
+
+def test_a_report_that_stops_in_a_folder_it_made_leaves_another_reports_files(tmp_path,
+                                                                              monkeypatch,
+                                                                              meanwhile):
+    """A report into a folder it made, which stops after another report was written there in
+    the meantime: it removed the folder, the other report with it."""
+    monkeypatch.setattr(report, "_sections", lambda: [("Stand-in", _stopping)])
+    runs, out = _runs(tmp_path, 2), tmp_path / "rep"
+    other = meanwhile(report, "_overview", lambda: report.build(runs, out))
+    with pytest.raises(UserError, match="stand-in"):
+        report.build(runs[:1], out)
+    assert other() is None
+    assert sorted(p.name for p in out.iterdir()) == ["img", "report.md"]  # (no lock, no stage)
+    assert {p.name: p.read_text() for p in (out / "img").glob("*.png")} == \
+        {"2.png": "2", "shared.png": "2"}
+    assert (out / "report.md").read_text().split("\n## Stand-in\n")[1].count("2 runs.") == 2000
+
+
+def test_a_report_that_stops_alone_after_putting_its_images_in_place_leaves_nothing(
+        tmp_path, monkeypatch):
+    """A report into folders it made that stops in its turn, its images put in place and
+    report.md not (a full disk): neither it nor the folders it made are left."""
+    import errno
+
+    monkeypatch.setattr(report, "_sections", lambda: [("Stand-in", _section)])
+    real_write = rundir.write_text
+
+    def write_text(path: Path, text: str) -> None:
+        if path.name == "report.md":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real_write(path, text)
+
+    monkeypatch.setattr(rundir, "write_text", write_text)
+    runs, out = _runs(tmp_path, 1), tmp_path / "new" / "rep"
+    with pytest.raises(OSError, match="No space left"):
+        report.build(runs, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+
+
+def test_a_report_whose_folder_another_report_took_away_is_written_all_the_same(tmp_path,
+                                                                                 monkeypatch,
+                                                                                 meanwhile):
+    """A report with no image, its folder made, then removed while its sections ran (as a
+    report that stopped removes the folder it made, where nothing else is in it yet): its
+    turn's lock could not be made and report.md not written ('No such file or directory')."""
+    monkeypatch.setattr(report, "_sections", lambda: [("Stand-in", lambda ctx: "Text.")])
+    runs, out = _runs(tmp_path, 1), tmp_path / "rep"
+    other = meanwhile(report, "_overview", out.rmdir)
+    report.build(runs, out)
+    assert other() is None
+    assert sorted(p.name for p in out.iterdir()) == ["report.md"]
+    assert (out / "report.md").read_text().endswith("## Stand-in\n\nText.\n")
