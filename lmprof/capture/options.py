@@ -37,7 +37,8 @@ RUN_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
         help=f"What a step does: {' | '.join(MODES)} (train adds the AdamW step; forward runs "
              "under torch.inference_mode).")),
     ("dtype", "--dtype", dict(type=str, default="fp32", show_default=True,
-        help=f"{' | '.join(DTYPES)}; bf16/fp16 run under torch.autocast, fp32 without it.")),
+        help=f"{' | '.join(DTYPES)}; bf16/fp16 run under torch.autocast, fp32 without it "
+             "(fp16 training scales its loss with torch.amp.GradScaler).")),
     ("compile", "--compile/--no-compile", dict(default=False, show_default=True,
         help="Wrap the model in torch.compile.")),
     ("attention", "--attention", dict(type=str, default="naive", show_default=True,
