@@ -280,7 +280,7 @@ def test_delta_pre_pass_keeps_its_query_tiles_within_the_grid(gen, monkeypatch):
     q, do = randn(gen, b, h, tq, d), randn(gen, b, h, tq, d)
     k, v = randn(gen, b, h, tk, d), randn(gen, b, h, tk, d)
     o, lse = fa.flash_forward(q, k, v, True)
-    delta = torch.full((b, h, tq), float("nan"))
+    delta = torch.full((b, h, tq), float("nan"), device=DEVICE)
     fa._delta(o, do, delta, d)
     assert len(grids) > 1 and all(g[1] <= 2 for g in grids)
     msg = f"seed {gen.initial_seed()}"
