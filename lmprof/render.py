@@ -650,7 +650,7 @@ def emit(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: str | Pat
         texts = {name: render(df, fmt, shorten, raw) for name, df in tables.items()}
         # each file by a rename (a reader sees a whole table), all in one turn (two commands
         # writing one --out at once leave the tables of the last, none of the other's)
-        with rundir.taking_turns(out_dir / f".lmprof-{owner or 'tables'}.lock"):
+        with rundir.taking_turns(rundir.results_lock(out_dir, owner or "tables")):
             for name, text in texts.items():  # (csv ends its last row with a newline)
                 try:
                     rundir.write_text(files[name], text if text.endswith("\n") else text + "\n")

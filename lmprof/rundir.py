@@ -247,6 +247,18 @@ def taking_turns(lock: Path, busy: str | None = None) -> Iterator[None]:
             os.close(fd)
 
 
+def lock_beside(path: Path) -> Path:
+    """The hidden lock file (``taking_turns``) of the writes of ``path``: ``.NAME.lock`` beside
+    it."""
+    return path.with_name(f".{path.name}.lock")
+
+
+def results_lock(folder: str | Path, owner: str) -> Path:
+    """The hidden lock file (``taking_turns``) of a command's results in ``folder`` (its
+    ``--out`` tables, its plots): ``.lmprof-OWNER.lock``, one name for every writer of them."""
+    return Path(folder) / f".lmprof-{owner}.lock"
+
+
 def _lock_file(lock: Path, wait: bool) -> int | None:
     """A descriptor of ``lock`` that holds its ``flock``, or None where it cannot be had;
     BlockingIOError where another holds it and ``wait`` is false. A file locked after its holder

@@ -86,7 +86,7 @@ def staged(path: str | Path | None, inputs: Iterable[str | Path] = ()) -> Iterat
     if not target.parent.is_dir():  # (else DuckDB's error would name the copy, PATH.partial)
         raise UserError(f"--db {str(path)!r}: no folder {str(target.parent)!r} to write it in")
     work = target.with_name(target.name + ".partial")
-    lock = target.with_name(f".{target.name}.lock")
+    lock = rundir.lock_beside(target)
     rundir.refuse_overwrite([path, work, Path(f"{work}.wal"), Path(f"{target}.wal"), lock],
                             inputs, "--db")
     # one command at a time works on the copy: a second would remove the first's (as one left

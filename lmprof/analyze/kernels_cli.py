@@ -516,7 +516,7 @@ def _streamed(result, fmt: str, out: str | None, name: str, inputs: list[Path]) 
             if out is not None:
                 with writing(path):  # (the last rows are written as the file closes)
                     f.close()
-                with rundir.taking_turns(Path(out) / ".lmprof-sql.lock"):
+                with rundir.taking_turns(rundir.results_lock(out, "sql")):
                     try:
                         os.replace(partial, path)
                     except OSError as exc:  # (a folder of that name made meanwhile)

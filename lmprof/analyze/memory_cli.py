@@ -91,7 +91,7 @@ def _plots_turn(folder: Path):
     ``folder`` and removes the plots an earlier command left there, or only removes them."""
     from lmprof import rundir
 
-    return rundir.taking_turns(folder / ".lmprof-memory-plots.lock")
+    return rundir.taking_turns(rundir.results_lock(folder, "memory-plots"))
 
 
 def _plot(con, folder: Path) -> list[Path]:

@@ -401,7 +401,7 @@ def open_sweep_dir(root: Path, grid: Grid, force_mix: bool, write: bool = True) 
         _open_sweep_dir(root, grid, force_mix, write)
         return
     rundir.check_writable_dir(root)
-    with rundir.taking_turns(root / f".{sweepdir.SWEEP_FILE}.lock"):
+    with rundir.taking_turns(rundir.lock_beside(root / sweepdir.SWEEP_FILE)):
         _open_sweep_dir(root, grid, force_mix, write)
 
 
@@ -724,7 +724,7 @@ def run_sweep(grid: Grid, root: Path, opts: Options, echo: Callable[[str], None]
                             f"keeps its {path.name}{'/' if folder else ''}; move it away")
     # Each write of the index is a turn that reads it first: a sweep of this directory running
     # beside this one (a rerun, another grid with --force-mix) keeps the entries it writes.
-    index_turn = root / f".{index_path.name}.lock"
+    index_turn = rundir.lock_beside(index_path)
 
     def write_index(cells: dict[str, dict[str, Any]]) -> None:
         rundir.write_json(index_path, {"grid_hash": grid.grid_hash,

@@ -234,7 +234,7 @@ def build(paths: list[str], out: str | Path, kernel_options: Any = None,
     ctx = ReportContext(runs=runs, out_dir=target.parent, exports=exports, snapshots=snapshots,
                         kernel_options=kernel_options, nsys_path=nsys_path,
                         img_name=image_folder(target))
-    img_dir, turn = target.parent / ctx.img_name, target.parent / f".{target.name}.lock"
+    img_dir, turn = target.parent / ctx.img_name, rundir.lock_beside(target)
     placed: list[tuple[Path, os.stat_result]] = []  # what this report put in place, as it was
     try:
         parts = ["# lmprof report", "", _overview(ctx), ""]
