@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -72,16 +73,24 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
             for ref, label in zip(refs, labels):
                 memory.load_memory(con, ref.path, ref.run, label=label)
             tables, notes = memory.tables(con, top)
-            click.echo(emit(tables, fmt, out, shorten={"site": display_site}, notes=notes,
-                            owner="memory", inputs=read))
+            # the plots drawn first; then the tables and the plots are put in place in one turn
+            # of each folder they go into (its plots' turn), so two commands at once leave one
+            # command's tables and plots, never one's tables beside the other's plots
+            folders = [Path(plot_dir)] if plot_dir else []
             if out and plots and Path(plots).resolve() != Path(out).resolve():
-                # the plots go elsewhere now: those an earlier run wrote into --out are stale
-                # (removed in the turn of the plots there: another command may put its own)
-                with _plots_turn(Path(out)):
+                folders.append(Path(out))  # (its plots from an earlier command are stale)
+            with _drawn(con, Path(plot_dir) if plot_dir else None) as put_plots, \
+                    contextlib.ExitStack() as turns:
+                for folder in sorted(folders, key=lambda f: str(f.resolve())):  # (one order)
+                    turns.enter_context(_plots_turn(folder))
+                text = emit(tables, fmt, out, shorten={"site": display_site}, notes=notes,
+                            owner="memory", inputs=read)
+                if len(folders) == 2:
                     rundir.retire_stale(out, "memory-plots", [])
-            if plot_dir:
-                for path in _plot(con, Path(plot_dir)):
-                    click.echo(f"wrote {path}", err=True)
+                written = put_plots()
+            click.echo(text)
+            for path in written:
+                click.echo(f"wrote {path}", err=True)
         finally:
             con.close()
 
@@ -94,31 +103,47 @@ def _plots_turn(folder: Path):
     return rundir.taking_turns(rundir.results_lock(folder, "memory-plots"))
 
 
-def _plot(con, folder: Path) -> list[Path]:
-    """The plots of the loaded snapshots, drawn in a hidden folder of their own in ``folder``,
-    then renamed into it with the removal of an earlier command's that these replace, in one
-    turn (``rundir.taking_turns``): a reader sees whole images, and two commands plotting into
-    one folder at once leave all of the last one's plots, none of the other's beside them."""
+@contextlib.contextmanager
+def _drawn(con, folder: Path | None):
+    """The plots of the loaded snapshots drawn into a hidden folder of their own in ``folder``
+    (None: no plots); inside, a function that renames them into ``folder`` and removes the
+    plots an earlier command left there that these replace, and returns their paths. Call it
+    inside ``folder``'s plots turn (``_plots_turn``): a reader sees whole images, and two
+    commands plotting into one folder at once leave all of the last one's plots, none of the
+    other's beside them."""
     from lmprof import rundir
     from lmprof.reports.memory_plots import write_plots
 
-    stage = None
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=".memory-plots.tmp-", dir=folder))
-        drawn = write_plots(con, stage)
-        with _plots_turn(folder):
-            for path in drawn:
-                os.replace(path, folder / path.name)
-            rundir.retire_stale(folder, "memory-plots", [p.name for p in drawn])
-    except OSError as exc:
+    stage, drawn = None, []
+
+    def failed(exc: OSError) -> None:
         where = Path(exc.filename) if exc.filename else folder
         if stage is not None and where.parent == stage:  # (the file it was drawn for)
             where = folder / where.name
         raise_machine_error(exc, where)  # (a full disk: exit 1, naming the file)
         raise UserError(f"cannot write the plots to {str(where)!r}: "
                         f"{exc.strerror or exc}") from None
+
+    def put() -> list[Path]:
+        if folder is None:
+            return []
+        try:
+            for path in drawn:
+                os.replace(path, folder / path.name)
+        except OSError as exc:
+            failed(exc)
+        rundir.retire_stale(folder, "memory-plots", [p.name for p in drawn])
+        return [folder / p.name for p in drawn]
+
+    try:
+        if folder is not None:
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                stage = Path(tempfile.mkdtemp(prefix=".memory-plots.tmp-", dir=folder))
+                drawn = write_plots(con, stage)
+            except OSError as exc:
+                failed(exc)
+        yield put
     finally:
         if stage is not None:
             shutil.rmtree(stage, ignore_errors=True)
-    return [folder / p.name for p in drawn]
