@@ -259,6 +259,12 @@ def results_lock(folder: str | Path, owner: str) -> Path:
     return Path(folder) / f".lmprof-{owner}.lock"
 
 
+
+def results_list(folder: str | Path, owner: str) -> Path:
+    """The hidden list of the files a command last put into ``folder`` (``retire_stale``):
+    ``.lmprof-OWNER``."""
+    return Path(folder) / f".lmprof-{owner}"
+
 def _lock_file(lock: Path, wait: bool) -> int | None:
     """A descriptor of ``lock`` that holds its ``flock``, or None where it cannot be had;
     BlockingIOError where another holds it and ``wait`` is false. A file locked after its holder
@@ -723,7 +729,7 @@ def retire_stale(folder: str | Path, owner: str, written: list[str]) -> None:
     run's there. Only files of that list are ever removed: a plain name, a regular file (not a
     link); a folder without the list (a first run, or files of the user's own) loses nothing."""
     folder = Path(folder)
-    manifest = folder / f".lmprof-{owner}"
+    manifest = results_list(folder, owner)
     keep = set(written)
     try:  # (a link to a file elsewhere, or a named pipe, is no list of this tool's)
         before = manifest.read_text().splitlines() \

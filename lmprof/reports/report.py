@@ -248,33 +248,16 @@ def build(paths: list[str], out: str | Path, kernel_options: Any = None,
                 raise
             raise_machine_error(exc, exc.filename)
             raise UserError(f"cannot write {str(exc.filename)!r}: {exc.strerror or exc}") from None
-        _make_folder(target.parent)  # (again where another report that stopped removed it)
         # (one report at a time puts its files in place: two written into one folder at once
         # leave the last one whole, its images with it)
-        with rundir.taking_turns(turn):
-            if ctx.images:  # (all drawn: they replace the earlier report's, then the report)
-                dest = img_dir
-                try:
-                    img_dir.mkdir(exist_ok=True)
-                    for path in ctx.images:
-                        dest = img_dir / path.name
-                        os.replace(path, dest)
-                        placed.append((dest, dest.lstat()))
-                except OSError as exc:
-                    raise_machine_error(exc, dest)
-                    raise UserError(f"cannot write {str(dest)!r}: {exc.strerror or exc}") from None
-            try:  # (by a rename: a reader of the earlier report.md reads it whole)
-                rundir.write_text(target, "\n".join(parts))
-                placed.append((target, target.lstat()))
-            except OSError as exc:
-                # the machine's trouble (a full disk, an I/O error) leaves no report beside the
-                # images just put in place, and is exit 1, as render's --out tables
-                if machine_error(exc) is not None:
-                    target.unlink(missing_ok=True)
-                raise_machine_error(exc, target)
-                raise UserError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
-            if img_dir.is_dir():  # images of an earlier report here that this one has not drawn
-                rundir.retire_stale(img_dir, "report", [p.name for p in ctx.images])
+        while True:
+            _make_folder(target.parent)  # (again where another report that stopped removed it)
+            with rundir.taking_turns(turn):
+                # (a report that stopped can remove the folder it made, empty, after its turn
+                # and before this one's lock file is made in it: then made again, and waited for)
+                if target.parent.is_dir():
+                    _put_in_place(ctx, parts, target, img_dir, placed)
+                    break
     except BaseException:
         if created is not None:  # nothing of this report's left in the folders it made
             ctx.drop_stage()
@@ -283,6 +266,36 @@ def build(paths: list[str], out: str | Path, kernel_options: Any = None,
     finally:
         ctx.drop_stage()
     return target
+
+
+def _put_in_place(ctx: ReportContext, parts: list[str], target: Path, img_dir: Path,
+                  placed: list[tuple[Path, os.stat_result]]) -> None:
+    """In the report's turn: its images (all drawn) renamed into ``img_dir`` over the earlier
+    report's, then report.md written from ``parts``, then the earlier report's images that this
+    one has not drawn removed. Each file put in place is added to ``placed`` with its ``lstat``."""
+    if ctx.images:  # (all drawn: they replace the earlier report's, then the report)
+        dest = img_dir
+        try:
+            img_dir.mkdir(exist_ok=True)
+            for path in ctx.images:
+                dest = img_dir / path.name
+                os.replace(path, dest)
+                placed.append((dest, dest.lstat()))
+        except OSError as exc:
+            raise_machine_error(exc, dest)
+            raise UserError(f"cannot write {str(dest)!r}: {exc.strerror or exc}") from None
+    try:  # (by a rename: a reader of the earlier report.md reads it whole)
+        rundir.write_text(target, "\n".join(parts))
+        placed.append((target, target.lstat()))
+    except OSError as exc:
+        # the machine's trouble (a full disk, an I/O error) leaves no report beside the
+        # images just put in place, and is exit 1, as render's --out tables
+        if machine_error(exc) is not None:
+            target.unlink(missing_ok=True)
+        raise_machine_error(exc, target)
+        raise UserError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
+    if img_dir.is_dir():  # images of an earlier report here that this one has not drawn
+        rundir.retire_stale(img_dir, "report", [p.name for p in ctx.images])
 
 
 def _make_folder(folder: Path) -> None:
@@ -300,7 +313,8 @@ def _take_back(turn: Path, placed: list[tuple[Path, os.stat_result]], img_dir: P
     """After a report into folders it made (``created``, the outermost of them) stopped: remove,
     in the report's turn, the files it put in place (``placed``, each with its ``lstat`` then)
     that are still those files, not another report's written over them since; then the image
-    folder and the folders it made, each only where empty. Another report written there in
+    folder (where it holds nothing but a list of images, ``retire_stale``'s: the list goes too)
+    and the folders it made, each only where empty. Another report written there in
     the meantime keeps its files, and the folders that hold them; a report that stopped alone
     leaves nothing. (The report's folder holds the turn's lock file until the turn ends: it is
     removed after, by ``rmdir``, which takes none but an empty folder.)"""
@@ -309,7 +323,10 @@ def _take_back(turn: Path, placed: list[tuple[Path, os.stat_result]], img_dir: P
             with contextlib.suppress(OSError):  # (gone already: nothing of this report's)
                 if os.path.samestat(path.lstat(), made):
                     path.unlink()
+        listed = rundir.results_list(img_dir, "report")  # (retire_stale's list of images)
         with contextlib.suppress(OSError):
+            if [p.name for p in img_dir.iterdir()] == [listed.name]:  # (a list of no image)
+                listed.unlink()
             img_dir.rmdir()
     folders = [turn.parent, *turn.parent.parents]
     for folder in folders[:folders.index(created) + 1]:  # (the innermost first)

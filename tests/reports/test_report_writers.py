@@ -133,3 +133,65 @@ def test_a_report_whose_folder_another_report_took_away_is_written_all_the_same(
     assert other() is None
     assert sorted(p.name for p in out.iterdir()) == ["report.md"]
     assert (out / "report.md").read_text().endswith("## Stand-in\n\nText.\n")
+
+
+def test_a_report_waiting_for_its_turn_while_a_stopped_report_takes_the_folder_away_is_written(
+        tmp_path, monkeypatch):
+    """A report with no image waits for its turn on report.md while a report that stopped,
+    in its turn, takes back what it put there; that one's turn ends and it removes the folder
+    it made, then empty: the waiting report's turn could not be made again in it, and
+    report.md was not written ('No such file or directory')."""
+    import fcntl
+    import os
+    import threading
+
+    monkeypatch.setattr(report, "_sections", lambda: [("Stand-in", lambda ctx: "Text.")])
+    runs, out = _runs(tmp_path, 1), tmp_path / "rep"
+    out.mkdir()
+    lock, waits, real_flock, raised = rundir.lock_beside(out / "report.md"), \
+        threading.Event(), fcntl.flock, []
+
+    def flock(fd, op):  # (the report asks for its turn, held below by the stopped report)
+        if threading.current_thread() is waiting and op & fcntl.LOCK_EX:
+            waits.set()
+        return real_flock(fd, op)
+
+    def build() -> None:
+        try:
+            report.build(runs, out)
+        except BaseException as exc:  # noqa: BLE001 — returned to the test
+            raised.append(exc)
+
+    waiting = threading.Thread(target=build)
+    monkeypatch.setattr(fcntl, "flock", flock)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)  # the stopped report's turn (rundir.taking_turns)
+    real_flock(fd, fcntl.LOCK_EX)
+    waiting.start()
+    while not waits.wait(0.05):
+        assert waiting.is_alive(), raised
+    lock.unlink()  # its turn ends (the lock file removed, as taking_turns does) ...
+    out.rmdir()  # ... and it removes the folder it made, empty now, before the waiter looks
+    os.close(fd)
+    waiting.join()
+    assert raised == []
+    assert sorted(p.name for p in out.iterdir()) == ["report.md"]
+    assert (out / "report.md").read_text().endswith("## Stand-in\n\nText.\n")
+
+
+def test_a_report_interrupted_after_listing_its_images_leaves_nothing_in_a_folder_it_made(
+        tmp_path, monkeypatch):
+    """A report into folders it made, stopped (Ctrl-C) in its turn once it had written the list
+    of its images: its images and report.md were taken back, but the image folder kept that
+    list, and so did the folders it made."""
+    monkeypatch.setattr(report, "_sections", lambda: [("Stand-in", _section)])
+    real_retire = rundir.retire_stale
+
+    def retire_stale(folder, owner, written):
+        real_retire(folder, owner, written)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rundir, "retire_stale", retire_stale)
+    runs, out = _runs(tmp_path, 1), tmp_path / "new" / "rep"
+    with pytest.raises(KeyboardInterrupt):
+        report.build(runs, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
