@@ -352,6 +352,10 @@ def _print_summary(target: Path, record: dict) -> None:
     from lmprof.reports.tables import phase_summary_table
 
     click.echo(to_markdown(phase_summary_table(record)))
+    config = record.get("config") or {}
+    if config.get("compile") and config.get("warmup") == 0:
+        click.echo("note: --compile with --warmup 0: measured step 0 includes torch.compile's "
+                   "compilation; give --warmup 1 or more to keep it out of the measured steps")
 
 
 capture.add_command(attention_cmd)

@@ -1009,3 +1009,24 @@ def test_a_flash_run_records_the_kernels_switches_and_the_table_tells_it_apart(t
     assert not set(SWITCHES) & set(records["naive"]["environment"])
     table = benchmark_table(list(records.values()))
     assert sorted(table["attention"]) == ["flash (LMPROF_FLASH_AUTOTUNE=0)", "naive"]
+
+
+def test_summary_says_when_measured_step_0_holds_the_compilation(tmp_path, capsys):
+    """--compile with --warmup 0: torch.compile compiles in the first measured step, whose time
+    then holds it; the summary said nothing of it (the README: warm-up includes compilation)."""
+    import json
+
+    from lmprof.capture.cli import _print_summary
+
+    record = json.loads((ROOT / "tests" / "data" / "h200-compiled" / "train" / "run.json")
+                        .read_text())
+    _print_summary(tmp_path, record)  # (warm-up 3 steps: compiled there)
+    assert "compil" not in capsys.readouterr().out
+    record["config"]["warmup"] = 0
+    _print_summary(tmp_path, record)
+    out = capsys.readouterr().out
+    assert "note: --compile with --warmup 0: measured step 0 includes torch.compile's " \
+           "compilation; give --warmup 1 or more to keep it out of the measured steps" in out
+    record["config"]["compile"] = False
+    _print_summary(tmp_path, record)
+    assert "compil" not in capsys.readouterr().out
