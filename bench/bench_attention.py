@@ -1,16 +1,21 @@
 """Benchmark the FlashAttention-2 Triton kernel against SDPA on one GPU, in one run.
 
-    python bench/bench_attention.py [--backward split|atomic|both] [--quick] [--dump DIR]
+    python bench/bench_attention.py [--backward split|atomic|auto|all] [--quick] [--dump DIR]
 
 1. The card's bf16 matmul rate (8192³, do_bench median): the ceiling TFLOP/s are compared with.
 2. A correctness check at the leaderboard shape before timing (errors against SDPA's math
    backend in fp32 on upcast inputs, next to SDPA bf16's own error).
 3. The leaderboard configuration (B=1, H=16, T=16384, d=64, bf16, causal; ``o = attn(q, k, v,
-   True); o.sum().backward()``): forward, backward, end to end for each backward variant of the
-   kernel and each SDPA backend, with the targets: fwd+bwd < 5.364 ms (CS336 leaderboard best),
-   ≤ SDPA default (cuDNN), ≥ 1.3× SDPA's FlashAttention-2 backend.
+   True); o.sum().backward()``): forward, backward, end to end for each kernel choice named by
+   ``--backward`` and each SDPA backend, with the targets: fwd+bwd < 5.364 ms (CS336 leaderboard
+   best), ≤ SDPA default (cuDNN), ≥ 1.3× SDPA's FlashAttention-2 backend. The choices are the
+   implementations of ``lmprof capture attention``: "split" times ``flash-split`` (Triton forward,
+   split backward), "atomic" ``flash-atomic`` (Triton forward, atomic-dQ backward), "auto"
+   ``flash`` (the product's default: forward and backward "auto", which pick the Gluon kernels
+   where they apply at the shape); "all" (default) times the three.
 4. seq 1k–32k at d_head 64 and 128 (batch·seq = 16384, heads·d = 2048): speed-up over SDPA flash,
-   with the configuration each kernel ran with at that shape (the autotuner's pick).
+   with the forward/backward kernels each implementation ran at that shape and the configuration
+   of each autotuned one (the autotuner's pick).
 5. Autotuning at the leaderboard shape: each kernel's chosen configuration and its fastest
    configurations with their times (from Triton's ``configs_timings``).
 6. The compiler's view of each kernel as compiled for the leaderboard shape (autotuned config, registers, spills,
@@ -40,12 +45,15 @@ from lmprof.kernels import flash  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "attention.jsonl"
 LEADERBOARD = dict(batch=1, heads=16, seq=16384, d=64)
+BACKWARD_IMPLS = {"split": "flash-split", "atomic": "flash-atomic", "auto": "flash"}  # --backward
 
 
-def check_leaderboard_shape(modes: list[str], device) -> list[dict]:
+def check_leaderboard_shape(impls: list[str], device) -> list[dict]:
     """Max abs errors of o, dq, dk, dv against fp32 SDPA-math on upcast inputs, vs SDPA bf16.
 
-    At the leaderboard's T and d with 2 heads.
+    At the leaderboard's T and d with 2 heads. Each flash implementation in ``impls`` runs the
+    forward and backward ``capture attention`` gives it (``_FLASH_MODES``); its row names the
+    kernels those resolve to at this shape.
     """
     b, _, t, d = LEADERBOARD.values()
     h = 2  # the fp32 math reference holds h·T² scores several times over: 2 heads fit any card
@@ -68,13 +76,18 @@ def check_leaderboard_shape(modes: list[str], device) -> list[dict]:
     exact = run(sdpa_math, torch.float32)
     rows = []
     candidates = {"sdpa-default": lambda *x: F.scaled_dot_product_attention(*x, is_causal=True)}
-    for mode in modes:
-        candidates[f"flash-{mode}"] = (
-            lambda *x, m=mode: flash.flash_attention(*x, is_causal=True, backward=m))
+    kernels = {}
+    for impl in impls:
+        forward, backward = cap._FLASH_MODES[impl]
+        candidates[impl] = (lambda *x, f=forward, b=backward:
+                            flash.flash_attention(*x, is_causal=True, forward=f, backward=b))
+        kernels[impl] = {"forward": flash.resolve_forward(forward, q, k),
+                         "backward": flash.resolve_backward(backward, q, k)}
     for name, fn in candidates.items():
         got = run(fn, torch.bfloat16)
-        rows.append({"impl": name, **{f"{n}_max_err": (g - e).abs().max().item()
-                                      for n, g, e in zip(("o", "dq", "dk", "dv"), got, exact)}})
+        rows.append({"impl": name, **kernels.get(name, {}),
+                     **{f"{n}_max_err": (g - e).abs().max().item()
+                        for n, g, e in zip(("o", "dq", "dk", "dv"), got, exact)}})
     del exact
     torch.cuda.empty_cache()
     return rows
@@ -84,6 +97,10 @@ AUTOTUNED = {"_flash_fwd_kernel": flash._flash_fwd_kernel,
              "_flash_bwd_dkdv_kernel": flash._flash_bwd_dkdv_kernel,
              "_flash_bwd_dq_kernel": flash._flash_bwd_dq_kernel,
              "_flash_bwd_dkdv_dq_atomic_kernel": flash._flash_bwd_dkdv_dq_atomic_kernel}
+# the autotuned kernels each resolved forward / backward runs; the Gluon kernels are not autotuned
+AUTOTUNED_BY_MODE = {"triton": ("_flash_fwd_kernel",), "gluon": (),
+                     "split": ("_flash_bwd_dkdv_kernel", "_flash_bwd_dq_kernel"),
+                     "atomic": ("_flash_bwd_dkdv_dq_atomic_kernel",)}
 
 
 def _config_name(cfg) -> str:
@@ -164,8 +181,9 @@ def _table(rows: list[dict], cols: list[str]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backward", choices=["split", "atomic", "both"], default="both",
-                    help="Backward variant(s) of the kernel to time.")
+    ap.add_argument("--backward", choices=[*BACKWARD_IMPLS, "all"], default="all",
+                    help="Kernels to time: split (flash-split), atomic (flash-atomic), auto "
+                         "(flash, the product's default: Gluon where it applies), all (the three).")
     ap.add_argument("--quick", action="store_true",
                     help="Leaderboard only (skip the 1k–32k sweep).")
     ap.add_argument("--dump", type=Path, default=None,
@@ -176,8 +194,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_attention.py needs a CUDA GPU")
     device = torch.device("cuda")
-    modes = ["split", "atomic"] if args.backward == "both" else [args.backward]
-    impls = [{"split": "flash", "atomic": "flash-atomic"}[m] for m in modes]
+    impls = (list(BACKWARD_IMPLS.values()) if args.backward == "all"
+             else [BACKWARD_IMPLS[args.backward]])
     env = collect(device)
     print(f"{env['gpu_name']}: torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}, "
           f"cuDNN {torch.backends.cudnn.version()}", flush=True)
@@ -185,9 +203,10 @@ def main() -> None:
     mm = cap.matmul_tflops(device)
     print(f"bf16 matmul 8192³: {mm:.0f} TFLOP/s", flush=True)
 
-    errors = check_leaderboard_shape(modes, device)
+    errors = check_leaderboard_shape(impls, device)
     print("\n## errors at the leaderboard shape (max abs vs fp32 SDPA math)\n")
-    print(_table(errors, ["impl", "o_max_err", "dq_max_err", "dk_max_err", "dv_max_err"]), flush=True)
+    print(_table(errors, ["impl", "forward", "backward", "o_max_err", "dq_max_err", "dk_max_err",
+                          "dv_max_err"]), flush=True)
 
     b, h, t, d = LEADERBOARD.values()
     board = []
@@ -207,9 +226,9 @@ def main() -> None:
             if by[ref].get("e2e_ms"):
                 r[f"speedup_vs_{ref}"] = by[ref]["e2e_ms"] / r["e2e_ms"]
     print(f"\n## leaderboard configuration (B={b}, H={h}, T={t}, d={d}, bf16, causal)\n")
-    print(_table(board, ["impl", "fwd_ms", "bwd_ms", "e2e_ms", "fwd_tflops", "bwd_tflops",
-                         "e2e_tflops", "e2e_pct_of_matmul", "vs_leaderboard_best",
-                         "speedup_vs_sdpa-default", "speedup_vs_sdpa-flash", "status"]))
+    print(_table(board, ["impl", "forward", "backward", "fwd_ms", "bwd_ms", "e2e_ms",
+                         "fwd_tflops", "bwd_tflops", "e2e_tflops", "e2e_pct_of_matmul",
+                         "vs_leaderboard_best", "speedup_vs_sdpa-default", "speedup_vs_sdpa-flash", "status"]))
     print(f"\ntargets: e2e < {cap.LEADERBOARD_BEST_MS} ms (vs_leaderboard_best > 1); "
           "≤ SDPA default (speedup_vs_sdpa-default ≥ 1, the moonshot); ≥ 1.3× SDPA flash", flush=True)
 
@@ -233,21 +252,25 @@ def main() -> None:
                     row = cap.run_bench_cell(impl, b_, h_, t_, d_, torch.bfloat16, True, device)
                     cell[f"{impl}_ms"] = row.get("e2e_ms")
                     cell[f"{impl}_tflops"] = row.get("e2e_tflops")
-                    if impl.startswith("flash"):  # the configurations this shape ran with
+                    if "forward" in row:  # a flash impl: the kernels and configs this shape ran
+                        ran = [name for mode in (row["forward"], row["backward"])
+                               for name in AUTOTUNED_BY_MODE[mode]]
+                        cell[f"{impl}_kernels"] = f"{row['forward']}/{row['backward']}"
                         cell[f"{impl}_configs"] = {
-                            name: _config_name(tuner.best_config)
-                            for name, tuner in AUTOTUNED.items()
-                            if getattr(tuner, "best_config", None) is not None}
+                            name: _config_name(AUTOTUNED[name].best_config) for name in ran
+                            if getattr(AUTOTUNED[name], "best_config", None) is not None}
                 for impl in impls:
                     if cell.get(f"{impl}_ms") and cell.get("sdpa-flash_ms"):
                         cell[f"{impl}_vs_sdpa-flash"] = cell["sdpa-flash_ms"] / cell[f"{impl}_ms"]
                 sweep.append(cell)
                 print(f"  d={d_} T={t_}: " + ", ".join(
                     f"{i} {cell.get(f'{i}_ms')}" for i in impls + ["sdpa-flash"])
-                      + "; " + "; ".join(f"{i} configs {cell.get(f'{i}_configs')}" for i in impls),
+                      + "; " + "; ".join(f"{i} {cell.get(f'{i}_kernels')} configs "
+                                         f"{cell.get(f'{i}_configs')}" for i in impls),
                       file=sys.stderr, flush=True)
         print("\n## causal bf16 fwd+bwd, batch·seq = 16384, heads·d = 2048 (target ≥ 1.3× sdpa-flash)\n")
-        cols = ["d", "seq"] + [f"{i}_ms" for i in impls + ["sdpa-flash", "sdpa-default"]] + \
+        cols = ["d", "seq"] + [f"{i}_kernels" for i in impls] + \
+            [f"{i}_ms" for i in impls + ["sdpa-flash", "sdpa-default"]] + \
             [f"{i}_vs_sdpa-flash" for i in impls]
         print(_table(sweep, cols))
 
