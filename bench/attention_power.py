@@ -37,6 +37,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchenv import need_cuda  # noqa: E402  (bench/ is on sys.path when run as a script)
 from lmprof.capture import attention as cap  # noqa: E402
 from lmprof.capture.environment import collect  # noqa: E402
 
@@ -131,8 +132,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=150)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "attention_power.json")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("attention_power.py needs a CUDA GPU")
+    need_cuda(__file__)
     device = torch.device("cuda")
     sampler = Sampler()
     rows = []

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchenv import need_cuda  # noqa: E402  (bench/ is on sys.path when run as a script)
 from lmprof.capture import attention as cap  # noqa: E402
 from lmprof.capture.environment import collect  # noqa: E402
 from lmprof.kernels import flash  # noqa: E402
@@ -191,8 +192,7 @@ def main() -> None:
     ap.add_argument("--no-record", action="store_true",
                     help=f"Do not append to {RESULTS.relative_to(ROOT)}.")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("bench_attention.py needs a CUDA GPU")
+    need_cuda(__file__)
     device = torch.device("cuda")
     impls = (list(BACKWARD_IMPLS.values()) if args.backward == "all"
              else [BACKWARD_IMPLS[args.backward]])

@@ -16,7 +16,7 @@ Both append a section to bench/results/sweep.md with the machine, versions and d
 
 from __future__ import annotations
 
-from benchenv import child_env, cpu_model  # noqa: E402  (bench/ is on sys.path when run as a script)
+from benchenv import child_env, cpu_model, need_cuda  # noqa: E402  (bench/ is on sys.path when run as a script)
 import argparse
 import datetime as dt
 import json
@@ -157,6 +157,7 @@ def main() -> None:
     ap.add_argument("--no-append", action="store_true", help="print only")
     args = ap.parse_args()
     if args.gpus:
+        need_cuda(__file__)
         title, body = "GPU fan-out", fan_out(args.gpus, args.model, args.context_length,
                                              args.mode, args.steps, args.warmup)
     else:

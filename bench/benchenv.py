@@ -1,8 +1,11 @@
-"""Environment for child processes of the bench scripts: this checkout first on PYTHONPATH, and
-whatever PYTHONPATH already held (carried wheels on the GPU machine) after it."""
+"""What the bench scripts share about their environment: the one for their child processes
+(this checkout first on PYTHONPATH, and whatever PYTHONPATH already held, carried wheels on the
+GPU machine, after it), the machine's CPU, and the refusal of a machine they cannot run on."""
 
 import os
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,3 +26,24 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def refuse(message: str) -> NoReturn:
+    """Stop where the environment cannot run the script: ``message`` as one line on stderr and
+    exit status 2, as the product's commands do (``sys.exit(message)`` would exit 1)."""
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
+
+
+def need_cuda(script: str, hopper: bool = False) -> None:
+    """Refuse unless torch sees a CUDA GPU (with ``hopper``, one of compute capability 9.x);
+    ``script`` is the caller's ``__file__``. Call it after parsing the arguments (``--help``
+    works anywhere) and before any CUDA work."""
+    import torch
+
+    name = Path(script).name
+    if not torch.cuda.is_available():
+        refuse(f"{name} needs a {'Hopper (sm_90)' if hopper else 'CUDA'} GPU")
+    if hopper and torch.cuda.get_device_capability()[0] != 9:
+        refuse(f"{name} needs a Hopper (sm_90) GPU; this one is "
+               f"{torch.cuda.get_device_name()}")

@@ -21,6 +21,7 @@ from triton.testing import do_bench
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_attention as ba  # noqa: E402
+from benchenv import need_cuda  # noqa: E402
 from lmprof.kernels import flash  # noqa: E402
 
 
@@ -47,6 +48,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path,
                     default=Path(__file__).parent / "results" / "flash_short_seq.json")
     args = ap.parse_args()
+    need_cuda(__file__)
     rows = []
     for cell in args.cell:
         d, t = map(int, cell.split(":"))

@@ -50,6 +50,7 @@ except ImportError as exc:  # pragma: no cover - an older Triton
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchenv import need_cuda  # noqa: E402  (bench/ is on sys.path when run as a script)
 from lmprof.kernels import flash  # noqa: E402
 
 LOG2E = 1.4426950408889634
@@ -313,6 +314,7 @@ def main() -> None:
                     help="default bench/results/flash_ws.json (--loops 2), "
                          "flash_ws_one_loop_triton<version>.json (--loops 1)")
     args = ap.parse_args()
+    need_cuda(__file__)
     shape = tuple(int(x) for x in args.shape.split(","))
     one = args.loops == 1
     if args.group is not None:

@@ -63,6 +63,7 @@ except ImportError as exc:  # an older Triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gluon_common  # noqa: E402
+from benchenv import need_cuda  # noqa: E402
 from gluon_dkdv import _start_ring  # noqa: E402  (the 64-key kernel's prologue is its kernel's)
 
 # the warp-specialised kernel (``--reduce 5`` / ``6``, run through flash._gluon_backward) and
@@ -384,8 +385,7 @@ def main() -> None:
                          "flash, flash-split, the Gluon backward without prefetch and with 3 "
                          "stages), ROUNDS alternated rounds; then only the --shape rows given")
     args = ap.parse_args()
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
-        sys.exit("gluon_bwd5: needs a Hopper GPU (sm_90)")
+    need_cuda(__file__, hopper=True)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     default = [] if args.leaderboard else ["1,16,16384,64", "2,2,1000,64", "4,16,4096,64"]
     shapes = [tuple(int(x) for x in s.split(",")) for s in (args.shape or default)]

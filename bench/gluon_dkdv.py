@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_attention as ba  # noqa: E402
 import gluon_common  # noqa: E402
+from benchenv import need_cuda  # noqa: E402
 from lmprof.kernels import flash  # noqa: E402
 
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -265,8 +266,7 @@ def main() -> None:
     ap.add_argument("--shape", action="append", default=None, help="B,H,T,D (repeatable)")
     ap.add_argument("--out", type=Path, default=None, help="also write the rows here (JSON)")
     args = ap.parse_args()
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
-        sys.exit("gluon_dkdv: needs a Hopper GPU (sm_90)")
+    need_cuda(__file__, hopper=True)
     shapes = [tuple(int(x) for x in s.split(",")) for s in (args.shape or [
         "2,2,1000,64", "1,3,777,128", "16,32,1024,64", "4,32,4096,64", "1,16,16384,64",
         "1,32,16384,64", "4,16,4096,128", "1,16,16384,128"])]

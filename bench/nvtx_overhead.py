@@ -26,6 +26,9 @@ import torch
 from lmprof import annotate
 from lmprof.capture import devices
 from lmprof.capture.runner import RunSpec, StepRunner, prepare
+from lmprof.errors import UserError
+
+from benchenv import refuse  # bench/ is on sys.path when run as a script
 
 RESULTS = Path(__file__).parent / "results" / "nvtx_overhead.md"
 
@@ -59,8 +62,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args()
 
-    prep = prepare(RunSpec(size=args.model, context_length=args.context_length,
-                           batch_size=args.batch_size, device=args.device, mode="train"))
+    try:
+        prep = prepare(RunSpec(size=args.model, context_length=args.context_length,
+                               batch_size=args.batch_size, device=args.device, mode="train"))
+    except UserError as exc:  # an option this machine cannot run (--device cuda without CUDA)
+        refuse(f"nvtx_overhead.py: {exc}")
     runner = StepRunner(prep)
     for i in range(5):
         runner.step(i, warmup=True)

@@ -25,6 +25,7 @@ import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchenv import need_cuda  # noqa: E402  (bench/ is on sys.path when run as a script)
 from lmprof.kernels import flash as fa  # noqa: E402
 
 CANDIDATES = {
@@ -56,8 +57,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path,
                     default=Path(__file__).parent / "results" / "flash_ieee_fp32_tiles.json")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("needs a CUDA GPU")
+    need_cuda(__file__)
     assert torch.get_float32_matmul_precision() == "highest"
     rows = []
     for d in args.d:
