@@ -19,8 +19,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchenv import refuse  # bench/ is on sys.path when run as a script
+
 if os.environ.get("TRITON_INTERPRET") == "1":
-    sys.exit("unset TRITON_INTERPRET: this compiles for the GPU")
+    refuse("compile_flash.py: unset TRITON_INTERPRET: this compiles for the GPU")
 
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402

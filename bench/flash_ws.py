@@ -43,14 +43,15 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
+from benchenv import need_cuda, refuse  # bench/ is on sys.path when run as a script
+
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError as exc:  # pragma: no cover - an older Triton
-    sys.exit(f"flash_ws: needs triton.tools.tensor_descriptor (Triton 3.3 or newer): {exc}")
+    refuse(f"flash_ws.py needs triton.tools.tensor_descriptor (Triton 3.3 or newer): {exc}")
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchenv import need_cuda  # noqa: E402  (bench/ is on sys.path when run as a script)
 from lmprof.kernels import flash  # noqa: E402
 
 LOG2E = 1.4426950408889634

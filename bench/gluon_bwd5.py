@@ -51,6 +51,8 @@ from pathlib import Path
 import torch
 import triton
 
+from benchenv import need_cuda, refuse  # bench/ is on sys.path when run as a script
+
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -58,12 +60,11 @@ try:
                                                                    tma, warpgroup_mma,
                                                                    warpgroup_mma_wait)
 except ImportError as exc:  # an older Triton
-    sys.exit(f"gluon_bwd5: needs triton.experimental.gluon (Triton 3.9): {exc}")
+    refuse(f"gluon_bwd5.py needs triton.experimental.gluon (Triton 3.9): {exc}")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gluon_common  # noqa: E402
-from benchenv import need_cuda  # noqa: E402
 from gluon_dkdv import _start_ring  # noqa: E402  (the 64-key kernel's prologue is its kernel's)
 
 # the warp-specialised kernel (``--reduce 5`` / ``6``, run through flash._gluon_backward) and

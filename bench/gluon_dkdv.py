@@ -34,6 +34,8 @@ import torch
 import triton
 from triton.testing import do_bench
 
+from benchenv import need_cuda, refuse  # bench/ is on sys.path when run as a script
+
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -41,13 +43,12 @@ try:
                                                                    warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 except ImportError as exc:  # an older Triton
-    sys.exit(f"gluon_dkdv: needs triton.experimental.gluon (Triton 3.6 or newer): {exc}")
+    refuse(f"gluon_dkdv.py needs triton.experimental.gluon (Triton 3.6 or newer): {exc}")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_attention as ba  # noqa: E402
 import gluon_common  # noqa: E402
-from benchenv import need_cuda  # noqa: E402
 from lmprof.kernels import flash  # noqa: E402
 
 LOG2E = gl.constexpr(1.4426950408889634)

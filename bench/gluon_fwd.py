@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gluon_common  # noqa: E402
-from benchenv import need_cuda  # noqa: E402
+from benchenv import need_cuda, refuse  # noqa: E402
 from lmprof.kernels import flash_gluon  # noqa: E402
 
 
@@ -165,7 +165,7 @@ def main() -> None:
                          "d_head instead of the per-shape rows")
     args = ap.parse_args()
     if not flash_gluon.API:
-        sys.exit("gluon_fwd: needs a Triton whose Gluon has the Hopper TMA calls (Triton 3.9)")
+        refuse("gluon_fwd.py needs a Triton whose Gluon has the Hopper TMA calls (Triton 3.9)")
     need_cuda(__file__, hopper=True)
     shapes = [tuple(int(x) for x in s.split(",")) for s in (args.shape or [
         "1,16,16384,16384,64", "2,3,1000,1000,64", "2,3,97,113,64", "1,2,2047,1000,64",

@@ -23,7 +23,7 @@ appends one row per export to bench/results/nsys_stats_compare.md.
 
 from __future__ import annotations
 
-from benchenv import child_env  # noqa: E402  (bench/ is on sys.path when run as a script)
+from benchenv import child_env, refuse  # noqa: E402  (bench/ is on sys.path when run as a script)
 import argparse
 import datetime as dt
 import shutil
@@ -88,7 +88,8 @@ def main() -> None:
                          "user trace")
     args = ap.parse_args()
     if not args.nsys:
-        raise SystemExit("nsys not found: source .gpu/nsys-env.sh first (or pass --nsys)")
+        refuse("nsys_stats_compare.py: nsys not found: source .gpu/nsys-env.sh first "
+               "(or pass --nsys)")
     args.workdir.mkdir(parents=True, exist_ok=True)
     version = subprocess.run([args.nsys, "--version"], capture_output=True, text=True
                              ).stdout.strip()
