@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
+from numbers import Real
 
 from lmprof.errors import UserError
 
@@ -51,8 +53,13 @@ class ModelConfig:
             raise UserError(
                 f"unknown attention {self.attention!r}; choose one of {', '.join(ATTENTION_IMPLS)}"
             )
-        if self.rope_theta <= 0:
-            raise UserError(f"rope_theta must be positive, got {self.rope_theta}")
+        for name in ("rope_theta", "norm_eps"):
+            value = getattr(self, name)
+            # NaN passes a "<= 0" test; an infinite theta zeroes all but RoPE's first frequency,
+            # an infinite eps RMSNorm's output
+            if isinstance(value, bool) or not isinstance(value, Real) or \
+                    not math.isfinite(value) or value <= 0:
+                raise UserError(f"{name} must be a positive finite number, got {value!r}")
 
     @property
     def d_head(self) -> int:

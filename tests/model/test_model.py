@@ -142,6 +142,20 @@ def test_bad_configs_are_user_errors(kwargs, fragment):
         config_for(size, context_length=8, **kwargs)
 
 
+@pytest.mark.parametrize("field", ["rope_theta", "norm_eps"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), 0.0, -1.0, "1e-5",
+                                   None, True])
+def test_float_fields_refuse_all_but_a_positive_finite_number(field, value):
+    # through the Python API: the CLI never sets these, so a NaN would reach RoPE or RMSNorm
+    with pytest.raises(UserError, match=f"^{field} must be a positive finite number, got"):
+        dataclasses.replace(tiny(), **{field: value})
+
+
+def test_float_fields_take_ints_and_floats():
+    cfg = dataclasses.replace(tiny(), rope_theta=500_000, norm_eps=1e-6)
+    assert (cfg.rope_theta, cfg.norm_eps) == (500_000, 1e-6)
+
+
 def test_init_is_truncated_normal():
     model = TransformerLM(tiny())
     w = model.layers[0].ffn.w1.weight
