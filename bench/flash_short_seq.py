@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_attention as ba  # noqa: E402
 from benchenv import need_cuda  # noqa: E402
+from lmprof.capture import attention as cap  # noqa: E402
 from lmprof.kernels import flash  # noqa: E402
 
 
@@ -32,10 +33,17 @@ def _sdpa(backend):
     return f
 
 
+def _flash(impl: str):
+    """``capture attention``'s implementation ``impl``: its forward and backward kernels
+    (``_FLASH_MODES``: flash-split and flash-atomic are the Triton forward at every length)."""
+    forward, backward = cap._FLASH_MODES[impl]
+    return lambda q, k, v: flash.flash_attention(q, k, v, is_causal=True, forward=forward,
+                                                 backward=backward)
+
+
 IMPLS = {
-    "flash-split": lambda q, k, v: flash.flash_attention(q, k, v, is_causal=True, backward="split"),
-    "flash-atomic": lambda q, k, v: flash.flash_attention(q, k, v, is_causal=True,
-                                                          backward="atomic"),
+    "flash-split": _flash("flash-split"),
+    "flash-atomic": _flash("flash-atomic"),
     "sdpa-flash": _sdpa(SDPBackend.FLASH_ATTENTION),
     "sdpa-cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION),
 }
