@@ -259,11 +259,11 @@ def results_lock(folder: str | Path, owner: str) -> Path:
     return Path(folder) / f".lmprof-{owner}.lock"
 
 
-
 def results_list(folder: str | Path, owner: str) -> Path:
     """The hidden list of the files a command last put into ``folder`` (``retire_stale``):
     ``.lmprof-OWNER``."""
     return Path(folder) / f".lmprof-{owner}"
+
 
 def _lock_file(lock: Path, wait: bool) -> int | None:
     """A descriptor of ``lock`` that holds its ``flock``, or None where it cannot be had;
