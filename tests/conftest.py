@@ -1,5 +1,6 @@
 import fcntl
 import lzma
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -79,6 +80,47 @@ def meanwhile(monkeypatch):
 
         monkeypatch.setattr(fcntl, "flock", flock)
         monkeypatch.setattr(owner, name, hooked)
+
+        def finish() -> BaseException | None:
+            other.join()
+            return raised[0] if raised else None
+
+        return finish
+
+    return start
+
+
+@pytest.fixture
+def waiting_on(monkeypatch):
+    """A function (lock, command) -> a function that waits for ``command`` and returns what it
+    raised (None, or the exception): ``command`` runs on a thread, and the call returns once
+    that thread asks for an exclusive ``flock`` on the file ``lock`` (which the test holds, or
+    the command takes at once). For what a command does, or leaves undone, until its turn."""
+    def start(lock: Path, command):
+        asks = threading.Event()
+        raised: list[BaseException] = []
+        real_flock = fcntl.flock
+
+        def flock(fd, op):
+            if threading.current_thread() is other and op & fcntl.LOCK_EX:
+                try:
+                    if os.path.samestat(os.fstat(fd), os.stat(lock)):
+                        asks.set()
+                except OSError:  # (no such lock file now: another one's flock)
+                    pass
+            return real_flock(fd, op)
+
+        def run() -> None:
+            try:
+                command()
+            except BaseException as exc:  # noqa: BLE001 — returned to the test
+                raised.append(exc)
+
+        other = threading.Thread(target=run)
+        monkeypatch.setattr(fcntl, "flock", flock)
+        other.start()
+        while not asks.wait(0.05):
+            assert other.is_alive(), raised
 
         def finish() -> BaseException | None:
             other.join()

@@ -178,46 +178,19 @@ def test_a_second_command_keeping_a_new_database_while_one_writes_it_is_one_line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k.duckdb"]
 
 
-def test_tables_and_plots_into_one_out_are_put_there_in_one_turn(tmp_path):
+def test_tables_and_plots_into_one_out_are_put_there_in_one_turn(tmp_path, waiting_on):
     """`analyze memory --out o` wrote its tables in one turn and its plots in another: a
     command at once with it could put its own between them, and o held one command's tables
     beside the other's plots. Now, while another command holds o's turn for plots, this one
     writes nothing there: neither tables nor plots."""
-    import fcntl
-    import os
-    import threading
-
     out = tmp_path / "o"
     out.mkdir()
-    waits, real_flock = threading.Event(), fcntl.flock
     lock = rundir.results_lock(out, "memory-plots")
-
-    def flock(fd, op):  # (the command asks for o's plots turn: it is held below)
-        if threading.current_thread() is command and os.readlink(f"/proc/self/fd/{fd}") \
-                == str(lock) and op & fcntl.LOCK_EX:
-            waits.set()
-        return real_flock(fd, op)
-
-    raised = []
-
-    def run() -> None:
-        try:
-            _memory(SNAPSHOTS[0], "--out", out)
-        except BaseException as exc:  # noqa: BLE001 — returned to the test
-            raised.append(exc)
-
-    command = threading.Thread(target=run)
-    fcntl.flock = flock
-    try:
-        with rundir.taking_turns(lock):
-            command.start()
-            while not waits.wait(0.05):
-                assert command.is_alive(), raised
-            written = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
-        command.join()
-    finally:
-        fcntl.flock = real_flock
-    assert raised == []
+    with rundir.taking_turns(lock):
+        finish = waiting_on(lock, lambda: _memory(SNAPSHOTS[0], "--out", out))
+        written = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    raised = finish()
+    assert raised is None
     assert written == []
     names = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
     assert "memory_timeline.png" in names and "memory_peak.csv" in names, names

@@ -136,44 +136,26 @@ def test_a_report_whose_folder_another_report_took_away_is_written_all_the_same(
 
 
 def test_a_report_waiting_for_its_turn_while_a_stopped_report_takes_the_folder_away_is_written(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, waiting_on):
     """A report with no image waits for its turn on report.md while a report that stopped,
     in its turn, takes back what it put there; that one's turn ends and it removes the folder
     it made, then empty: the waiting report's turn could not be made again in it, and
     report.md was not written ('No such file or directory')."""
     import fcntl
     import os
-    import threading
 
     monkeypatch.setattr(report, "_sections", lambda: [("Stand-in", lambda ctx: "Text.")])
     runs, out = _runs(tmp_path, 1), tmp_path / "rep"
     out.mkdir()
-    lock, waits, real_flock, raised = rundir.lock_beside(out / "report.md"), \
-        threading.Event(), fcntl.flock, []
-
-    def flock(fd, op):  # (the report asks for its turn, held below by the stopped report)
-        if threading.current_thread() is waiting and op & fcntl.LOCK_EX:
-            waits.set()
-        return real_flock(fd, op)
-
-    def build() -> None:
-        try:
-            report.build(runs, out)
-        except BaseException as exc:  # noqa: BLE001 — returned to the test
-            raised.append(exc)
-
-    waiting = threading.Thread(target=build)
-    monkeypatch.setattr(fcntl, "flock", flock)
+    lock = rundir.lock_beside(out / "report.md")
     fd = os.open(lock, os.O_RDWR | os.O_CREAT)  # the stopped report's turn (rundir.taking_turns)
-    real_flock(fd, fcntl.LOCK_EX)
-    waiting.start()
-    while not waits.wait(0.05):
-        assert waiting.is_alive(), raised
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    finish = waiting_on(lock, lambda: report.build(runs, out))
     lock.unlink()  # its turn ends (the lock file removed, as taking_turns does) ...
     out.rmdir()  # ... and it removes the folder it made, empty now, before the waiter looks
     os.close(fd)
-    waiting.join()
-    assert raised == []
+    raised = finish()
+    assert raised is None
     assert sorted(p.name for p in out.iterdir()) == ["report.md"]
     assert (out / "report.md").read_text().endswith("## Stand-in\n\nText.\n")
 
