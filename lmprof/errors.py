@@ -2,7 +2,9 @@
 
 The CLIs turn it into a single line on stderr and exit status 2; so too the two DuckDB errors only
 a damaged input causes (an integer overflow: 64-bit nanosecond or byte counts; a corrupt database
-file); anything else is a bug and keeps its traceback.
+file). The machine's trouble (a full disk, a quota, an I/O error: ``MACHINE_ERRNOS``, DuckDB's
+words for them included) is one line and exit status 1; anything else is a bug and keeps its
+traceback.
 """
 
 from __future__ import annotations
