@@ -666,10 +666,12 @@ def _write_error(exc: OSError, out_dir: Path, file: Path | None) -> None:
     machine's trouble (a full disk, an I/O error) removes the file (an earlier command's table
     of that name beside this one's others) and is an OSError naming it (exit 1); any other (a
     folder in the way, no permission: nothing was written) a one-line UserError (exit 2)."""
+    from lmprof import rundir
     from lmprof.errors import machine_error, raise_machine_error
 
     if file is not None and machine_error(exc) is not None:
         with contextlib.suppress(OSError):
             file.unlink(missing_ok=True)
     raise_machine_error(exc, file or out_dir)
-    raise UserError(f"cannot write to --out {str(out_dir)!r}: {exc.strerror or exc}") from None
+    raise UserError(f"cannot write to --out {str(out_dir)!r}: "
+                    f"{rundir.folder_blocked(out_dir) or exc.strerror or exc}") from None

@@ -185,10 +185,8 @@ def check_writable_dir(path: Path) -> Path:
         probe.unlink()
     except OSError as exc:
         raise_machine_error(exc, path)
-        blocker = _not_a_folder(path)
-        if blocker is not None:  # (mkdir's own words, "File exists", say not what is there)
-            raise UserError(f"output directory {str(path)!r} cannot be made: {str(blocker[0])!r} "
-                            f"is {blocker[1]}, not a folder") from None
+        if blocked := folder_blocked(path):
+            raise UserError(f"output directory {str(path)!r} cannot be made: {blocked}") from None
         raise UserError(f"output directory {str(path)!r} is not writable: {exc.strerror or exc}") from None
     return path
 
@@ -196,6 +194,14 @@ def check_writable_dir(path: Path) -> Path:
 # what a path that is not a regular file or a folder is, in the one-line errors
 _SPECIAL = {stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket",
             stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
+
+
+def folder_blocked(path: str | Path) -> str | None:
+    """Why the folder ``path`` cannot be made, where a path in the way is no folder ("'runs' is
+    a named pipe, not a folder": mkdir's own words, "File exists" or "Not a directory", say
+    neither which path nor what is there), else None. For every output folder's error line."""
+    blocker = _not_a_folder(Path(path))
+    return None if blocker is None else f"{str(blocker[0])!r} is {blocker[1]}, not a folder"
 
 
 def _not_a_folder(path: Path) -> tuple[Path, str] | None:

@@ -528,7 +528,7 @@ def _streamed(result, fmt: str, out: str | None, name: str, inputs: list[Path]) 
             except OSError as exc:
                 raise_machine_error(exc, path)  # (a full disk: exit 1, naming the file)
                 raise UserError(f"cannot write to --out {str(out)!r}: "
-                                f"{exc.strerror or exc}") from None
+                                f"{rundir.folder_blocked(out) or exc.strerror or exc}") from None
 
         def write(text: str) -> None:
             click.echo(text, nl=False)

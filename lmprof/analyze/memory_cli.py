@@ -121,6 +121,8 @@ def _drawn(con, folder: Path | None):
         if stage is not None and where.parent == stage:  # (the file it was drawn for)
             where = folder / where.name
         raise_machine_error(exc, where)  # (a full disk: exit 1, naming the file)
+        if blocked := rundir.folder_blocked(folder):  # (mkdir's words name no path in the way)
+            raise UserError(f"cannot write the plots to {str(folder)!r}: {blocked}") from None
         raise UserError(f"cannot write the plots to {str(where)!r}: "
                         f"{exc.strerror or exc}") from None
 

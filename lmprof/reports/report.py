@@ -305,7 +305,8 @@ def _make_folder(folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise_machine_error(exc, folder)
-        raise UserError(f"cannot create {str(folder)!r}: {exc.strerror or exc}") from None
+        raise UserError(f"cannot create {str(folder)!r}: "
+                        f"{rundir.folder_blocked(folder) or exc.strerror or exc}") from None
 
 
 def _take_back(turn: Path, placed: list[tuple[Path, os.stat_result]], img_dir: Path,

@@ -218,3 +218,27 @@ def test_attention_results_with_a_key_given_twice_are_named_unreadable(tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "the key 'part_c' is given twice in one object" in \
         (tmp_path / "rep" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("blocker", ["named pipe", "file", "broken link"])
+@pytest.mark.parametrize("args", [
+    ("kernels", str(REPORT), "--out"),
+    ("sql", str(REPORT), "SELECT 1 AS x", "--format", "csv", "--out"),
+    ("report", str(REPORT), "-o"),
+    ("memory", str(MEMORY_RUN), "--plots"),
+], ids=["kernels", "sql", "report", "memory"])
+def test_an_output_folder_that_something_else_blocks_is_named_with_what_it_is(
+        tmp_path, blocker, args):
+    """An --out, -o or --plots folder that could not be made said only 'File exists' or 'Not a
+    directory' (mkdir's words: nothing said which path was in the way, or what it was), where
+    capture's --out names the blocker and what it is. Here the folder asked for lies in a
+    path that is not a folder."""
+    block = tmp_path / "block"
+    if blocker == "named pipe":
+        os.mkfifo(block)
+    elif blocker == "file":
+        block.write_text("x")
+    else:
+        block.symlink_to(tmp_path / "gone")
+    err = _one_line(_cli("analyze", *args, str(block / "sub"), cwd=tmp_path))
+    assert f"{str(block)!r} is a {blocker}, not a folder" in err, err
