@@ -107,7 +107,10 @@ def export_sqlite(nsys: str, rep: Path, out: Path | None = None) -> Path:
             raise UserError(f"cannot write the export of {str(rep)!r} to {str(out)!r}: "
                             f"{exc.strerror or exc}") from None
     finally:
-        partial.unlink(missing_ok=True)
+        if partial.is_dir() and not partial.is_symlink():  # (a program given as nsys made it)
+            shutil.rmtree(partial, ignore_errors=True)
+        else:
+            partial.unlink(missing_ok=True)
     return out
 
 

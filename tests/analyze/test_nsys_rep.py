@@ -155,7 +155,10 @@ def test_a_file_named_as_a_report_that_is_not_one_says_what_it_is(tmp_path, kind
      "what it wrote is not an SQLite file"),
     (f"open(out, 'wb').write(open({str(REPORT)!r}, 'rb').read()[:200_000])",
      "what it wrote is a truncated SQLite file"),
-], ids=["text", "truncated"])
+    # (a folder where the export goes: removing the partial file raised IsADirectoryError, a
+    # traceback, exit 1, and the folder stayed beside the report)
+    ("os.mkdir(out)", "wrote no export"),
+], ids=["text", "truncated", "folder"])
 def test_what_nsys_wrote_that_is_no_export_is_not_kept(tmp_path, wrote, said):
     """An nsys (or a program given as one) that exits 0 having written something that is not an
     export: it became the export beside the report, and the error blamed that file, which the
