@@ -32,7 +32,7 @@ from lmprof.capture import nsys as nsys_mod  # noqa: E402
 from lmprof.capture import proctree, termination  # noqa: E402
 from lmprof.capture.attention import attention_cmd  # noqa: E402
 from lmprof.capture.options import (add_run_options, add_sweep_options,  # noqa: E402
-                                    spec_from_kwargs, spec_to_argv)
+                                    given_once, spec_from_kwargs, spec_to_argv)
 from lmprof.errors import PathParam, UserError, machine_error, run_cli  # noqa: E402
 
 
@@ -154,7 +154,8 @@ def _run(target: Path, spec, prep, nsys: str | None, nsys_args: str | None, quie
 
 @capture.command("sweep")
 @add_sweep_options
-@click.option("--grid", "grid_file", type=PathParam(dir_okay=False), default=None,
+@click.option("--grid", "grid_file", type=PathParam(dir_okay=False), multiple=True,
+              callback=given_once, metavar="FILE",
               help="Grid file (.yaml/.yml/.toml/.json): a mapping of option -> value or list, "
                    "keys as RunSpec fields or flags (context_length or context-length). "
                    "Options given on the command line override it.")
@@ -163,7 +164,7 @@ def _run(target: Path, spec, prep, nsys: str | None, nsys_args: str | None, quie
 @click.option("--name", type=str, default=None,
               help="Sweep directory name under --out (default: sweep-<grid hash>, so rerunning "
                    "the same grid resumes it).")
-@click.option("--gpus", type=str, default=None,
+@click.option("--gpus", type=str, multiple=True, callback=given_once, metavar="I,J,...",
               help="Comma-separated GPU indices: run one cell per GPU at a time "
                    "(CUDA_VISIBLE_DEVICES). Default: one cell at a time, devices as given.")
 @click.option("--shard", type=str, default=None,

@@ -73,6 +73,21 @@ def add_run_options(fn):
     return fn
 
 
+def given_once(ctx: click.Context, param: click.Parameter, value: tuple) -> Any:
+    """Callback of a sweep option declared ``multiple=True`` so that a repeat is seen: its one
+    value (None where not given), or a usage error for two that differ. Taken last-wins, a
+    repeated ``--context-length 16 --context-length 32`` planned 32 alone without a word (as
+    a grid file's key written twice did), where capture attention's repeatable ``--seq`` adds
+    each."""
+    if len(set(value)) > 1:
+        flag, metavar = param.opts[0], param.metavar or ""
+        lists = f" (a list is one comma-separated value: {flag} {metavar})" if "," in metavar \
+            else ""
+        raise click.UsageError(f"{flag} is given twice, as {value[0]!r} and {value[-1]!r}: "
+                               f"give it once{lists}", ctx)
+    return value[-1] if value else None
+
+
 def add_sweep_options(fn):
     """``capture run``'s options for ``capture sweep``: comma-separated lists for GRID_FIELDS."""
     for name, flag, kwargs in reversed(RUN_OPTIONS):
@@ -94,8 +109,8 @@ def add_sweep_options(fn):
         if "/" in flag:  # given bare, as for capture run (`--nsys --memory`), it means yes
             extra = dict(is_flag=False, flag_value="yes")
             text = text.replace(" yes, no, or yes,no", " yes (also given alone), no, or yes,no")
-        fn = click.option(on, name, type=str, default=None, metavar=metavar, help=text,
-                          **extra)(fn)
+        fn = click.option(on, name, type=str, multiple=True, callback=given_once,
+                          metavar=metavar, help=text, **extra)(fn)
     return fn
 
 

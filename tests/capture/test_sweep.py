@@ -237,6 +237,23 @@ def test_a_key_written_twice_in_a_grid_file_is_refused(name, text, tmp_path, cap
     assert (tmp_path / name).read_bytes() == before
 
 
+@pytest.mark.parametrize("given", [
+    ["--context-length", "16", "--context-length", "32"],
+    ["--compile", "--compile", "no"],
+    ["--steps", "1", "--steps", "2"],
+    ["--gpus", "0", "--gpus", "1"],
+])
+def test_an_option_given_twice_on_the_command_line_is_refused(given, tmp_path, capsys):
+    """As a grid file's key written twice: `--context-length 16 --context-length 32` (the
+    repeatable options of capture attention, --seq 16 --seq 32, add a value each) planned the
+    32 alone, without a word, and ran it. (The same value twice stays one value.)"""
+    rc, out, err = cli(["sweep", "--model", "tiny", "--device", "cpu", *given, "--out",
+                        str(tmp_path / "out"), "--dry-run"], capsys)
+    assert rc == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert f"{given[0]} is given twice" in err and out == "", err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("sizes", ["[null, tiny]", "[tiny, ~]"])
 def test_the_default_size_beside_the_size_it_means_is_a_repeated_value(sizes, tmp_path, capsys):
     """null is the default size, tiny on the CPU: the grid listed one run twice, under two cell
