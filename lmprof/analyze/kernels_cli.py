@@ -248,8 +248,7 @@ def kernels_cmd(reports, attribution, phase_ranges, skip_steps, softmax_ranges, 
     refuse_db_in_place_of(db, out=out)
     options = trace_options(attribution, phase_ranges, softmax_ranges, matmul_ranges,
                             full_range_names, skip_steps)
-    with _imported_meanwhile("lmprof.analyze.kernel_tables", "lmprof.analyze.classify"), \
-            open_traces(reports, options, db, nsys_path, defer=True) as (_, traces, inputs):
+    with open_traces(reports, options, db, nsys_path, defer=True) as (_, traces, inputs):
         from lmprof.analyze import kernel_tables
 
         names = tuple(table_names) or kernel_tables.DEFAULT_TABLES
@@ -264,29 +263,6 @@ def kernels_cmd(reports, attribution, phase_ranges, skip_steps, softmax_ranges, 
             tables = kernel_tables.without_empty_multi_rank(tables)
         click.echo(emit(tables, fmt, out, shorten={"name": kernel_names.display_name},
                         notes=notes, owner="kernels", inputs=inputs))
-
-
-@contextlib.contextmanager
-def _imported_meanwhile(*modules: str):
-    """Import ``modules`` on a thread of their own while the block runs: the modules that only
-    the work after the load needs (the tables, the kernel-name classes), compiled and run while
-    DuckDB loads the export (it releases the GIL), not after it. An import that fails there
-    fails again, with its own error, where the module is imported on use; the thread is waited
-    for as the block ends."""
-    import importlib
-    import threading
-
-    def imports() -> None:
-        for module in modules:
-            with contextlib.suppress(Exception):
-                importlib.import_module(module)
-
-    thread = threading.Thread(target=imports, name="lmprof-imports", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        thread.join()
 
 
 def _several_reports(traces, names, top):

@@ -850,31 +850,6 @@ def test_each_command_module_imports_on_its_own(module):
     assert proc.returncode == 0, proc.stderr
 
 
-def test_modules_imported_meanwhile_on_a_thread_of_their_own(tmp_path, monkeypatch):
-    """What only the work after the load needs is imported on another thread while the load
-    runs; an import that fails there is left for its use to raise, and the block's own error
-    still comes through, the thread waited for."""
-    from lmprof.analyze.kernels_cli import _imported_meanwhile
-
-    (tmp_path / "meanwhile_ok.py").write_text(
-        "import threading\nTHREAD = threading.current_thread().name\n")
-    (tmp_path / "meanwhile_bad.py").write_text("raise RuntimeError('broken module')\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    for name in ("meanwhile_ok", "meanwhile_bad"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
-    with _imported_meanwhile("meanwhile_bad", "meanwhile_ok"):
-        pass
-    assert sys.modules["meanwhile_ok"].THREAD == "lmprof-imports"
-    assert "meanwhile_bad" not in sys.modules
-    with pytest.raises(RuntimeError, match="broken module"):
-        __import__("meanwhile_bad")
-    monkeypatch.delitem(sys.modules, "meanwhile_ok")
-    with pytest.raises(KeyError, match="the block's own"), \
-            _imported_meanwhile("meanwhile_ok"):
-        raise KeyError("the block's own")
-    assert "meanwhile_ok" in sys.modules
-
-
 def test_table_names_match_the_tables():
     from lmprof.analyze import kernel_tables, kernels_cli
 
