@@ -83,7 +83,8 @@ def given_once(ctx: click.Context, param: click.Parameter, value: tuple) -> Any:
         flag, metavar = param.opts[0], param.metavar or ""
         lists = f" (a list is one comma-separated value: {flag} {metavar})" if "," in metavar \
             else ""
-        raise click.UsageError(f"{flag} is given twice, as {value[0]!r} and {value[-1]!r}: "
+        other = next(v for v in value if v != value[0])  # (16, 32, 16: not "16 and 16")
+        raise click.UsageError(f"{flag} is given twice, as {value[0]!r} and {other!r}: "
                                f"give it once{lists}", ctx)
     return value[-1] if value else None
 

@@ -239,6 +239,7 @@ def test_a_key_written_twice_in_a_grid_file_is_refused(name, text, tmp_path, cap
 
 @pytest.mark.parametrize("given", [
     ["--context-length", "16", "--context-length", "32"],
+    ["--context-length", "16", "--context-length", "32", "--context-length", "16"],
     ["--compile", "--compile", "no"],
     ["--steps", "1", "--steps", "2"],
     ["--gpus", "0", "--gpus", "1"],
@@ -251,6 +252,7 @@ def test_an_option_given_twice_on_the_command_line_is_refused(given, tmp_path, c
                         str(tmp_path / "out"), "--dry-run"], capsys)
     assert rc == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
     assert f"{given[0]} is given twice" in err and out == "", err
+    assert "as '16' and '32'" in err or given[0] != "--context-length", err
     assert not (tmp_path / "out").exists()
 
 
