@@ -674,4 +674,4 @@ def _write_error(exc: OSError, out_dir: Path, file: Path | None) -> None:
             file.unlink(missing_ok=True)
     raise_machine_error(exc, file or out_dir)
     raise UserError(f"cannot write to --out {str(out_dir)!r}: "
-                    f"{rundir.folder_blocked(out_dir) or exc.strerror or exc}") from None
+                    f"{rundir.why_not_made(out_dir, exc)}") from None

@@ -204,6 +204,12 @@ def folder_blocked(path: str | Path) -> str | None:
     return None if blocker is None else f"{str(blocker[0])!r} is {blocker[1]}, not a folder"
 
 
+def why_not_made(path: str | Path, exc: OSError) -> str:
+    """The words for an output folder ``path`` that ``exc`` kept from being made or written
+    into: the path in the way and what it is (``folder_blocked``), else the system's."""
+    return folder_blocked(path) or exc.strerror or str(exc)
+
+
 def _not_a_folder(path: Path) -> tuple[Path, str] | None:
     """The first of ``path`` and its parents that exists but is no folder (a broken link
     counts as existing), with what it is ("a file", "a named pipe", ...: ``_SPECIAL``); None if

@@ -42,6 +42,44 @@ def runs_with_exports(tmp_path_factory):
     return copy
 
 
+def _on_a_thread(command):
+    """A thread (not started) that runs ``command``, and a function that waits for it and
+    returns what it raised (None, or the exception)."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            command()
+        except BaseException as exc:  # noqa: BLE001 — returned to the test
+            raised.append(exc)
+
+    other = threading.Thread(target=run)
+
+    def finish() -> BaseException | None:
+        other.join()
+        return raised[0] if raised else None
+
+    return other, finish
+
+
+def _told_of_flock(monkeypatch, thread: threading.Thread, asks: threading.Event,
+                   lock: Path | None = None) -> None:
+    """``asks`` set once ``thread`` asks for an exclusive ``flock`` (on the file ``lock`` only,
+    where given)."""
+    real_flock = fcntl.flock
+
+    def flock(fd, op):
+        if threading.current_thread() is thread and op & fcntl.LOCK_EX:
+            try:
+                if lock is None or os.path.samestat(os.fstat(fd), os.stat(lock)):
+                    asks.set()
+            except OSError:  # (no such lock file now: another one's flock)
+                pass
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+
+
 @pytest.fixture
 def meanwhile(monkeypatch):
     """A function (owner, name, command) -> a function that waits for ``command`` and returns
@@ -51,40 +89,19 @@ def meanwhile(monkeypatch):
     goes on once this command's turn ends). Forces an interleaving of two commands with no
     timing deciding it."""
     def start(owner, name: str, command):
-        done, waits = threading.Event(), threading.Event()
-        raised: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                command()
-            except BaseException as exc:  # noqa: BLE001 — returned to the test
-                raised.append(exc)
-            finally:
-                done.set()
-
-        other = threading.Thread(target=run)
-        real_flock, real = fcntl.flock, getattr(owner, name)
-
-        def flock(fd, op):
-            if threading.current_thread() is other and op & fcntl.LOCK_EX:
-                waits.set()
-            return real_flock(fd, op)
+        waits = threading.Event()
+        other, finish = _on_a_thread(command)
+        real = getattr(owner, name)
 
         def hooked(*args, **kwargs):
-            if threading.current_thread() is not other and not other.is_alive() \
-                    and not done.is_set():
+            if threading.current_thread() is not other and other.ident is None:
                 other.start()
-                while not (done.wait(0.05) or waits.is_set()):
+                while other.is_alive() and not waits.wait(0.05):
                     pass
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(fcntl, "flock", flock)
+        _told_of_flock(monkeypatch, other, waits)
         monkeypatch.setattr(owner, name, hooked)
-
-        def finish() -> BaseException | None:
-            other.join()
-            return raised[0] if raised else None
-
         return finish
 
     return start
@@ -98,34 +115,11 @@ def waiting_on(monkeypatch):
     the command takes at once). For what a command does, or leaves undone, until its turn."""
     def start(lock: Path, command):
         asks = threading.Event()
-        raised: list[BaseException] = []
-        real_flock = fcntl.flock
-
-        def flock(fd, op):
-            if threading.current_thread() is other and op & fcntl.LOCK_EX:
-                try:
-                    if os.path.samestat(os.fstat(fd), os.stat(lock)):
-                        asks.set()
-                except OSError:  # (no such lock file now: another one's flock)
-                    pass
-            return real_flock(fd, op)
-
-        def run() -> None:
-            try:
-                command()
-            except BaseException as exc:  # noqa: BLE001 — returned to the test
-                raised.append(exc)
-
-        other = threading.Thread(target=run)
-        monkeypatch.setattr(fcntl, "flock", flock)
+        other, finish = _on_a_thread(command)
+        _told_of_flock(monkeypatch, other, asks, lock)
         other.start()
         while not asks.wait(0.05):
-            assert other.is_alive(), raised
-
-        def finish() -> BaseException | None:
-            other.join()
-            return raised[0] if raised else None
-
+            assert other.is_alive(), finish()
         return finish
 
     return start

@@ -504,7 +504,7 @@ def _streamed(result, fmt: str, out: str | None, name: str, inputs: list[Path]) 
             except OSError as exc:
                 raise_machine_error(exc, path)  # (a full disk: exit 1, naming the file)
                 raise UserError(f"cannot write to --out {str(out)!r}: "
-                                f"{rundir.folder_blocked(out) or exc.strerror or exc}") from None
+                                f"{rundir.why_not_made(out, exc)}") from None
 
         def write(text: str) -> None:
             click.echo(text, nl=False)

@@ -306,7 +306,7 @@ def _make_folder(folder: Path) -> None:
     except OSError as exc:
         raise_machine_error(exc, folder)
         raise UserError(f"cannot create {str(folder)!r}: "
-                        f"{rundir.folder_blocked(folder) or exc.strerror or exc}") from None
+                        f"{rundir.why_not_made(folder, exc)}") from None
 
 
 def _take_back(turn: Path, placed: list[tuple[Path, os.stat_result]], img_dir: Path,
