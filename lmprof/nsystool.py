@@ -155,10 +155,21 @@ def _machine_trouble(output: str) -> int | None:
     return next((number for words, number in _SQLITE_WORDS.items() if words in output), None)
 
 
+_LINE_CHARS = 300
+
+
+def _clipped(line: str) -> str:
+    if len(line) <= _LINE_CHARS:
+        return line
+    return f"{line[:_LINE_CHARS]}... ({len(line) - _LINE_CHARS} more characters)"
+
+
 def _why_no_export(nsys: str, status: int, output: str) -> str:
     """Why nsys, ended with ``status`` having printed ``output``, made no export: its last line,
-    and how it ended where that says nothing (a signal, a status)."""
-    last = output.strip().splitlines()[-1:]
+    and how it ended where that says nothing (a signal, a status). A last line of more than
+    ``_LINE_CHARS`` is cut there: a program given as nsys may print one line of any length, and
+    an error of 100 kB is no line."""
+    last = [_clipped(line) for line in output.strip().splitlines()[-1:]]
     if status < 0:
         try:
             killed = f"nsys was killed by {signal.Signals(-status).name}"

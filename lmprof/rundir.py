@@ -580,10 +580,11 @@ def _shape_problem(record: dict[str, Any]) -> str | None:
         if not isinstance(items, list) or \
                 not all(x is not None and json_is(x, item) for x in items):
             return f"'timings.{name}' is not a list of {what}"
-    for step in timings.get("steps", []):
-        if not all(json_is(v, bool if k == "optimizer_skipped" else _NUMBER)
-                   for k, v in step.items()):
-            return "'timings.steps' holds a value that is not a number (optimizer_skipped: a bool)"
+    for i, step in enumerate(timings.get("steps", [])):
+        for k, v in step.items():
+            kind = bool if k == "optimizer_skipped" else _NUMBER
+            if not json_is(v, kind):
+                return f"'timings.steps[{i}].{k}' is {_described(v)}, not {_kind_name(kind)}"
     summary = timings.get("summary", {})
     if not isinstance(summary, dict):
         return "'timings.summary' is not an object"
@@ -618,7 +619,7 @@ def _value_problem(record: dict[str, Any]) -> str | None:
     timings = record.get("timings", {})
     values = [(f"timings.{k}", timings.get(k)) for k in ("total_s", "warmup_s")]
     values += [("timings.warmup_steps_s", v) for v in timings.get("warmup_steps_s", [])]
-    values += [(f"timings.steps.{k}", v) for step in timings.get("steps", [])
+    values += [(f"timings.steps[{i}].{k}", v) for i, step in enumerate(timings.get("steps", []))
                for k, v in step.items()]
     values += [(f"timings.summary.{phase}.{k}", v)
                for phase, stats in timings.get("summary", {}).items() for k, v in stats.items()]

@@ -309,10 +309,14 @@ def test_the_export_command_suggested_without_nsys_runs_as_given(tmp_path, monke
      "nsys was killed by SIGKILL"),  # (the OOM killer, a kill -9)
     ("sys.exit(3)", "nsys exited with status 3, printing nothing"),
     ("sys.exit(0)", "{fake!r} exited 0 but wrote no export"),  # (a program given as nsys)
-], ids=["killed", "failed-silently", "wrote-nothing"])
+    # (one line of 100 kB was the whole error line)
+    ("sys.stderr.write('E' * 100_000 + '\\n'); sys.exit(1)",
+     "E" * 300 + "... (99700 more characters)"),
+], ids=["killed", "failed-silently", "wrote-nothing", "a-line-of-100-kB"])
 def test_an_nsys_that_ends_without_a_word_is_said_how_it_ended(tmp_path, ends, said):
     """nsys killed mid-export, or ending without an export and without a word: each was 'nsys
-    export failed for REP: no output', which told neither."""
+    export failed for REP: no output', which told neither. And its last line is cut where it
+    is longer than a line should be."""
     rep = a_rep(tmp_path / "data")
     fake = fake_nsys(tmp_path / "bin", before=f"import signal\n{ends}")
     code, _, err = run("kernels", str(rep), "--nsys-path", str(fake))
