@@ -55,6 +55,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from lmprof import rundir
 from lmprof.analyze import memory_replay
@@ -159,6 +160,7 @@ def load_memory(con: duckdb.DuckDBPyConnection, snapshot_path: str | Path,
         arrow = {name: _arrow(name, cols) for name, cols in tables.items()}
         # the trace is stored once, as memory_events; memory_trace is a view of its columns
         trace = _arrow("memory_trace", flat.trace)
+        _refuse_time_span(path, trace["time_us"])
         release = memory_replay.release_action(trace)
         arrow["memory_events"] = memory_replay.events(trace, flat.blocks, flat.segments, windows,
                                                       exact_block_bytes(flat, trace), release)
@@ -182,6 +184,20 @@ def load_memory(con: duckdb.DuckDBPyConnection, snapshot_path: str | Path,
     for name in _VIEWS:
         con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql_text(name)}")
     return sid
+
+
+def _refuse_time_span(path: Path, time_us: pa.ChunkedArray) -> None:
+    """A UserError naming the snapshot where two of its trace times lie further apart than
+    64-bit arithmetic holds (a damaged or hand-edited file: real epoch µs are near 2^51). The
+    tables subtract times of one snapshot (lifetimes, times since the first entry), some in
+    queries over every snapshot loaded, where DuckDB's overflow could not tell which file held
+    them; refused here, on load, the line names it."""
+    span = pc.min_max(time_us).as_py()
+    low, high = span["min"], span["max"]
+    if low is not None and high - low >= 2**63:
+        raise UserError(f"{str(path)!r}: numbers in the input overflow 64-bit arithmetic "
+                        f"(trace times from {low} to {high} µs, further apart than 2^63 - 1): "
+                        "out of any real range (a damaged or hand-edited file?)")
 
 
 def _next_id(con: duckdb.DuckDBPyConnection) -> int:

@@ -575,3 +575,26 @@ def test_compare_shows_only_the_phases_the_snapshots_have(tmp_path):
     assert [r["inference_peak_bytes"] is not None for r in rows].count(True) == 1
     md = _run(data / "h200-naive-vs-flash").stdout.split("## memory compare")[1]
     assert "Inference peak" not in md.split("\n## ")[0] and "Backward peak (MiB)" in md
+
+
+def test_times_that_overflow_name_the_snapshot_they_came_from(tmp_path):
+    """Trace times near -2^63 µs (no real trace comes near) put the difference of two times
+    past 64 bits: one line naming the damaged snapshot, exit 2, given alone or beside a good
+    one in either order, whether the overflow met a lifetime while loading (an alloc's time) or
+    only a query over every snapshot's tables (the time of a free_completed, which pairs with
+    no alloc: the peak's time since the first entry). The line named no file before, so with
+    several snapshots it did not say which one was damaged."""
+    from nsys_data import sha256
+
+    for name, entry in (("alloc-time", 5), ("free-completed-time", 4)):
+        snap = pickle.loads(lzma.decompress(FIXTURE.read_bytes()))
+        snap["device_traces"][0][entry]["time_us"] = -2**63
+        bad = _write(tmp_path, f"{name}.pickle", snap)
+        before = sha256(bad), sha256(FIXTURE)
+        for inputs in ((bad,), (FIXTURE, bad), (bad, FIXTURE)):
+            proc = _run(*inputs)
+            assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+            assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+            assert str(bad) in proc.stderr and str(FIXTURE) not in proc.stderr, proc.stderr
+            assert "64-bit" in proc.stderr, proc.stderr
+        assert (sha256(bad), sha256(FIXTURE)) == before

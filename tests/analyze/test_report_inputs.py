@@ -295,6 +295,32 @@ def test_a_runs_unreadable_snapshot_is_listed_and_the_others_reported(tmp_path):
     assert code == 2 and "is not a readable pickle" in err and not (tmp_path / "out2").exists()
 
 
+def test_a_runs_snapshot_whose_times_overflow_is_listed(tmp_path):
+    """A run's snapshot whose trace times lie further apart than 64 bits hold (an entry at
+    -2^63 µs) is listed under the memory tables, named, beside the good run's tables; the
+    report stopped with an overflow that named no file (the peak table's time since the first
+    entry, a query over every run's snapshot)."""
+    import lzma
+    import pickle
+
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    shutil.copytree(DATA.parent / "h200-lmprof-memory", good)
+    shutil.copytree(DATA.parent / "h200-lmprof-memory", bad)
+    record = (bad / "run.json").read_text().replace('"run_id": "', '"run_id": "bad-')
+    (bad / "run.json").write_text(record)
+    snap = pickle.loads(lzma.decompress((bad / "memory.pickle.xz").read_bytes()))
+    entry = next(e for e in snap["device_traces"][0] if e["action"] == "free_completed")
+    entry["time_us"] = -2**63
+    (bad / "memory.pickle.xz").write_bytes(lzma.compress(pickle.dumps(snap)))
+    code, _, err = run("report", str(good), str(bad), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    memory = (tmp_path / "out" / "report.md").read_text().split("\n## Memory\n")[1]
+    unreadable = memory[memory.index("Runs whose memory snapshot could not be read:"):]
+    assert "`bad-" in unreadable and \
+        f"{str(bad / 'memory.pickle.xz')!r}: numbers in the input overflow 64-bit" in unreadable
+    assert "### Peak memory" in memory and memory.count("bad-") == 1  # no rows of the bad run
+
+
 def test_a_runs_snapshot_no_longer_in_its_folder_is_listed(tmp_path):
     """A run whose run.json names a snapshot that was deleted (snapshots are large) was left out
     of the memory section without a word, where the kernel section lists a run whose export is
