@@ -114,6 +114,21 @@ def run_cli(group: click.Group, argv: list[str] | None = None) -> None:
         sys.exit(EXIT_USAGE)
 
 
+def echo_or_drop(text: str) -> None:
+    """``click.echo`` (which flushes) for output printed before more of a command's work: a
+    reader that stopped reading (``... | head``) stops none of the rest (a sweep's cells and its
+    exit status, the plots ``analyze memory`` draws after its tables), and what is left to print
+    goes to /dev/null. (run_cli's exit 0 at a broken pipe, right for a command whose output is
+    its last work, ran no cell where a sweep's plan outlasted the reader, and hid a failed cell
+    where its summary did.)"""
+    try:
+        click.echo(text)
+    except BrokenPipeError:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())  # (the unwritten rest, flushed at exit, too)
+        os.close(null)
+
+
 def raise_machine_error(exc: BaseException, path: str | Path) -> None:
     """Raise ``exc`` as an OSError naming ``path`` where it is the machine's trouble
     (``machine_error``: a full disk, an I/O error; ``run_cli`` makes it one line and exit 1);

@@ -638,27 +638,35 @@ def emit(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: str | Pat
             else:
                 parts.append(body if len(tables) == 1 else f"# {name}\n{body}")
     if out is not None:
-        from lmprof import rundir
-
-        out_dir = Path(out)
-        files = {name: out_dir / f"{name}.{fmt}" for name in tables}
-        rundir.refuse_overwrite(files.values(), inputs, "--out")
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            _write_error(exc, out_dir, None)
-        texts = {name: render(df, fmt, shorten, raw) for name, df in tables.items()}
-        # each file by a rename (a reader sees a whole table), all in one turn (two commands
-        # writing one --out at once leave the tables of the last, none of the other's)
-        with rundir.taking_turns(rundir.results_lock(out_dir, owner or "tables")):
-            for name, text in texts.items():  # (csv ends its last row with a newline)
-                try:
-                    rundir.write_text(files[name], text if text.endswith("\n") else text + "\n")
-                except OSError as exc:
-                    _write_error(exc, out_dir, files[name])
-            if owner is not None:
-                rundir.retire_stale(out_dir, owner, [f"{name}.{fmt}" for name in tables])
+        write_tables(tables, fmt, out, shorten, raw, owner, inputs)
     return "\n".join(parts).rstrip("\n")  # (the caller's echo ends the last line)
+
+
+def write_tables(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: str | Path,
+                 shorten: Shorten | None = None, raw: bool = False, owner: str | None = None,
+                 inputs: Iterable[str | Path] = ()) -> None:
+    """Write each table to ``out/<name>.<fmt>``, ``emit``'s files (its arguments), without the
+    text: for a command that prints its tables before it writes them."""
+    from lmprof import rundir
+
+    out_dir = Path(out)
+    files = {name: out_dir / f"{name}.{fmt}" for name in tables}
+    rundir.refuse_overwrite(files.values(), inputs, "--out")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _write_error(exc, out_dir, None)
+    texts = {name: render(df, fmt, shorten, raw) for name, df in tables.items()}
+    # each file by a rename (a reader sees a whole table), all in one turn (two commands
+    # writing one --out at once leave the tables of the last, none of the other's)
+    with rundir.taking_turns(rundir.results_lock(out_dir, owner or "tables")):
+        for name, text in texts.items():  # (csv ends its last row with a newline)
+            try:
+                rundir.write_text(files[name], text if text.endswith("\n") else text + "\n")
+            except OSError as exc:
+                _write_error(exc, out_dir, files[name])
+        if owner is not None:
+            rundir.retire_stale(out_dir, owner, [f"{name}.{fmt}" for name in tables])
 
 
 def _write_error(exc: OSError, out_dir: Path, file: Path | None) -> None:

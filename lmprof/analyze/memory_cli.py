@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from lmprof.analyze.options import format_option, out_option, refuse_db_in_place_of
-from lmprof.errors import PathParam, UserError, raise_machine_error
+from lmprof.errors import PathParam, UserError, echo_or_drop, raise_machine_error
 
 
 @click.command("memory")
@@ -39,7 +39,7 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
     from lmprof.analyze import memory
     from lmprof.analyze.db import connect, staged
     from lmprof.analyze.snapshot import display_site
-    from lmprof.render import emit
+    from lmprof.render import emit, write_tables
 
     refuse_db_in_place_of(db, out=out, plots=plots)
 
@@ -73,22 +73,26 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
             for ref, label in zip(refs, labels):
                 memory.load_memory(con, ref.path, ref.run, label=label)
             tables, notes = memory.tables(con, top)
-            # the plots drawn first; then the tables and the plots are put in place in one turn
-            # of each folder they go into (its plots' turn), so two commands at once leave one
-            # command's tables and plots, never one's tables beside the other's plots
+            shorten = {"site": display_site}
             folders = [Path(plot_dir)] if plot_dir else []
             if out and plots and Path(plots).resolve() != Path(out).resolve():
                 folders.append(Path(out))  # (its plots from an earlier command are stale)
-            with _drawn(con, Path(plot_dir) if plot_dir else None) as put_plots, \
-                    contextlib.ExitStack() as turns:
-                for folder in sorted(folders, key=lambda f: str(f.resolve())):  # (one order)
-                    turns.enter_context(_plots_turn(folder))
-                text = emit(tables, fmt, out, shorten={"site": display_site}, notes=notes,
-                            owner="memory", inputs=read)
-                if len(folders) == 2:
-                    rundir.retire_stale(out, "memory-plots", [])
-                written = put_plots()
-            click.echo(text)
+            with _staged_plots(con, Path(plot_dir) if plot_dir else None) as (draw, put_plots):
+                # the tables first (drawing takes seconds), flushed; then the plots are drawn,
+                # and the tables' files and the plots are put in place in one turn of each
+                # folder they go into (its plots' turn), so two commands at once leave one
+                # command's tables and plots, never one's tables beside the other's plots
+                echo_or_drop(emit(tables, fmt, None, shorten=shorten, notes=notes))
+                draw()
+                with contextlib.ExitStack() as turns:
+                    for folder in sorted(folders, key=lambda f: str(f.resolve())):  # (one order)
+                        turns.enter_context(_plots_turn(folder))
+                    if out:
+                        write_tables(tables, fmt, out, shorten=shorten, owner="memory",
+                                     inputs=read)
+                    if len(folders) == 2:
+                        rundir.retire_stale(out, "memory-plots", [])
+                    written = put_plots()
             for path in written:
                 click.echo(f"wrote {path}", err=True)
         finally:
@@ -104,15 +108,15 @@ def _plots_turn(folder: Path):
 
 
 @contextlib.contextmanager
-def _drawn(con, folder: Path | None):
-    """The plots of the loaded snapshots drawn into a hidden folder of their own in ``folder``
-    (None: no plots); inside, a function that renames them into ``folder`` and removes the
-    plots an earlier command left there that these replace, and returns their paths. Call it
-    inside ``folder``'s plots turn (``_plots_turn``): a reader sees whole images, and two
-    commands plotting into one folder at once leave all of the last one's plots, none of the
-    other's beside them."""
+def _staged_plots(con, folder: Path | None):
+    """A hidden folder of their own in ``folder`` (None: no plots) for the plots of the loaded
+    snapshots, made on entry (a ``folder`` that cannot be made is refused there, before any
+    table is printed); inside, a function that draws the plots into it, and one that renames
+    them into ``folder``, removes the plots an earlier command left there that these replace,
+    and returns their paths. Call that one inside ``folder``'s plots turn (``_plots_turn``): a
+    reader sees whole images, and two commands plotting into one folder at once leave all of
+    the last one's plots, none of the other's beside them."""
     from lmprof import rundir
-    from lmprof.reports.memory_plots import write_plots
 
     stage, drawn = None, []
 
@@ -125,6 +129,17 @@ def _drawn(con, folder: Path | None):
             raise UserError(f"cannot write the plots to {str(folder)!r}: {blocked}") from None
         raise UserError(f"cannot write the plots to {str(where)!r}: "
                         f"{exc.strerror or exc}") from None
+
+    def draw() -> None:
+        nonlocal drawn
+        if stage is None:
+            return
+        from lmprof.reports.memory_plots import write_plots
+
+        try:
+            drawn = write_plots(con, stage)
+        except OSError as exc:
+            failed(exc)
 
     def put() -> list[Path]:
         if folder is None:
@@ -142,10 +157,9 @@ def _drawn(con, folder: Path | None):
             try:
                 folder.mkdir(parents=True, exist_ok=True)
                 stage = Path(tempfile.mkdtemp(prefix=".memory-plots.tmp-", dir=folder))
-                drawn = write_plots(con, stage)
             except OSError as exc:
                 failed(exc)
-        yield put
+        yield draw, put
     finally:
         if stage is not None:
             shutil.rmtree(stage, ignore_errors=True)

@@ -33,7 +33,8 @@ from lmprof.capture import proctree, termination  # noqa: E402
 from lmprof.capture.attention import attention_cmd  # noqa: E402
 from lmprof.capture.options import (add_run_options, add_sweep_options,  # noqa: E402
                                     given_once, spec_from_kwargs, spec_to_argv)
-from lmprof.errors import PathParam, UserError, machine_error, run_cli  # noqa: E402
+from lmprof.errors import (PathParam, UserError, echo_or_drop, machine_error,  # noqa: E402
+                           run_cli)
 
 
 # the options of a run that records memory history (--memory), refused without it
@@ -231,24 +232,10 @@ def sweep_cmd(grid_file: str | None, out: str, name: str | None, gpus: str | Non
     # the sweep's process, whose death (PR_SET_PDEATHSIG) kills the cells alone
     with termination.as_exception():
         try:
-            status = sweep_mod.run_sweep(grid, root, opts, _echo_or_drop)
+            status = sweep_mod.run_sweep(grid, root, opts, echo_or_drop)
         except termination.Terminated as exc:
             termination.exit_terminated(exc)
     sys.exit(status)
-
-
-def _echo_or_drop(line: str) -> None:
-    """``click.echo`` for the sweep, which prints before its cells and after them: a reader that
-    stopped reading (``capture sweep ... | head``) stops neither the cells nor their exit status,
-    and what is left to print goes to /dev/null. (run_cli's exit 0 at a broken pipe, right for a
-    command whose output is its work, ran no cell where the plan outlasted the reader, and hid a
-    failed cell where the summary did.)"""
-    try:
-        click.echo(line)
-    except BrokenPipeError:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())  # (the unwritten rest, flushed at exit, too)
-        os.close(null)
 
 
 @capture.command("precision")

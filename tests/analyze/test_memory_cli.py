@@ -317,13 +317,17 @@ def test_plots_that_cannot_be_written_and_run_beside_a_run_are_one_line_errors(t
     (tmp_path / "file").write_text("x")
     (tmp_path / "out" / "memory_timeline.png").mkdir(parents=True)
     run_dir = ROOT / "tests" / "data" / "h200-lmprof-memory"
-    for args, message in (
-            ((FIXTURE, "--plots", tmp_path / "file" / "sub"), "cannot write the plots to"),
-            ((FIXTURE, "--out", tmp_path / "out"), "cannot write the plots to"),
-            ((run_dir, "--run", tmp_path / "nonexistent"), "--run pairs a raw snapshot file")):
+    for args, message, printed in (
+            ((FIXTURE, "--plots", tmp_path / "file" / "sub"), "cannot write the plots to", False),
+            ((FIXTURE, "--out", tmp_path / "out"), "cannot write the plots to", True),
+            ((run_dir, "--run", tmp_path / "nonexistent"), "--run pairs a raw snapshot file",
+             False)):
         proc = _run(*args)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
         assert proc.stderr.startswith("error: ") and message in proc.stderr, proc.stderr
+        # the tables are printed before the plots are drawn: a plots folder that cannot be
+        # made is refused before them, a plot that cannot be put in its place after them
+        assert ("## memory peak" in proc.stdout) == printed, proc.stdout
 
 
 def test_plots_the_disk_cannot_hold_are_the_machines_error(tmp_path):
@@ -598,3 +602,49 @@ def test_times_that_overflow_name_the_snapshot_they_came_from(tmp_path):
             assert str(bad) in proc.stderr and str(FIXTURE) not in proc.stderr, proc.stderr
             assert "64-bit" in proc.stderr, proc.stderr
         assert (sha256(bad), sha256(FIXTURE)) == before
+
+
+def test_the_tables_are_printed_before_the_plots_are_drawn(tmp_path):
+    """Drawing (matplotlib) takes seconds: the tables are on stdout, flushed, when the first
+    plot is drawn, where they came only after every plot was; the same tables as without
+    plots, and the plots as before. stdout is a file here, so what was flushed to it when
+    drawing began can be read then (write_plots wrapped to copy it)."""
+    code = ("import sys\n"
+            "from pathlib import Path\n"
+            "from lmprof.analyze.cli import main\n"
+            "from lmprof.reports import memory_plots\n"
+            "draw = memory_plots.write_plots\n"
+            "def write_plots(con, folder):\n"
+            "    Path(sys.argv[1]).write_text(Path(sys.argv[2]).read_text())\n"
+            "    return draw(con, folder)\n"
+            "memory_plots.write_plots = write_plots\n"
+            "main(sys.argv[3:])\n")
+    stdout, seen, plots = tmp_path / "stdout.txt", tmp_path / "seen.txt", tmp_path / "plots"
+    with stdout.open("w") as f:
+        proc = subprocess.run([sys.executable, "-c", code, str(seen), str(stdout), "memory",
+                               str(FIXTURE), "--plots", str(plots)], cwd=ROOT, stdout=f,
+                              stderr=subprocess.PIPE, text=True)
+    assert proc.returncode == 0, proc.stderr
+    printed = stdout.read_text()
+    assert "## memory peak" in printed and "## memory categories" in printed
+    assert seen.read_text() == printed
+    assert printed == _run(FIXTURE).stdout
+    names = ("memory_timeline.png", "memory_categories.png")
+    assert sorted(p.name for p in plots.glob("*.png")) == sorted(names)
+    assert proc.stderr == "".join(f"wrote {plots / name}\n" for name in names)
+
+
+def test_a_reader_that_stops_reading_still_gets_the_plots_and_tables(tmp_path):
+    """`analyze memory ... --out o | head`: printed first, the tables meet the closed stdout
+    before the plots are drawn; the plots and the --out tables are still written, exit 0, as
+    when the tables were printed last."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "lmprof.analyze", "memory", str(FIXTURE),
+                             "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0 and "error" not in err and "Traceback" not in err, err
+    for name in ("memory_peak.md", "memory_categories.md", "memory_timeline.png",
+                 "memory_categories.png"):
+        assert (out / name).is_file(), name
