@@ -167,7 +167,10 @@ def load_memory(con: duckdb.DuckDBPyConnection, snapshot_path: str | Path,
         del trace
     except (pa.ArrowException, OverflowError, ValueError, TypeError) as exc:
         # a snapshot of the right shape holding a value of the wrong type (a string where an
-        # address or a time belongs, a number too large for 64 bits): named, not a traceback
+        # address or a time belongs) or a number too large for 64 bits: named, no traceback
+        if isinstance(exc, OverflowError):  # (Python's words said "too large" of -2**70 too)
+            raise UserError(f"{str(path)!r}: holds an integer beyond 64 bits, out of any real "
+                            "range (a damaged or hand-edited file?)") from None
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UserError(f"{str(path)!r}: unrecognised snapshot layout (a value of the wrong "
                         f"type: {detail})") from None

@@ -74,6 +74,11 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
                 memory.load_memory(con, ref.path, ref.run, label=label)
             tables, notes = memory.tables(con, top)
             shorten = {"site": display_site}
+            if out:  # (refused before any table is printed, as a plots folder in the way is)
+                rundir.refuse_overwrite([Path(out) / f"{name}.{fmt}" for name in tables], read,
+                                        "--out")
+                if blocked := rundir.folder_blocked(out):
+                    raise UserError(f"cannot write to --out {str(out)!r}: {blocked}")
             folders = [Path(plot_dir)] if plot_dir else []
             if out and plots and Path(plots).resolve() != Path(out).resolve():
                 folders.append(Path(out))  # (its plots from an earlier command are stale)

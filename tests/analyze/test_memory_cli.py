@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from lmprof.analyze.cli import analyze
@@ -317,9 +318,14 @@ def test_plots_that_cannot_be_written_and_run_beside_a_run_are_one_line_errors(t
     (tmp_path / "file").write_text("x")
     (tmp_path / "out" / "memory_timeline.png").mkdir(parents=True)
     run_dir = ROOT / "tests" / "data" / "h200-lmprof-memory"
+    (tmp_path / "memory_peak.csv").write_bytes(FIXTURE.read_bytes())
     for args, message, printed in (
             ((FIXTURE, "--plots", tmp_path / "file" / "sub"), "cannot write the plots to", False),
             ((FIXTURE, "--out", tmp_path / "out"), "cannot write the plots to", True),
+            ((FIXTURE, "--out", tmp_path / "file" / "sub", "--plots", tmp_path / "plots"),
+             "cannot write to --out", False),
+            ((tmp_path / "memory_peak.csv", "--out", tmp_path, "--format", "csv", "--plots",
+              tmp_path / "plots"), "--out", False),  # (a table's file is the input: a snapshot)
             ((run_dir, "--run", tmp_path / "nonexistent"), "--run pairs a raw snapshot file",
              False)):
         proc = _run(*args)
@@ -602,6 +608,21 @@ def test_times_that_overflow_name_the_snapshot_they_came_from(tmp_path):
             assert str(bad) in proc.stderr and str(FIXTURE) not in proc.stderr, proc.stderr
             assert "64-bit" in proc.stderr, proc.stderr
         assert (sha256(bad), sha256(FIXTURE)) == before
+
+
+@pytest.mark.parametrize("field, value", [("time_us", 2**70), ("time_us", -2**70),
+                                          ("addr", 2**70), ("size", 2**64 + 5)])
+def test_an_integer_beyond_64_bits_is_called_that(tmp_path, field, value):
+    """A trace entry's time, address or size past 64 bits was 'unrecognised snapshot layout (a
+    value of the wrong type: Python int too large to convert to C long)', which named a type
+    problem where the value is one no trace holds."""
+    snap = pickle.loads(lzma.decompress(FIXTURE.read_bytes()))
+    snap["device_traces"][0][5][field] = value
+    bad = _write(tmp_path, "big.pickle", snap)
+    proc = _run(bad)
+    assert proc.returncode == 2 and proc.stderr == (
+        f"error: {str(bad)!r}: holds an integer beyond 64 bits, out of any real range (a damaged "
+        "or hand-edited file?)\n"), proc.stderr
 
 
 def test_the_tables_are_printed_before_the_plots_are_drawn(tmp_path):
