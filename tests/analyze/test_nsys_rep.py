@@ -41,10 +41,18 @@ def a_rep(folder: Path, name: str = "trace.nsys-rep") -> Path:
     return rep
 
 
+def _sigint_as_usual() -> None:
+    """Ctrl-C's default in the child: a shell that starts the tests in the background (``... &``
+    without job control) has them ignore SIGINT, which Python then leaves ignored, and the
+    tests that send it waited out their minute."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def analyze(*args: str, **kwargs) -> subprocess.Popen:
+    kwargs.setdefault("stderr", subprocess.PIPE)
     return subprocess.Popen([sys.executable, "-m", "lmprof.analyze", *args], cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kwargs)
+                            text=True, preexec_fn=_sigint_as_usual, **kwargs)
 
 
 def gone(pid: int, within: float = 10.0) -> bool:
@@ -395,9 +403,7 @@ def _exporting_and_waiting(tmp_path: Path):
             assert time.monotonic() < end and first.poll() is None, first.communicate()
             time.sleep(0.05)
         with open(err, "w") as fh:
-            second = subprocess.Popen([sys.executable, "-m", "lmprof.analyze", *args], cwd=ROOT,
-                                      env={**os.environ, "PYTHONPATH": str(ROOT)},
-                                      stdout=subprocess.PIPE, stderr=fh, text=True)
+            second = analyze(*args, stderr=fh)
         while "note: " not in err.read_text():
             # (nsys run twice: the second exported the report beside the first)
             assert calls.read_text() == "x", "the second process ran nsys too"
