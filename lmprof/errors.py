@@ -185,10 +185,15 @@ def overflow(exc: BaseException) -> str | None:
     text = _first_line(exc).lower()
     if _duckdb_error(exc, "OutOfRangeException", "ConversionException") and \
             ("out of range" in text or "overflow" in text):
-        return (f"numbers in the input overflow 64-bit arithmetic ({_first_line(exc)}): "
-                "timestamps, durations or sizes out of any real range (a damaged or hand-edited "
-                "file?)")
+        return overflow_words(_first_line(exc))
     return None
+
+
+def overflow_words(detail: str) -> str:
+    """The words of an input's numbers past 64-bit arithmetic, ``detail`` saying which: DuckDB's
+    overflow (``overflow``) and a check on load that finds it first (a memory snapshot's times)."""
+    return (f"numbers in the input overflow 64-bit arithmetic ({detail}): timestamps, durations "
+            "or sizes out of any real range (a damaged or hand-edited file?)")
 
 
 @contextlib.contextmanager

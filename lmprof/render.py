@@ -650,8 +650,7 @@ def write_tables(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: s
     from lmprof import rundir
 
     out_dir = Path(out)
-    files = {name: out_dir / f"{name}.{fmt}" for name in tables}
-    rundir.refuse_overwrite(files.values(), inputs, "--out")
+    files = refuse_out(tables, fmt, out, inputs)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -667,6 +666,20 @@ def write_tables(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: s
                 _write_error(exc, out_dir, files[name])
         if owner is not None:
             rundir.retire_stale(out_dir, owner, [f"{name}.{fmt}" for name in tables])
+
+
+def refuse_out(tables: Iterable[str], fmt: str, out: str | Path,
+               inputs: Iterable[str | Path] = ()) -> dict[str, Path]:
+    """The files ``write_tables`` writes under ``--out`` (by table name), or a one-line
+    UserError where one of them is an input (``rundir.refuse_overwrite``) or a path in the way
+    is no folder: for a command that prints its tables first, called before it prints them."""
+    from lmprof import rundir
+
+    files = {name: Path(out) / f"{name}.{fmt}" for name in tables}
+    rundir.refuse_overwrite(files.values(), inputs, "--out")
+    if blocked := rundir.folder_blocked(out):
+        raise UserError(f"cannot write to --out {str(out)!r}: {blocked}")
+    return files
 
 
 def _write_error(exc: OSError, out_dir: Path, file: Path | None) -> None:

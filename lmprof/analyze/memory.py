@@ -61,7 +61,7 @@ from lmprof import rundir
 from lmprof.analyze import memory_replay
 from lmprof.analyze.blocks import exact_block_bytes
 from lmprof.analyze.snapshot import Flat, read_flat
-from lmprof.errors import UserError
+from lmprof.errors import UserError, overflow_words
 from lmprof.render import md_text
 
 PHASE_ORDER = ("forward", "inference", "backward", "optimizer", "step", "other", "unknown")
@@ -198,9 +198,8 @@ def _refuse_time_span(path: Path, time_us: pa.ChunkedArray) -> None:
     span = pc.min_max(time_us).as_py()
     low, high = span["min"], span["max"]
     if low is not None and high - low >= 2**63:
-        raise UserError(f"{str(path)!r}: numbers in the input overflow 64-bit arithmetic "
-                        f"(trace times from {low} to {high} µs, further apart than 2^63 - 1): "
-                        "out of any real range (a damaged or hand-edited file?)")
+        raise UserError(f"{str(path)!r}: " + overflow_words(
+            f"trace times from {low} to {high} µs, further apart than 2^63 - 1"))
 
 
 def _next_id(con: duckdb.DuckDBPyConnection) -> int:

@@ -39,7 +39,7 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
     from lmprof.analyze import memory
     from lmprof.analyze.db import connect, staged
     from lmprof.analyze.snapshot import display_site
-    from lmprof.render import emit, write_tables
+    from lmprof.render import emit, refuse_out, write_tables
 
     refuse_db_in_place_of(db, out=out, plots=plots)
 
@@ -75,10 +75,7 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
             tables, notes = memory.tables(con, top)
             shorten = {"site": display_site}
             if out:  # (refused before any table is printed, as a plots folder in the way is)
-                rundir.refuse_overwrite([Path(out) / f"{name}.{fmt}" for name in tables], read,
-                                        "--out")
-                if blocked := rundir.folder_blocked(out):
-                    raise UserError(f"cannot write to --out {str(out)!r}: {blocked}")
+                refuse_out(tables, fmt, out, read)
             folders = [Path(plot_dir)] if plot_dir else []
             if out and plots and Path(plots).resolve() != Path(out).resolve():
                 folders.append(Path(out))  # (its plots from an earlier command are stale)
@@ -93,8 +90,7 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
                     for folder in sorted(folders, key=lambda f: str(f.resolve())):  # (one order)
                         turns.enter_context(_plots_turn(folder))
                     if out:
-                        write_tables(tables, fmt, out, shorten=shorten, owner="memory",
-                                     inputs=read)
+                        write_tables(tables, fmt, out, shorten=shorten, owner="memory")
                     if len(folders) == 2:
                         rundir.retire_stale(out, "memory-plots", [])
                     written = put_plots()
