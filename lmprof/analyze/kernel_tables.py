@@ -33,11 +33,19 @@ _DTYPE_BYTES = {"fp32": 4, "float32": 4, "tf32": 4, "bf16": 2, "bfloat16": 2, "f
 def phase_timing(trace: Trace) -> Result:
     """(a) Per phase: NVTX wall time, GPU kernel time and span, busy %, launch rate, runner.
     The launch rate counts CUDA calls: ``_graph_launch_names`` names the calls (runtime and
-    driver API) that launch a CUDA graph, one call for all the GPU work it ran."""
-    summary = ((trace.record or {}).get("timings") or {}).get("summary") or {}
+    driver API) that launch a CUDA graph, one call for all the GPU work it ran. The runner's
+    mean is over the steps the other columns keep: with --skip-steps N, over run.json's measured
+    steps from the (N+1)-th, as the export of an lmprof run holds its measured steps alone."""
+    timings = (trace.record or {}).get("timings") or {}
+    summary = timings.get("summary") or {}
+    skip = trace.options.skip_steps
     rows = []
     for phase, stats in summary.items():
         mean_s = (stats or {}).get("mean_s") if isinstance(stats, dict) else None
+        if skip:  # (the summary's mean counts the steps left out)
+            kept = [s[f"{phase}_s"] for s in (timings.get("steps") or [])[skip:]
+                    if isinstance(s, dict) and s.get(f"{phase}_s") is not None]
+            mean_s = sum(kept) / len(kept) if kept else None
         if mean_s is not None:
             rows.append((str(phase), float(mean_s * 1e9)))
     con = trace.use()

@@ -1418,6 +1418,25 @@ def test_a_run_json_of_another_run_beside_an_export_is_left_out(tmp_path):
     assert step["runner_mean_ns"] == pytest.approx(step["cpu_mean_ns"], rel=0.01)
 
 
+def test_skip_steps_leaves_the_same_steps_out_of_the_runner_mean():
+    """--skip-steps N on an lmprof run: the Runner mean is over the steps the other columns
+    keep, run.json's measured steps from the (N+1)-th (the export holds the measured steps
+    alone). It was the mean of every step, the slow first one included: 62.0 ms beside a CPU
+    mean of 57.8."""
+    lmprof_run = Path(__file__).resolve().parents[1] / "data" / "h200-lmprof-nsys"
+    steps = json.loads((lmprof_run / "run.json").read_text())["timings"]["steps"]
+    code, out, err = run("kernels", str(lmprof_run / "report.sqlite"), "--skip-steps", "1",
+                         "--table", "phase_timing", "--format", "json")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert {r["phase"] for r in rows} == {"step", "forward", "backward", "optimizer"}
+    for r in rows:
+        kept = [s[f"{r['phase']}_s"] * 1e9 for s in steps[1:]]
+        assert r["instances"] == len(kept)
+        assert r["runner_mean_ns"] == pytest.approx(sum(kept) / len(kept))
+        assert r["runner_mean_ns"] == pytest.approx(r["cpu_mean_ns"], rel=0.01)
+
+
 def test_the_cross_run_tables_say_what_they_show(tmp_path):
     """Several reports: each cross-run table has its note, and softmax vs matmul by run shows
     the matmul GEMM time its matmul TFLOP/s is over (it showed the matmul ranges' time only, so
