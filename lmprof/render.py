@@ -15,6 +15,7 @@ import io
 import json
 import math
 import numbers
+import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -610,7 +611,7 @@ def render(df: pd.DataFrame | Table | str, fmt: str, shorten: Shorten | None = N
 def emit(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: str | Path | None,
          shorten: Shorten | None = None, notes: dict[str, str] | None = None,
          raw: bool = False, owner: str | None = None,
-         inputs: Iterable[str | Path] = ()) -> str:
+         inputs: Iterable[str | Path] = (), db: str | Path | None = None) -> str:
     """Render named tables to one text (stdout), and write each to ``out/<name>.<fmt>`` if given
     (``raw``: see ``render``; ``notes``: a markdown line above a table in markdown, lmprof's
     words with text from the inputs in it as ``md_text`` writes it). On stdout one table is its
@@ -619,8 +620,8 @@ def emit(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: str | Pat
     in JSON, one object of the tables' rows by name, so that the whole output parses. ``owner``
     (the command) removes from ``out`` the tables its previous run there wrote and this one did
     not (``rundir.retire_stale``). ``inputs``, the files the command read: a table file that is
-    one of them is refused before any is written (``rundir.refuse_overwrite``). Neither the text
-    nor a file ends with an empty line."""
+    one of them is refused before any is written (``rundir.refuse_overwrite``), as is one that
+    is the command's ``--db`` file ``db``. Neither the text nor a file ends with an empty line."""
     notes = notes or {}
     parts = []
     if fmt == "json" and len(tables) > 1:
@@ -638,19 +639,19 @@ def emit(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: str | Pat
             else:
                 parts.append(body if len(tables) == 1 else f"# {name}\n{body}")
     if out is not None:
-        write_tables(tables, fmt, out, shorten, raw, owner, inputs)
+        write_tables(tables, fmt, out, shorten, raw, owner, inputs, db)
     return "\n".join(parts).rstrip("\n")  # (the caller's echo ends the last line)
 
 
 def write_tables(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: str | Path,
                  shorten: Shorten | None = None, raw: bool = False, owner: str | None = None,
-                 inputs: Iterable[str | Path] = ()) -> None:
+                 inputs: Iterable[str | Path] = (), db: str | Path | None = None) -> None:
     """Write each table to ``out/<name>.<fmt>``, ``emit``'s files (its arguments), without the
     text: for a command that prints its tables before it writes them."""
     from lmprof import rundir
 
     out_dir = Path(out)
-    files = refuse_out(tables, fmt, out, inputs)
+    files = refuse_out(tables, fmt, out, inputs, db)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -669,14 +670,23 @@ def write_tables(tables: dict[str, pd.DataFrame | Table | str], fmt: str, out: s
 
 
 def refuse_out(tables: Iterable[str], fmt: str, out: str | Path,
-               inputs: Iterable[str | Path] = ()) -> dict[str, Path]:
+               inputs: Iterable[str | Path] = (), db: str | Path | None = None
+               ) -> dict[str, Path]:
     """The files ``write_tables`` writes under ``--out`` (by table name), or a one-line
-    UserError where one of them is an input (``rundir.refuse_overwrite``) or a path in the way
-    is no folder: for a command that prints its tables first, called before it prints them."""
+    UserError where one of them is an input (``rundir.refuse_overwrite``) or the ``--db`` file
+    ``db``, or a path in the way is no folder: for a command that prints its tables first,
+    called before it prints them."""
     from lmprof import rundir
 
     files = {name: Path(out) / f"{name}.{fmt}" for name in tables}
     rundir.refuse_overwrite(files.values(), inputs, "--out")
+    # (the database, renamed into place as the command ends, went over the table written
+    # there, or the table over a database kept from before: either way one was lost, exit 0)
+    clash = [name for name, path in files.items()
+             if db and os.path.realpath(path) == os.path.realpath(db)]
+    if clash:
+        raise UserError(f"--db {str(db)!r} is the file --out writes the {clash[0]} table to: "
+                        "give the database another name")
     if blocked := rundir.folder_blocked(out):
         raise UserError(f"cannot write to --out {str(out)!r}: {blocked}")
     return files

@@ -262,7 +262,7 @@ def kernels_cmd(reports, attribution, phase_ranges, skip_steps, softmax_ranges, 
         if not table_names:  # tables for traces of several ranks: left out where they are empty
             tables = kernel_tables.without_empty_multi_rank(tables)
         click.echo(emit(tables, fmt, out, shorten={"name": kernel_names.display_name},
-                        notes=notes, owner="kernels", inputs=inputs))
+                        notes=notes, owner="kernels", inputs=inputs, db=db))
 
 
 def _several_reports(traces, names, top):

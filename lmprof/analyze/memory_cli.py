@@ -75,7 +75,7 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
             tables, notes = memory.tables(con, top)
             shorten = {"site": display_site}
             if out:  # (refused before any table is printed, as a plots folder in the way is)
-                refuse_out(tables, fmt, out, read)
+                refuse_out(tables, fmt, out, read, db)
             folders = [Path(plot_dir)] if plot_dir else []
             if out and plots and Path(plots).resolve() != Path(out).resolve():
                 folders.append(Path(out))  # (its plots from an earlier command are stale)
@@ -90,7 +90,7 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
                     for folder in sorted(folders, key=lambda f: str(f.resolve())):  # (one order)
                         turns.enter_context(_plots_turn(folder))
                     if out:
-                        write_tables(tables, fmt, out, shorten=shorten, owner="memory")
+                        write_tables(tables, fmt, out, shorten=shorten, owner="memory", db=db)
                     if len(folders) == 2:
                         rundir.retire_stale(out, "memory-plots", [])
                     written = put_plots()

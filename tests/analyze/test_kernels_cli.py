@@ -1466,6 +1466,25 @@ def test_db_that_is_the_out_folder_is_refused_before_any_work(tmp_path, command)
         assert not target.exists()
 
 
+@pytest.mark.parametrize("command, table", [("kernels", "gemm_fraction"),
+                                            ("memory", "memory_peak")])
+def test_db_that_is_a_table_file_of_out_is_refused(tmp_path, command, table):
+    """--out X --db X/<table>.csv: the table was written, then the database renamed over it
+    (exit 0, the table lost without a word). The clash is one line, exit 2, and neither the
+    table nor the database is written."""
+    source = REPORT if command == "kernels" else (
+        ROOT / "tests" / "data" / "h200-small-fp32" / "memory.pickle.xz")
+    target = tmp_path / "X"
+    target.mkdir()
+    db = target / f"{table}.csv"
+    proc = run_proc(command, str(source), "--out", str(target), "--db", str(db),
+                    "--format", "csv")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and f"is the file --out writes the {table} table to" \
+        in proc.stderr, proc.stderr
+    assert not db.exists() and proc.stdout == ""
+
+
 def test_a_named_pipe_where_a_table_goes_is_refused_not_waited_on(tmp_path):
     """A FIFO in --out named like a table (left by a shell's process substitution, say) made
     the command wait for a reader for ever; it is refused before anything is written."""
