@@ -262,7 +262,9 @@ def _float_formats(columns: list[list[Any]], default: str,
     nsys prints its shares), else without decimals where every one is a whole number (a mean
     that is a count, a reserved size in whole MiB, a sum of integers fetched as float), one
     decimal where values reach 1000 (MiB, launches per second: thousandths are noise there), else
-    ``default``."""
+    ``default``. Without ``headers`` (a user's own query, its values as they are), a column
+    that is not all whole numbers prints each float as its shortest text, as csv does: rounded,
+    a mean in seconds, 1.5e-05, showed as 0.000."""
     formats = []
     for i, values in enumerate(columns):
         floats = [v for v in values if isinstance(v, float) and math.isfinite(v)]
@@ -271,6 +273,8 @@ def _float_formats(columns: list[list[Any]], default: str,
             formats.append(".1f")
         elif floats and all(v.is_integer() and abs(v) < 2**53 for v in floats):
             formats.append(".0f")
+        elif headers is None:
+            formats.append("")  # (format(v, ""): repr's digits, 1.5e-05, 1234.5678, 0.1)
         elif floats and max(abs(v) for v in floats) >= 1000:
             formats.append(".1f")
         else:

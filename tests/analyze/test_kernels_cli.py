@@ -941,6 +941,22 @@ def test_sql_markdown_shows_the_query_columns_as_written(query_kind):
     assert code == 0 and "| op_id   | kind   |" in out  # no rows: still its columns
 
 
+@pytest.mark.parametrize("query_kind", ["rows", "pandas"])
+def test_sql_markdown_keeps_the_query_fractions(query_kind):
+    """A user's DOUBLE values print in markdown as in csv (their shortest text): markdown
+    rounded them as lmprof's own tables are, to 3 decimals (1 from 1000), so a kernel's mean
+    time in seconds, 1.5e-05, showed as 0.000 and 1234.5678 as 1234.6. Whole numbers still
+    print as integers. A LIST column sends the second query through DuckDB's DataFrame."""
+    extra = ", [1] AS l" if query_kind == "pandas" else ""
+    query = (f"SELECT 1.5e-05::DOUBLE AS s, 0.123456::DOUBLE AS f, 1234.5678::DOUBLE AS b, "
+             f"2.0::DOUBLE AS w{extra}")
+    code, out, err = run("sql", str(REPORT), query)
+    assert code == 0, err
+    row = out.split("## result\n\n")[1].splitlines()[2]
+    assert [c.strip() for c in row.strip("|").split("|")][:4] == \
+        ["1.5e-05", "0.123456", "1234.5678", "2"]
+
+
 def test_hostile_range_names_are_data(tmp_path):
     """Range names from the command line reach DuckDB as data: quotes and SQL in a name neither
     break the query nor run; a real range name given the same way still works."""

@@ -291,7 +291,7 @@ def test_markdown_precision_follows_each_column():
     # whole numbers print whole (a mean that is a count), values from 1000 up with one decimal
     # (MiB, launches per second), percent columns with one even where every share is whole (0.0
     # beside 81.0 in another column), the rest with three; rows and DataFrames alike; a user's own
-    # query (raw) keeps three in its percent-named column
+    # query (raw) has no percent rule and no rounding: each value's shortest text, as in csv
     con = duckdb.connect()
     sql = ("SELECT * FROM (VALUES (874.0, 37268.3741, 0.0123, 2.5, 36.6612, 0.0, 'a'), "
            "(1077.0, 512.25, NULL, 1.0, 0.038, 100.0, 'b')) t(kernels_per_instance, "
@@ -304,7 +304,8 @@ def test_markdown_precision_follows_each_column():
     assert body == [["874", "37268.4", "12.300", "2.500", "36.7", "0.0", "a"],
                     ["1077", "512.2", "", "1.000", "0.0", "100.0", "b"]]
     raw = render(rows, "md", raw=True)
-    assert [ln.split("|")[5].strip() for ln in raw.splitlines()[2:]] == ["36.661", "0.038"]
+    assert [ln.split("|")[5].strip() for ln in raw.splitlines()[2:]] == ["36.6612", "0.038"]
+    assert raw == render(con.execute(sql).df(), "md", raw=True)
 
 
 def test_markdown_shows_settings_as_yes_no_and_data_formats_keep_booleans():
