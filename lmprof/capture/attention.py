@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 from lmprof import rundir
 from lmprof.capture import devices, environment, termination
-from lmprof.errors import PathParam, UserError
+from lmprof.errors import PathParam, UserError, echo_or_drop
 from lmprof.kernels import KernelUnavailable
 
 RESULTS_FILE = "attention.json"
@@ -466,10 +466,12 @@ def attention_cmd(parts, impls, seqs, ds, dtypes, batch, heads, causal, iters, w
     if terminated is not None:  # (other errors were raised above)
         termination.exit_terminated(
             terminated, f"error: {record['error']} (partial results in {run_dir})")
-    click.echo(f"run: {run_dir}")
+    # (echo_or_drop: a reader that stopped reading, `| head`, leaves an ERROR row's line and
+    # exit 1, where a broken pipe here ended the command with exit 0)
+    echo_or_drop(f"run: {run_dir}")
     from lmprof.reports.sections.attention import render_tables
 
-    click.echo(render_tables(results))
+    echo_or_drop(render_tables(results))
     failed = [r for part in ("part_a", "part_b", "part_c") for r in results.get(part, ())
               if r.get("status") == "ERROR"]
     if failed:  # (OOM and UNSUPPORTED rows are results; an ERROR row is a failure to look at)

@@ -320,30 +320,33 @@ def _run_under_nsys(nsys: str, target: Path, spec, nsys_args: str | None, quiet:
 
 
 def _print_summary(target: Path, record: dict) -> None:
-    click.echo(f"run: {target}")
-    click.echo(f"status: {record['status']}" + (f" ({record['error']})" if record["error"] else ""))
+    # (echo_or_drop: a reader that stopped reading, `| head`, leaves the exit status the run's,
+    # where a broken pipe here ended a run that failed with exit 0)
+    echo_or_drop(f"run: {target}")
+    echo_or_drop(f"status: {record['status']}"
+                 + (f" ({record['error']})" if record["error"] else ""))
     for key, what in (("memory_snapshot", "memory snapshot"), ("nsys_rep", "nsys report"),
                       ("nsys_sqlite", "nsys SQLite export")):
         name = (record.get("artifacts") or {}).get(key)
         if name:
             at_failure = (" (taken at the failure)" if record["status"] != "OK"
                           and key == "memory_snapshot" else "")
-            click.echo(f"{what}: {target / name}{at_failure}")
+            echo_or_drop(f"{what}: {target / name}{at_failure}")
     for problem in record.get("artifact_errors") or []:
-        click.echo(f"not saved: {problem}")
+        echo_or_drop(f"not saved: {problem}")
     summary = record.get("timings", {}).get("summary")
     if not summary:
         if record["status"] != "OK" and (record.get("artifacts") or {}).get("memory_snapshot"):
-            click.echo(f"what filled the memory: analyze memory {target}")
+            echo_or_drop(f"what filled the memory: analyze memory {target}")
         return
     from lmprof.render import to_markdown
     from lmprof.reports.tables import phase_summary_table
 
-    click.echo(to_markdown(phase_summary_table(record)))
+    echo_or_drop(to_markdown(phase_summary_table(record)))
     config = record.get("config") or {}
     if config.get("compile") and config.get("warmup") == 0:
-        click.echo("note: --compile with --warmup 0: measured step 0 includes torch.compile's "
-                   "compilation; give --warmup 1 or more to keep it out of the measured steps")
+        echo_or_drop("note: --compile with --warmup 0: measured step 0 includes torch.compile's "
+                     "compilation; give --warmup 1 or more to keep it out of the measured steps")
 
 
 capture.add_command(attention_cmd)

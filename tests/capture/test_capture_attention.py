@@ -306,6 +306,32 @@ def test_an_error_row_makes_the_exit_status_1(tmp_path, monkeypatch, capsys):
     assert record["status"] == "OK"  # (the run itself finished: its rows say what failed)
 
 
+def test_a_reader_that_stops_reading_leaves_an_error_rows_exit_status(tmp_path):
+    """`capture attention ... | head`: the tables printed to a closed stdout ended the command
+    with exit 0 (a broken pipe) before the ERROR row's line and exit 1. What cannot be printed
+    goes nowhere now; the line on stderr and exit 1 stay. (The stdout here is a pipe closed
+    before the run starts; sdpa-math is made to fail as a CUDA error would.)"""
+    script = ("import sys\nfrom lmprof.capture import attention\n"
+              "from lmprof.capture.cli import main\nreal = attention.make_impl\n"
+              "def make_impl(impl):\n    if impl == 'sdpa-math':\n"
+              "        raise RuntimeError('CUDA error: an illegal memory access')\n"
+              "    return real(impl)\nattention.make_impl = make_impl\nmain(sys.argv[1:])\n")
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-c", script, "attention", "--part", "a", "--seq",
+                               "8", "--d", "16", "--device", "cpu", "--iters", "1", "--warmup",
+                               "0", "--impl", "naive", "--impl", "sdpa-math", "--out",
+                               str(tmp_path / "runs")],
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "error: 1 row failed (ERROR): sdpa-math"), proc.stderr[-2000:]
+
+
 def test_inputs_past_the_flash_kernels_indexing_are_an_unsupported_row(tmp_path, monkeypatch,
                                                                       capsys):
     """A cell the flash kernels' own input check refuses for its size (2^25 + 1 queries of d 64:

@@ -88,6 +88,28 @@ def test_a_quiet_run_that_fails_says_why_in_one_line(tmp_path):
     assert str(out) in proc.stderr
 
 
+@pytest.mark.parametrize("fault, code", [("error", 1), ("oom", 1), ("", 0)])
+def test_a_reader_that_stops_reading_leaves_the_runs_exit_status(fault, code, tmp_path):
+    """`capture run ... | head -1`: the summary printed to a closed stdout ended the command
+    with exit 0 (a broken pipe), so a run that ended ERROR or OOM, recorded so, read as a good
+    one. What cannot be printed goes nowhere now, and the exit status is the run's, as capture
+    sweep's is. (The stdout here is a pipe closed before the run starts.)"""
+    from lmprof import rundir
+
+    out = tmp_path / "runs"
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "lmprof.capture", "run", *TINY, "--out",
+                               str(out)], stdout=write, stderr=subprocess.PIPE, text=True,
+                              cwd=ROOT, env={**os.environ, "LMPROF_INJECT_FAULT": fault},
+                              timeout=300)
+    finally:
+        os.close(write)
+    assert proc.returncode == code and proc.stderr == "", (proc.returncode, proc.stderr[-2000:])
+    assert rundir.load_run(out / "latest")["status"] == (fault.upper() or "OK")
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--model", "huge"], "unknown model size"),
     (["--model", "tiny", "--d-model", "0"], "positive"),
