@@ -160,28 +160,30 @@ def _run(target: Path, spec, prep, nsys: str | None, nsys_args: str | None, quie
               help="Grid file (.yaml/.yml/.toml/.json): a mapping of option -> value or list, "
                    "keys as RunSpec fields or flags (context_length or context-length). "
                    "Options given on the command line override it.")
-@click.option("--out", type=PathParam(file_okay=False), default="runs", show_default=True,
+@click.option("--out", type=PathParam(file_okay=False), default=["runs"], show_default=True,
+              multiple=True, callback=given_once,
               help="Directory under which the sweep directory is created.")
-@click.option("--name", type=str, default=None,
+@click.option("--name", type=str, multiple=True, callback=given_once,
               help="Sweep directory name under --out (default: sweep-<grid hash>, so rerunning "
                    "the same grid resumes it).")
 @click.option("--gpus", type=str, multiple=True, callback=given_once, metavar="I,J,...",
               help="Comma-separated GPU indices: run one cell per GPU at a time "
                    "(CUDA_VISIBLE_DEVICES). Default: one cell at a time, devices as given.")
-@click.option("--shard", type=str, default=None,
+@click.option("--shard", type=str, multiple=True, callback=given_once,
               help="I/N: run only every N-th cell of the grid from the I-th (0 <= I < N; "
                    "the same cells whatever order the lists are in), e.g. "
                    "$SLURM_ARRAY_TASK_ID/4. Shards may share one directory or use their own.")
-@click.option("--timeout", "timeout_s", type=float, default=3600.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=float, default=[3600.0], show_default=True,
+              multiple=True, callback=given_once,
               help="Seconds a cell may run before it is killed and recorded TIMEOUT (0: none).")
 @click.option("--retry-failed", is_flag=True,
               help="Also rerun finished cells whose status is OOM, ERROR or TIMEOUT.")
 @click.option("--force-mix", is_flag=True,
               help="Add this grid's cells to a sweep directory written by a different grid.")
-@click.option("--nsys-path", type=PathParam(), default=None,
+@click.option("--nsys-path", type=PathParam(), multiple=True, callback=given_once,
               help="Path to the nsys executable for the cells under Nsight Systems (else $NSYS, "
                    "else PATH).")
-@click.option("--nsys-args", type=str, default=None,
+@click.option("--nsys-args", type=str, multiple=True, callback=given_once,
               help="Extra flags passed to 'nsys profile' in every cell under Nsight Systems, as "
                    "one quoted string.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and its size; run nothing.")

@@ -243,11 +243,20 @@ def test_a_key_written_twice_in_a_grid_file_is_refused(name, text, tmp_path, cap
     ["--compile", "--compile", "no"],
     ["--steps", "1", "--steps", "2"],
     ["--gpus", "0", "--gpus", "1"],
+    # the sweep's own: `--shard 0/4 --shard 1/4` (a job script's shard beside one given before)
+    # ran shard 1 alone, and `--name a --name b` made b, without a word
+    ["--shard", "0/2", "--shard", "1/2"],
+    ["--name", "a", "--name", "b"],
+    ["--out", "elsewhere"],  # (and the test's own --out after it)
+    ["--timeout", "5", "--timeout", "10"],
+    ["--nsys-path", "a", "--nsys-path", "b"],
+    ["--nsys-args", "-x", "--nsys-args", "-y"],
 ])
 def test_an_option_given_twice_on_the_command_line_is_refused(given, tmp_path, capsys):
     """As a grid file's key written twice: `--context-length 16 --context-length 32` (the
     repeatable options of capture attention, --seq 16 --seq 32, add a value each) planned the
-    32 alone, without a word, and ran it. (The same value twice stays one value.)"""
+    32 alone, without a word, and ran it; so did the sweep's own options, such as --shard.
+    (The same value twice stays one value.)"""
     rc, out, err = cli(["sweep", "--model", "tiny", "--device", "cpu", *given, "--out",
                         str(tmp_path / "out"), "--dry-run"], capsys)
     assert rc == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
