@@ -28,6 +28,8 @@ with warnings.catch_warnings():  # deprecated as public API in newer clicks, to 
         PacifyFlushWrapper = None
 
 EXIT_USAGE = 2
+# what a group given no command raises (click 8.2 on; earlier clicks print the help, exit 0)
+_NO_COMMAND = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 class UserError(Exception):
@@ -75,6 +77,14 @@ def run_cli(group: click.Group, argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
+    except _NO_COMMAND as exc:
+        # `capture` alone: click's message is the whole help, which the one line below made
+        # unreadable ("error: Usage: ...  Options: ...  Commands: ...")
+        ctx = exc.ctx
+        commands = ", ".join(ctx.command.list_commands(ctx))
+        click.echo(f"error: missing command; choose one of {commands} "
+                   f"(see '{ctx.command_path} --help')", err=True)
+        sys.exit(EXIT_USAGE)
     except click.ClickException as exc:
         # Bad options, missing arguments: click's message, on one line, exit 2.
         msg = exc.format_message().replace("\n", " ")

@@ -134,6 +134,18 @@ def test_bad_options_one_line_exit_2(args, fragment):
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("module", ["lmprof.capture", "lmprof.analyze"])
+def test_no_command_is_one_clear_line(module):
+    """`capture` alone (click: the help, as a usage error) printed the whole help flattened
+    into one line after "error: Usage: ...". It is one line naming the commands now, exit 2."""
+    proc = cli(module=module)
+    assert proc.returncode == 2 and proc.stdout == "", proc
+    assert len(proc.stderr.splitlines()) == 1 and "Usage:" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("error: missing command; choose one of "), proc.stderr
+    assert ("run, sweep" if module == "lmprof.capture" else "report") in proc.stderr
+    assert proc.stderr.rstrip().endswith(f"(see 'python -m {module} --help')"), proc.stderr
+
+
 def test_device_cuda_without_cuda():
     import torch
 
