@@ -187,7 +187,8 @@ def _run(target: Path, spec, prep, nsys: str | None, nsys_args: str | None, quie
               help="Extra flags passed to 'nsys profile' in every cell under Nsight Systems, as "
                    "one quoted string.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and its size; run nothing.")
-@click.option("--quiet", "-q", is_flag=True, help="No plan, progress bar or summary.")
+@click.option("--quiet", "-q", is_flag=True,
+              help="No progress bar or summary, and no plan but a dry run's.")
 def sweep_cmd(grid_file: str | None, out: str, name: str | None, gpus: str | None,
               shard: str | None, timeout_s: float, retry_failed: bool, force_mix: bool,
               nsys_path: str | None, nsys_args: str | None, dry_run: bool, quiet: bool,

@@ -1020,6 +1020,20 @@ def test_out_a_run_directory_or_inside_one_is_refused(where, tmp_path, capsys):
     assert sorted(tmp_path.rglob("*")) == before
 
 
+def test_a_quiet_dry_run_prints_its_plan_as_its_help_says(tmp_path, capsys):
+    """A dry run's output is its plan, printed with --quiet too (nothing at all is no answer),
+    where --help and the README said --quiet prints no plan."""
+    rc, out, _ = cli(["sweep", *TINY, "--context-length", "16,32", "--out", str(tmp_path),
+                      "--dry-run", "--quiet"], capsys)
+    assert rc == 0 and "2 cells (context-length 2)" in out.splitlines()[0], out
+    from click.testing import CliRunner
+
+    from lmprof.capture.cli import capture
+
+    text = CliRunner().invoke(capture, ["sweep", "--help"]).output
+    assert "no plan but a dry run's" in " ".join(text.split()), text
+
+
 def test_a_run_json_of_another_cell_copied_in_is_not_that_cell_finished(tmp_path, capsys):
     """cells/B/run.json copied from cell A (by hand, a bad rsync): B is still to run, not
     finished with A's config and numbers."""
