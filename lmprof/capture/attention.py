@@ -308,8 +308,12 @@ def _check_options(impls, ds, seqs, dtypes, iters, warmup, batch, heads) -> None
 
         bad = [d for d in ds if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM]
         if bad:
+            # (the flash implementation given, or none given: each part's list has flash)
+            given = next((i for i in impls if i.startswith("flash")), None)
+            how = (f"drop --impl {given} to time the others" if given else
+                   "every part times flash by default: give --impl naive, ... to time others")
             raise UserError(f"--d {bad[0]}: the flash kernel supports d_head {MIN_HEAD_DIM}–"
-                            f"{MAX_HEAD_DIM} (drop --impl flash to time others)")
+                            f"{MAX_HEAD_DIM} ({how})")
 
 
 def _batch_heads(part: str, seq: int, d: int, batch, heads) -> tuple[int, int]:

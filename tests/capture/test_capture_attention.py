@@ -50,6 +50,10 @@ def test_parts_a_and_b_write_a_run_directory(tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["--d", "8", "--impl", "flash"], "supports d_head 16"),
+    # (the hint named --impl flash, which neither gave)
+    (["--d", "8", "--impl", "flash-split", "--impl", "naive"],
+     "(drop --impl flash-split to time the others)"),
+    (["--d", "8"], "(every part times flash by default: give --impl naive, ... to time others)"),
     (["--impl", "fastest"], "unknown --impl"),
     (["--dtype", "fp64"], "unknown --dtype"),
     (["--part", "x"], "Invalid value"),
