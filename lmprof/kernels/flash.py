@@ -1283,6 +1283,12 @@ class FlashAttentionFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, is_causal: bool, scale: float | None, backward: str,
                 forward: str):
+        # flash_attention passes the mode resolved; called directly, "auto" or an unknown name
+        # would reach _backward's last branch, the atomic kernel (resolving reads q and k: checked
+        # first, as flash_forward would)
+        if backward not in (*BACKWARD_MODES, "gluon"):
+            check_inputs(q, k, v)
+            backward = resolve_backward(backward, q, k)
         with phase(FORWARD_RANGE):
             o, lse = flash_forward(q, k, v, is_causal, scale, forward)
         ctx.save_for_backward(q, k, v, o, lse)

@@ -396,6 +396,23 @@ def test_auto_is_triton_where_the_gluon_kernels_do_not_apply(gen):
     assert not fa.COMPILED  # refused before any kernel ran
 
 
+def test_autograd_function_resolves_its_backward_mode(gen, monkeypatch):
+    """FlashAttentionFn.apply, the autograd op under flash_attention, took its backward mode as
+    given: "auto" (as for flash_attention) and any unknown name ran the atomic backward, the
+    host code's last branch, silently. It resolves "auto" as flash_attention does (split on
+    CPU) and refuses an unknown name before the forward runs."""
+    modes = []
+    backward = fa._backward
+    monkeypatch.setattr(fa, "_backward", lambda *a: modes.append(a[-1]) or backward(*a))
+    q, k, v = (randn(gen, 1, 2, 20, 16).requires_grad_() for _ in range(3))
+    fa.FlashAttentionFn.apply(q, k, v, True, None, "auto", "auto").sum().backward()
+    assert modes == [fa.resolve_backward("auto", q, k)]
+    fa.COMPILED.clear()
+    with pytest.raises(ValueError, match="backward='fast'; choose one of"):
+        fa.FlashAttentionFn.apply(q, k, v, True, None, "fast", "auto")
+    assert not fa.COMPILED  # refused before any kernel ran
+
+
 def test_auto_takes_the_gluon_kernel_from_its_measured_key_count(monkeypatch):
     """Where the Hopper kernel applies, "auto" takes it from AUTO_MIN_KEYS keys on (below that
     the split kernels were measured faster); "gluon" takes it at any length."""
