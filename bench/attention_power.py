@@ -21,7 +21,6 @@ CUDA; without ``nvidia-smi`` the clock columns are empty.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import shutil
@@ -37,7 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchenv import need_cuda  # noqa: E402  (bench/ is on sys.path when run as a script)
+from benchenv import ArgumentParser, need_cuda, positive_int  # noqa: E402  (bench/ is on sys.path when run as a script)
 from lmprof.capture import attention as cap  # noqa: E402
 from lmprof.capture.environment import collect  # noqa: E402
 
@@ -128,8 +127,8 @@ def measure(impl: str, shape: tuple[int, int, int, int], iters: int, sampler: Sa
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--iters", type=int, default=150)
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=positive_int, default=150)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "attention_power.json")
     args = ap.parse_args()
     need_cuda(__file__)

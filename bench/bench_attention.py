@@ -27,7 +27,6 @@ bench/results/attention.jsonl. Timed assertions do not belong here or in tests: 
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import sys
@@ -39,7 +38,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchenv import need_cuda  # noqa: E402  (bench/ is on sys.path when run as a script)
+from benchenv import ArgumentParser, need_cuda  # noqa: E402  (bench/ is on sys.path when run as a script)
 from lmprof.capture import attention as cap  # noqa: E402
 from lmprof.capture.environment import collect  # noqa: E402
 from lmprof.kernels import flash  # noqa: E402
@@ -181,7 +180,7 @@ def _table(rows: list[dict], cols: list[str]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backward", choices=[*BACKWARD_IMPLS, "all"], default="all",
                     help="Kernels to time: split (flash-split), atomic (flash-atomic), auto "
                          "(flash, the product's default: Gluon where it applies), all (the three).")

@@ -26,8 +26,7 @@ process-timing and communication tables; the x100 ratio target is the one-GPU fi
 
 from __future__ import annotations
 
-from benchenv import child_env, cpu_model  # noqa: E402  (bench/ is on sys.path when run as a script)
-import argparse
+from benchenv import ArgumentParser, child_env, cpu_model, positive_int  # noqa: E402  (bench/ is on sys.path when run as a script)
 import datetime as dt
 import os
 import platform
@@ -160,10 +159,10 @@ def environment() -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--factors", type=int, nargs="+", default=[100, 1000])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--factors", type=positive_int, nargs="+", default=[100, 1000])
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/lmprof-kernels-bench"))
-    ap.add_argument("--repeat", type=int, default=3,
+    ap.add_argument("--repeat", type=positive_int, default=3,
                     help="runs per measurement, load and analyze alternated (median is kept)")
     ap.add_argument("--source", choices=("fixture", "ddp", "emit"), default="fixture",
                     help="the one-GPU fixture (the targets' export), the DDP fixture, or the "

@@ -22,8 +22,7 @@ Wall time and peak RSS (VmHWM) are recorded; the "unpickled size" is the RSS the
 
 from __future__ import annotations
 
-from benchenv import child_env, cpu_model  # noqa: E402  (bench/ is on sys.path when run as a script)
-import argparse
+from benchenv import ArgumentParser, child_env, cpu_model, positive_int  # noqa: E402  (bench/ is on sys.path when run as a script)
 import datetime as dt
 import json
 import lzma
@@ -155,9 +154,9 @@ def machine() -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--entries", type=int, default=1_000_000, help="trace entries to generate")
-    ap.add_argument("--repeat", type=int, default=3,
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--entries", type=positive_int, default=1_000_000, help="trace entries to generate")
+    ap.add_argument("--repeat", type=positive_int, default=3,
                     help="rounds of runs, the tools alternated (the median of each is kept)")
     ap.add_argument("--keep", type=Path, default=None, help="keep the generated snapshot here")
     ap.add_argument("--no-torch", action="store_true", help="skip torch's _memory_viz tools")

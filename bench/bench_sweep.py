@@ -16,8 +16,7 @@ Both append a section to bench/results/sweep.md with the machine, versions and d
 
 from __future__ import annotations
 
-from benchenv import child_env, cpu_model, need_cuda  # noqa: E402  (bench/ is on sys.path when run as a script)
-import argparse
+from benchenv import ArgumentParser, child_env, cpu_model, need_cuda, positive_int  # noqa: E402  (bench/ is on sys.path when run as a script)
 import datetime as dt
 import json
 import os
@@ -146,8 +145,8 @@ def fan_out(gpus: str, model: str, contexts: str, modes: str, steps: int, warmup
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cells", type=int, default=6, help="cells for the CPU overhead run")
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cells", type=positive_int, default=6, help="cells for the CPU overhead run")
     ap.add_argument("--gpus", default=None, help="e.g. 0,1: measure fan-out against --gpus 0")
     ap.add_argument("--model", default="small", help="model sizes for --gpus (comma-separated)")
     ap.add_argument("--context-length", default="128,256,512,1024", help="contexts for --gpus")

@@ -1,7 +1,9 @@
 """What the bench scripts share about their environment: the one for their child processes
 (this checkout first on PYTHONPATH, and whatever PYTHONPATH already held, carried wheels on the
-GPU machine, after it), the machine's CPU, and the refusal of a machine they cannot run on."""
+GPU machine, after it), the machine's CPU, the refusal of a machine they cannot run on, and
+their argument parser."""
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -47,3 +49,24 @@ def need_cuda(script: str, hopper: bool = False) -> None:
     if hopper and torch.cuda.get_device_capability()[0] != 9:
         refuse(f"{name} needs a Hopper (sm_90) GPU; this one is "
                f"{torch.cuda.get_device_name()}")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors (a bad option, a value of the wrong type) are one line naming the
+    script on stderr and exit status 2, as ``refuse`` and the product's commands, not argparse's
+    usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        refuse(f"{self.prog}: {message}")
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count (repeats, rounds, factors, entries, cells): 0 or less measured
+    nothing and failed at the end (the median of no times), or ran something else than asked."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchenv import refuse  # bench/ is on sys.path when run as a script
+from benchenv import ArgumentParser, refuse  # bench/ is on sys.path when run as a script
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     refuse("compile_flash.py: unset TRITON_INTERPRET: this compiles for the GPU")
@@ -32,6 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lmprof.kernels import flash  # noqa: E402
 
 PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
+KERNELS = {"_flash_fwd_kernel": flash._flash_fwd_kernel,
+           "_flash_bwd_dkdv_kernel": flash._flash_bwd_dkdv_kernel,
+           "_flash_bwd_dq_kernel": flash._flash_bwd_dq_kernel,
+           "_flash_bwd_dkdv_dq_atomic_kernel": flash._flash_bwd_dkdv_dq_atomic_kernel}
 
 
 def signature(fn, dtype: str, constexprs: dict) -> dict:
@@ -81,20 +85,21 @@ def ptxas_report(ptx: str, arch: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--d", type=int, default=64)
     ap.add_argument("--dtype", choices=list(PTR), default="bf16")
     ap.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--dump", type=Path, default=None, help="write each variant's PTX and TTGIR here")
-    ap.add_argument("--kernel", action="append", default=None, help="only these kernels")
+    ap.add_argument("--kernel", action="append", default=None, choices=list(KERNELS),
+                    help="only these kernels")
     ap.add_argument("--no-tma", action="store_true",
                     help="atomic backward with element-wise atomics instead of the TMA reduce-add")
     args = ap.parse_args()
-    kernels = {"_flash_fwd_kernel": flash._flash_fwd_kernel,
-               "_flash_bwd_dkdv_kernel": flash._flash_bwd_dkdv_kernel,
-               "_flash_bwd_dq_kernel": flash._flash_bwd_dq_kernel,
-               "_flash_bwd_dkdv_dq_atomic_kernel": flash._flash_bwd_dkdv_dq_atomic_kernel}
+    # past 128 no list has configurations; below 16, kernels the product never launches
+    if not flash.MIN_HEAD_DIM <= args.d <= flash.MAX_HEAD_DIM:
+        ap.error(f"argument --d: the kernels take d_head {flash.MIN_HEAD_DIM} to "
+                 f"{flash.MAX_HEAD_DIM}, got {args.d}")
     base = dict(HEAD_DIM=args.d, BLOCK_D=triton.next_power_of_2(args.d),
                 IS_CAUSAL=args.causal,
                 DOT_PRECISION="ieee" if args.dtype == "fp32" else "tf32", INTERPRET_BF16=False)
@@ -102,7 +107,7 @@ def main() -> None:
     print("| kernel | BLOCK_M | BLOCK_N | warps | stages | regs | spill st/ld B | stack B | "
           "smem B | wgmma (PTX) | mma.sync (PTX) | HGMMA (SASS) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, tuner in kernels.items():
+    for name, tuner in KERNELS.items():
         if args.kernel and name not in args.kernel:
             continue
         fn = tuner.fn

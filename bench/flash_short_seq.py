@@ -8,7 +8,6 @@ backends. Prints one JSON row per cell and writes them all to --out.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from triton.testing import do_bench
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_attention as ba  # noqa: E402
-from benchenv import need_cuda  # noqa: E402
+from benchenv import ArgumentParser, need_cuda  # noqa: E402
 from lmprof.capture import attention as cap  # noqa: E402
 from lmprof.kernels import flash  # noqa: E402
 
@@ -50,7 +49,7 @@ IMPLS = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cell", nargs="+", default=["64:1024", "64:2048", "128:1024", "128:2048"],
                     help="d:seq")
     ap.add_argument("--out", type=Path,

@@ -29,7 +29,6 @@ as long as without it (Triton 3.6 also gives NaN at 3 stages). Not used by the p
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import math
@@ -43,7 +42,7 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
-from benchenv import need_cuda, refuse  # bench/ is on sys.path when run as a script
+from benchenv import ArgumentParser, need_cuda, refuse  # bench/ is on sys.path when run as a script
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -304,7 +303,7 @@ def committed(shape) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="1,16,16384,64", help="B,H,T,D (default: leaderboard)")
     ap.add_argument("--group", choices=sorted(CONFIGS))
     ap.add_argument("--ws", type=int, choices=(0, 1))

@@ -42,7 +42,6 @@ Needs a Hopper GPU and Triton 3.9's Gluon API (``tma.async_load``, ``tma.async_a
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -51,7 +50,7 @@ from pathlib import Path
 import torch
 import triton
 
-from benchenv import need_cuda, refuse  # bench/ is on sys.path when run as a script
+from benchenv import ArgumentParser, need_cuda, refuse  # bench/ is on sys.path when run as a script
 
 try:
     from triton.experimental import gluon
@@ -371,7 +370,7 @@ def leaderboard(rounds: int) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", action="append", default=None, help="B,H,T,D (repeatable)")
     ap.add_argument("--config", action="append", default=None,
                     help="BLOCK_N,warps,stages[,dQ staging buffers] (repeatable; default "

@@ -24,7 +24,6 @@ warps; Triton 3.9). Needs a Hopper GPU and a Triton with ``triton.experimental.g
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -34,7 +33,7 @@ import torch
 import triton
 from triton.testing import do_bench
 
-from benchenv import need_cuda, refuse  # bench/ is on sys.path when run as a script
+from benchenv import ArgumentParser, need_cuda, refuse  # bench/ is on sys.path when run as a script
 
 try:
     from triton.experimental import gluon
@@ -263,7 +262,7 @@ def run(shape, causal: bool, configs) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", action="append", default=None, help="B,H,T,D (repeatable)")
     ap.add_argument("--out", type=Path, default=None, help="also write the rows here (JSON)")
     args = ap.parse_args()

@@ -26,7 +26,6 @@ Needs a Hopper GPU and Triton 3.9's Gluon; contiguous 16-bit (B, h, T, d)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -37,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gluon_common  # noqa: E402
-from benchenv import need_cuda, refuse  # noqa: E402
+from benchenv import ArgumentParser, need_cuda, refuse  # noqa: E402
 from lmprof.kernels import flash_gluon  # noqa: E402
 
 
@@ -150,7 +149,7 @@ def part_c(d: int) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", action="append", default=None, help="B,H,Tq,Tk,D (repeatable)")
     ap.add_argument("--config", action="append", default=None,
                     help="BLOCK_N,warpgroups,stages,regs (repeatable; default 128,3,3,160 "

@@ -23,8 +23,7 @@ appends one row per export to bench/results/nsys_stats_compare.md.
 
 from __future__ import annotations
 
-from benchenv import child_env, refuse  # noqa: E402  (bench/ is on sys.path when run as a script)
-import argparse
+from benchenv import ArgumentParser, child_env, positive_int, refuse  # noqa: E402  (bench/ is on sys.path when run as a script)
 import datetime as dt
 import shutil
 import statistics
@@ -76,10 +75,10 @@ def check(nsys_dir: Path, ours: Path) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--factors", type=int, nargs="+", default=[1, 100])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--factors", type=positive_int, nargs="+", default=[1, 100])
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/lmprof-kernels-bench"))
-    ap.add_argument("--repeat", type=int, default=3, help="timed runs of each command (median)")
+    ap.add_argument("--repeat", type=positive_int, default=3, help="timed runs of each command (median)")
     ap.add_argument("--no-warm-up", dest="warm_up", action="store_false",
                     help="time the first run too (for exports too large to run twice)")
     ap.add_argument("--nsys", default=shutil.which("nsys"), help="nsys executable")

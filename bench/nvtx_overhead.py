@@ -14,7 +14,6 @@ Appends one markdown row per run to bench/results/nvtx_overhead.md.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import platform
 import statistics
@@ -28,7 +27,7 @@ from lmprof.capture import devices
 from lmprof.capture.runner import RunSpec, StepRunner, prepare
 from lmprof.errors import UserError
 
-from benchenv import refuse  # bench/ is on sys.path when run as a script
+from benchenv import ArgumentParser, positive_int, refuse  # bench/ is on sys.path when run as a script
 
 RESULTS = Path(__file__).parent / "results" / "nvtx_overhead.md"
 
@@ -53,13 +52,13 @@ def per_range_seconds(n: int = 200_000) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="small")
     ap.add_argument("--context-length", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rounds", type=positive_int, default=7)
+    ap.add_argument("--steps", type=positive_int, default=20)
     args = ap.parse_args()
 
     try:

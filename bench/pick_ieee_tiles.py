@@ -13,7 +13,6 @@ time). ``lmprof.kernels.flash._IEEE`` lists the fastest, fastest first.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import sys
@@ -25,7 +24,7 @@ import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchenv import need_cuda  # noqa: E402  (bench/ is on sys.path when run as a script)
+from benchenv import ArgumentParser, need_cuda  # noqa: E402  (bench/ is on sys.path when run as a script)
 from lmprof.kernels import flash as fa  # noqa: E402
 
 CANDIDATES = {
@@ -52,7 +51,7 @@ def _use(kind: str, tile: tuple[int, int, int, int], d: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--d", type=int, nargs="+", default=[128, 64], choices=sorted(CANDIDATES))
     ap.add_argument("--out", type=Path,
                     default=Path(__file__).parent / "results" / "flash_ieee_fp32_tiles.json")

@@ -10,7 +10,6 @@ processes.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import sys
@@ -20,10 +19,11 @@ from pathlib import Path
 
 T0 = time.perf_counter()
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchenv import ArgumentParser  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("report")
     ap.add_argument("--top", type=int, default=12)
     args = ap.parse_args()
