@@ -169,7 +169,10 @@ def main() -> None:
                          "emit_nvtx fixture (a range per aten op and autograd node, on two "
                          "threads of one process)")
     args = ap.parse_args()
-    args.workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file in the way, no permission
+        ap.error(f"argument --workdir: {exc}")
     source, prefix, extra = source_export(args.source, args.workdir)
     env = environment()
     if not RESULTS.exists():

@@ -155,15 +155,20 @@ def machine() -> str:
 
 def main() -> None:
     ap = ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--entries", type=positive_int, default=1_000_000, help="trace entries to generate")
+    ap.add_argument("--entries", type=positive_int, default=1_000_000,
+                    help="trace entries to generate")
     ap.add_argument("--repeat", type=positive_int, default=3,
                     help="rounds of runs, the tools alternated (the median of each is kept)")
     ap.add_argument("--keep", type=Path, default=None, help="keep the generated snapshot here")
     ap.add_argument("--no-torch", action="store_true", help="skip torch's _memory_viz tools")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="lmprof-bench-memory-"))
-    path = (args.keep or tmp) / "memory_big.pickle"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if args.keep:
+        try:
+            args.keep.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file in the way, no permission
+            ap.error(f"argument --keep: {exc}")
+    folder = args.keep or Path(tempfile.mkdtemp(prefix="lmprof-bench-memory-"))
+    path = folder / "memory_big.pickle"
     t0 = time.perf_counter()
     info = make_snapshot(args.entries, path)
     print(f"generated {info['entries']} entries ({info['bytes'] / 2**20:.0f} MiB pickle) in "
@@ -194,7 +199,7 @@ def main() -> None:
           "above interpreter start (target < 3x)")
     if not args.keep:
         path.unlink()
-        tmp.rmdir()
+        folder.rmdir()
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"\n## {stamp} — {info['entries']:,} entries, "
              f"{info['bytes'] / 2**20:.0f} MiB pickle\n",

@@ -89,7 +89,10 @@ def main() -> None:
     if not args.nsys:
         refuse("nsys_stats_compare.py: nsys not found: source .gpu/nsys-env.sh first "
                "(or pass --nsys)")
-    args.workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file in the way, no permission
+        ap.error(f"argument --workdir: {exc}")
     version = subprocess.run([args.nsys, "--version"], capture_output=True, text=True
                              ).stdout.strip()
     if not RESULTS.exists():

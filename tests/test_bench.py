@@ -38,11 +38,18 @@ def _bench(script: str, *args: str) -> subprocess.CompletedProcess:
     ("compile_flash.py", ["--kernel", "_flash_fwd"], "--kernel"),
     # argparse's own errors (its usage block and the error: three lines) in one line too
     ("attention_power.py", ["--iters", "x"], "--iters"),
+    # a file where the folder goes: a FileExistsError traceback
+    ("bench_kernels.py", ["--factors", "1", "--repeat", "1", "--workdir", "FILE"], "--workdir"),
+    ("bench_memory.py", ["--entries", "2000", "--repeat", "1", "--no-torch", "--keep", "FILE"],
+     "--keep"),
 ], ids=lambda x: " ".join(x) if isinstance(x, list) else x)
 def test_a_bad_option_is_one_line_and_exit_2(script, args, named, tmp_path):
     before = {p: p.read_bytes() for p in RESULTS.iterdir() if p.is_file()}
-    out = _bench(script, *args, *(["--workdir", str(tmp_path)] if script == "bench_kernels.py"
-                                  else []))
+    (tmp_path / "file").touch()
+    args = [str(tmp_path / "file") if a == "FILE" else a for a in args]
+    if script == "bench_kernels.py" and "--workdir" not in args:
+        args += ["--workdir", str(tmp_path)]
+    out = _bench(script, *args)
     assert (out.returncode, out.stdout) == (2, ""), out.stderr
     assert len(out.stderr.splitlines()) == 1 and named in out.stderr, out.stderr
     assert out.stderr.startswith(script), out.stderr
