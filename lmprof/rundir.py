@@ -827,20 +827,22 @@ _WARNED: set[Path] = set()
 
 
 def find_run_for(path: str | Path) -> dict[str, Any] | None:
-    """The run.json beside a raw artifact (a report.sqlite, a memory snapshot), if any. One that
-    cannot be read is left out with a warning line on stderr (once per file): the artifact is
-    analysed on its own, as if it had none, and the user learns why its run's context is
-    missing."""
+    """The run.json beside a raw artifact (a report.sqlite, a memory snapshot), if any, of a
+    model run: a precision or attention run's has no model, steps or phases to give a file
+    put in its folder, which is analysed on its own. One that cannot be read is left out with
+    a warning line on stderr (once per file): the artifact is analysed on its own, as if it
+    had none, and the user learns why its run's context is missing."""
     parent = Path(path).resolve().parent
     if (parent / RUN_FILE).is_file():
         try:
-            return load_run(parent)
+            record = load_run(parent)
         except UserError as exc:
             if parent not in _WARNED:
                 _WARNED.add(parent)
                 print(f"warning: {exc}; analysing {Path(path).name!r} without it",
                       file=sys.stderr, flush=True)
             return None
+        return record if is_model_run(record) else None
     return None
 
 

@@ -151,6 +151,30 @@ def test_a_damaged_run_json_beside_a_file_is_named_and_left_out(tmp_path):
     assert "1 nsys export(s) without a run directory" in text
 
 
+def test_files_beside_an_attention_runs_run_json_are_analysed_on_their_own(tmp_path):
+    """A snapshot and an export put in the folder of a `capture attention` run: its run.json
+    has no steps, model or phases, so they are analysed as files without a run. Before, the
+    snapshot was paired with it: `analyze memory` and the report stopped with pyarrow's
+    traceback ('Expected bytes, got a 'list' object': the run's lists of dtypes and sequence
+    lengths), and the export's kernel tables were labelled "custom ctx? ? ['bf16']"."""
+    shutil.copytree(ROOT / "tests" / "data" / "attention-runs" /
+                    "20261126T104648Z-attention-c-900a", tmp_path / "att")
+    snap, export = tmp_path / "att" / "mine.pickle.xz", tmp_path / "att" / "mine.sqlite"
+    shutil.copyfile(SNAPSHOT, snap)
+    shutil.copyfile(REPORT, export)
+    code, out, err = run("memory", str(snap), "--format", "csv")
+    assert code == 0 and not err, err
+    assert "\n2909263872," in out  # the fixture's allocated peak, as given alone
+    code, out, err = run("kernels", str(export), str(REPORT), "--table", "gemm_fraction")
+    assert code == 0 and not err, err
+    by_run = out.split("## gemm fraction by run", 1)[1]
+    assert "\n| mine " in by_run and "custom" not in out and "bf16" not in out
+    text = _report(tmp_path, str(snap), str(export))
+    assert "1 nsys export(s) without a run directory" in text
+    assert "1 memory snapshot(s) without a run directory" in text
+    assert "\n### mine (`" in text and "custom" not in text
+
+
 @pytest.mark.parametrize("arg, message", [
     ("missing.sqlite", "no such file"),
     ("notes.txt", "is not a run directory, a sweep directory or directory of runs, an nsys "
