@@ -30,8 +30,9 @@ from lmprof.errors import PathParam, UserError, echo_or_drop, raise_machine_erro
                    "for 'analyze sql'.")
 def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
                out: str | None, plots: str | None, db: str | None) -> None:
-    """Memory tables of CUDA memory snapshots (memory.pickle[.xz|.gz|.zst]), run directories, or
-    sweep directories and directories of runs such as runs/ (their runs with a snapshot).
+    """Memory tables of CUDA memory snapshots (memory.pickle[.xz|.gz|.zst|.bz2]), run
+    directories, or sweep directories and directories of runs such as runs/ (their runs with a
+    snapshot).
 
     Several inputs give comparison tables (peak by context length, mode and dtype). Snapshots
     are unpickled admitting plain data only; input files are never modified.

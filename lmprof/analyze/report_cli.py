@@ -24,8 +24,8 @@ def report_cmd(inputs: tuple[str, ...], out: str, attribution, phase_ranges, ski
     """Write one markdown report for INPUTs, a section per kind of data present: run or sweep
     directories, directories of runs such as capture's --out, and, for captures made without
     'capture run', nsys exports (.sqlite, .nsys-rep) and CUDA memory snapshots
-    (.pickle[.xz|.gz|.zst]). The range options name the phases of traces from other code, as in
-    'analyze kernels'; they apply to every nsys export of the report."""
+    (.pickle[.xz|.gz|.zst|.bz2]). The range options name the phases of traces from other code,
+    as in 'analyze kernels'; they apply to every nsys export of the report."""
     from lmprof.reports.report import build
 
     options = trace_options(attribution, phase_ranges, softmax_ranges, matmul_ranges,

@@ -154,7 +154,7 @@ def load_runs(paths: list[str]) -> list[dict[str, Any]]:
 
 
 _KINDS_HELP = ("a run directory, a sweep directory or directory of runs, an nsys export "
-               "(.sqlite, .nsys-rep) or a CUDA memory snapshot (.pickle[.xz|.gz|.zst])")
+               "(.sqlite, .nsys-rep) or a CUDA memory snapshot (.pickle[.xz|.gz|.zst|.bz2])")
 
 
 def _file_kind(path: Path) -> str:

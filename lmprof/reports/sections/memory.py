@@ -4,8 +4,9 @@ Runs with a memory snapshot (``artifacts.memory_snapshot``) and the snapshots gi
 without a run (``ReportContext.snapshots``) are loaded together into one DuckDB database; the
 section shows the same tables as ``analyze memory``, sites cut to 60 characters (the
 residual-stream activation size of each config, batch × context × d_model × 4 bytes: fp32 under
-autocast too, a row of its model-state table). A run's snapshot that cannot be read is listed under the tables; a file the user named
-that cannot be read stops the report (one-line error, as ``analyze memory``).
+autocast too, a row of its model-state table). A run's snapshot that cannot be read is listed
+under the tables; a file the user named that cannot be read stops the report (one-line error, as
+``analyze memory``).
 """
 
 from __future__ import annotations
