@@ -18,7 +18,8 @@ from lmprof.errors import PathParam, UserError, echo_or_drop, raise_machine_erro
 @click.argument("inputs", nargs=-1, required=True, metavar="SNAPSHOT_OR_RUN...", type=PathParam())
 @click.option("--run", "run_dir", type=PathParam(), default=None,
               help="Run directory whose run.json (config, phase windows) belongs to the one raw "
-                   "snapshot given; by default a run.json beside the snapshot is used.")
+                   "snapshot given; by default a capture run's run.json beside the snapshot "
+                   "is used.")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
               help="Rows of the live-at-peak and largest-allocation tables per snapshot.")
 @format_option
