@@ -793,8 +793,11 @@ def tables(con: duckdb.DuckDBPyConnection, top: int = 10) -> tuple[dict[str, pd.
             "dump → model state (the parameters, in training also AdamW's moments, and "
             "workspaces such as cuBLAS's: 32 MiB per thread that ran a matmul, seen on an "
             "H200); made in backward and outliving it → "
-            "gradients; made in forward and outliving it → activations; freed in the phase "
-            "that made them → temporaries."),
+            "gradients; made in the optimizer and outliving it → optimizer state (AdamW's "
+            "moments, in its first step); made in forward and outliving it → activations; "
+            "freed in the phase that made them → temporaries; the rest (memory from before "
+            "recording freed in the trace, allocations of no known phase, every block of a "
+            "snapshot without a trace, where nothing tells state from activations) → other."),
     }
     empty = snaps[~snaps["has_trace"]]
     early_oom = empty[empty["status"] == "OOM"]

@@ -71,6 +71,21 @@ def test_without_a_trace_categories_are_not_guessed(tables):
     assert "model state" in {r["category"] for r in traced}
 
 
+def test_the_categories_note_says_what_each_category_is():
+    """The markdown note over the categories table defined model state, gradients, activations
+    and temporaries alone: the snapshot without a trace shows every block as 'other', which
+    nothing explained, and 'optimizer state' (made in the optimizer, outliving it: AdamW's
+    moments in a run's first step) was not named either."""
+    from lmprof.analyze import memory
+    from lmprof.analyze.db import connect
+
+    con = connect()
+    memory.load_memory(con, DATA / "warmup1" / "memory.pickle.xz")
+    _, notes = memory.tables(con)
+    for category in memory.CATEGORIES:
+        assert f"→ {category}" in notes["memory_categories"], category
+
+
 def test_markdown_says_which_run_ran_out_before_recording():
     proc = subprocess.run([sys.executable, "-m", "lmprof.analyze", "memory", str(DATA)],
                           capture_output=True, text=True, cwd=ROOT)
