@@ -283,7 +283,9 @@ def _put_in_place(ctx: ReportContext, parts: list[str], target: Path, img_dir: P
                 placed.append((dest, dest.lstat()))
         except OSError as exc:
             raise_machine_error(exc, dest)
-            raise UserError(f"cannot write {str(dest)!r}: {exc.strerror or exc}") from None
+            # (a file where the image folder goes: mkdir's "File exists" names neither)
+            why = rundir.why_not_made(dest, exc) if dest == img_dir else exc.strerror or exc
+            raise UserError(f"cannot write {str(dest)!r}: {why}") from None
     try:  # (by a rename: a reader of the earlier report.md reads it whole)
         rundir.write_text(target, "\n".join(parts))
         placed.append((target, target.lstat()))

@@ -282,6 +282,20 @@ def test_a_report_the_disk_cannot_hold_is_the_machines_error_naming_the_file(tmp
     assert list(existing.iterdir()) == []
 
 
+@pytest.mark.parametrize("out, in_the_way", [("rep", "rep/img"), ("rep/my.md", "rep/my_img")])
+def test_a_file_in_the_way_of_the_image_folder_is_named(tmp_path, out, in_the_way):
+    """A file where the report's image folder goes: one line saying which path is in the way and
+    what it is, as for the report's own folder. It said "cannot write 'rep/img': File exists",
+    mkdir's words, which read as if the report would not write over a file of its own."""
+    (tmp_path / "rep").mkdir()
+    (tmp_path / in_the_way).write_text("notes\n")
+    code, _, err = run("report", str(SNAPSHOT), "-o", str(tmp_path / out))
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"'{tmp_path / in_the_way}' is a file, not a folder" in err
+    assert (tmp_path / in_the_way).read_text() == "notes\n"
+    assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == [Path(in_the_way).name]
+
+
 def test_report_named_with_spaces_links_its_images(tmp_path):
     """``-o "my report.md"``: its images go to ``my report_img/`` and the links name them
     percent-encoded (a markdown link ends at a space: ``](my report_img/...)`` showed no image)."""
