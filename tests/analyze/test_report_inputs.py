@@ -175,6 +175,25 @@ def test_files_beside_an_attention_runs_run_json_are_analysed_on_their_own(tmp_p
     assert "\n### mine (`" in text and "custom" not in text
 
 
+def test_a_snapshot_file_with_a_runs_config_is_in_the_order_analyze_memory_gives(tmp_path):
+    """A snapshot given as a file beside a run.json that does not name it is kept with that
+    run's config; analyze memory places it among the runs by that config (small before medium),
+    the report placed it after every run, so its memory tables' rows came in another order
+    than analyze memory's for the same inputs."""
+    data = ROOT / "tests" / "data"
+    shutil.copytree(data / "h200-lmprof-nsys", tmp_path / "small", ignore=lambda d, names: [
+        n for n in names if n != "run.json"])
+    snap = tmp_path / "small" / "mine.pickle.xz"
+    shutil.copyfile(data / "h200-lmprof-memory" / "memory.pickle.xz", snap)
+    medium = data / "h200-lmprof-memory-medium"
+    code, out, err = run("memory", str(medium), str(snap))
+    assert code == 0, err
+    peak = out.split("## memory peak\n", 1)[1].split("\n\n", 2)[1]
+    assert peak.index("| small ctx256") < peak.index("| medium ctx256")
+    text = _report(tmp_path, str(medium), str(snap))
+    assert text.split("### Peak memory\n", 1)[1].split("\n\n", 2)[1] == peak
+
+
 @pytest.mark.parametrize("arg, message", [
     ("missing.sqlite", "no such file"),
     ("notes.txt", "is not a run directory, a sweep directory or directory of runs, an nsys "

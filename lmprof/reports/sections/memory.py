@@ -37,6 +37,10 @@ def section(ctx: ReportContext) -> str | None:
         if path is not None:
             runs.append((record, path, False))
     runs += [(r, p, True) for p, r in ctx.snapshots]  # files given without a run that names them
+    # in analyze memory's order: a file kept with the config of a run.json beside it among the
+    # runs by that config (the runs are in it already), those without one after them
+    runs.sort(key=lambda item: (item[0] is None,
+                                rundir.config_order(item[0]) if item[0] else ()))
     if not runs and not problems:
         return None
     con = connect()
