@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -179,20 +180,29 @@ def _slug(text: str) -> str:
                    for c in text).strip("-")[:60]
 
 
-def write_plots(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
-    """Timeline and category PNGs for every loaded snapshot and device; returns the paths."""
+def _plots(con: duckdb.DuckDBPyConnection) -> list[tuple[int, int, str, str, Callable]]:
+    """(snapshot_id, device, title, file name, drawing function) of each plot of the loaded
+    snapshots: a timeline and a category plot per snapshot and device with a trace."""
     rows = con.execute("SELECT p.snapshot_id, p.device, s.label, p.events FROM memory_peaks p "
                        "JOIN memory_snapshots s USING (snapshot_id) "
                        "ORDER BY p.snapshot_id, p.device").fetchall()
     single = len(rows) == 1
+    return [(sid, device, f"{label} — cuda:{device}",
+             f"memory_{kind}{'' if single else f'_{sid}_{_slug(label)}_dev{device}'}.png", fn)
+            for sid, device, label, events in rows if events
+            for kind, fn in (("timeline", timeline_png), ("categories", categories_png))]
+
+
+def plot_names(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The file names ``write_plots`` may write (before drawing: what they would go over)."""
+    return [name for _, _, _, name, _ in _plots(con)]
+
+
+def write_plots(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
+    """Timeline and category PNGs for every loaded snapshot and device; returns the paths."""
     written = []
-    for sid, device, label, events in rows:
-        if not events:
-            continue
-        suffix = "" if single else f"_{sid}_{_slug(label)}_dev{device}"
-        title = f"{label} — cuda:{device}"
-        for kind, fn in (("timeline", timeline_png), ("categories", categories_png)):
-            path = fn(con, sid, device, out_dir / f"memory_{kind}{suffix}.png", title)
-            if path is not None:
-                written.append(path)
+    for sid, device, title, name, fn in _plots(con):
+        path = fn(con, sid, device, out_dir / name, title)
+        if path is not None:
+            written.append(path)
     return written

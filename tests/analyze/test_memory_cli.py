@@ -669,3 +669,20 @@ def test_a_reader_that_stops_reading_still_gets_the_plots_and_tables(tmp_path):
     for name in ("memory_peak.md", "memory_categories.md", "memory_timeline.png",
                  "memory_categories.png"):
         assert (out / name).is_file(), name
+
+
+@pytest.mark.parametrize("folder, plot", [("--plots", "memory_timeline.png"),
+                                          ("--out", "memory_categories.png")])
+def test_db_that_is_a_plot_file_is_refused(tmp_path, folder, plot):
+    """--plots P --db P/memory_timeline.png (or --out O, whose plots go there): the plot was
+    put in place, then the database renamed over it, exit 0 with 'wrote P/memory_timeline.png'
+    on stderr for a file that then held the database. The clash is one line, exit 2, before
+    any table is printed, and neither is written."""
+    target = tmp_path / "P"
+    target.mkdir()
+    db = target / plot
+    proc = _run(FIXTURE, folder, target, "--db", db)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and f"is the file {folder} puts the" in proc.stderr, \
+        proc.stderr
+    assert not db.exists() and proc.stdout == ""
