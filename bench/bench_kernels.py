@@ -169,10 +169,7 @@ def main() -> None:
                          "emit_nvtx fixture (a range per aten op and autograd node, on two "
                          "threads of one process)")
     args = ap.parse_args()
-    try:
-        args.workdir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # a file in the way, no permission
-        ap.error(f"argument --workdir: {exc}")
+    ap.make_folder(args.workdir, "--workdir")
     source, prefix, extra = source_export(args.source, args.workdir)
     env = environment()
     if not RESULTS.exists():

@@ -162,12 +162,8 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, default=None, help="keep the generated snapshot here")
     ap.add_argument("--no-torch", action="store_true", help="skip torch's _memory_viz tools")
     args = ap.parse_args()
-    if args.keep:
-        try:
-            args.keep.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:  # a file in the way, no permission
-            ap.error(f"argument --keep: {exc}")
-    folder = args.keep or Path(tempfile.mkdtemp(prefix="lmprof-bench-memory-"))
+    folder = (ap.make_folder(args.keep, "--keep") if args.keep
+              else Path(tempfile.mkdtemp(prefix="lmprof-bench-memory-")))
     path = folder / "memory_big.pickle"
     t0 = time.perf_counter()
     info = make_snapshot(args.entries, path)

@@ -59,6 +59,15 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         refuse(f"{self.prog}: {message}")
 
+    def make_folder(self, path: Path, option: str) -> Path:
+        """``path``, made with its parents, for the option that named it; where it cannot be (a
+        file in the way, no permission) this parser's one-line error, not a traceback."""
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self.error(f"argument {option}: {exc}")
+        return path
+
 
 def positive_int(text: str) -> int:
     """argparse type of a count (repeats, rounds, factors, entries, cells): 0 or less measured

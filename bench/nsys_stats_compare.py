@@ -89,10 +89,7 @@ def main() -> None:
     if not args.nsys:
         refuse("nsys_stats_compare.py: nsys not found: source .gpu/nsys-env.sh first "
                "(or pass --nsys)")
-    try:
-        args.workdir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # a file in the way, no permission
-        ap.error(f"argument --workdir: {exc}")
+    ap.make_folder(args.workdir, "--workdir")
     version = subprocess.run([args.nsys, "--version"], capture_output=True, text=True
                              ).stdout.strip()
     if not RESULTS.exists():

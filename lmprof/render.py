@@ -15,7 +15,6 @@ import io
 import json
 import math
 import numbers
-import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -684,13 +683,7 @@ def refuse_out(tables: Iterable[str], fmt: str, out: str | Path,
 
     files = {name: Path(out) / f"{name}.{fmt}" for name in tables}
     rundir.refuse_overwrite(files.values(), inputs, "--out")
-    # (the database, renamed into place as the command ends, went over the table written
-    # there, or the table over a database kept from before: either way one was lost, exit 0)
-    clash = [name for name, path in files.items()
-             if db and os.path.realpath(path) == os.path.realpath(db)]
-    if clash:
-        raise UserError(f"--db {str(db)!r} is the file --out writes the {clash[0]} table to: "
-                        "give the database another name")
+    rundir.refuse_db_over(db, files, "--out writes the {} table to")
     if blocked := rundir.folder_blocked(out):
         raise UserError(f"cannot write to --out {str(out)!r}: {blocked}")
     return files

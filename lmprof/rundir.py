@@ -730,6 +730,21 @@ def refuse_overwrite(outputs: Iterable[str | Path], inputs: Iterable[str | Path]
                             "input is never written over: give another output path")
 
 
+
+def refuse_db_over(db: str | Path | None, outputs: dict[str, Path], what: str) -> None:
+    """A one-line UserError, raised before anything is written, where ``--db`` is one of the
+    command's other output files (``outputs``, by name): the database, renamed into place as
+    the command ends, went over that file (exit 0, the table or plot lost without a word).
+    ``what`` says what the file holds, ``{}`` standing for its name ("--out writes the {}
+    table to")."""
+    if not db:
+        return
+    target = os.path.realpath(db)
+    for name, path in outputs.items():
+        if os.path.realpath(path) == target:
+            raise UserError(f"--db {str(db)!r} is the file {what.format(name)}: give the "
+                            "database another name")
+
 # The largest JSON or grid file read whole (run.json, sweep.json, attention.json, a grid file are
 # kilobytes): a file past it is refused, not read into memory.
 MAX_TEXT_BYTES = 256 * 2**20

@@ -61,10 +61,9 @@ def test_every_option_of_a_command_is_named_in_its_readme_section(group, name):
     if (group, name) == ("capture", "sweep"):
         # "The capture run options as comma-separated lists ...": run's section names them
         shared += SECTIONS["capture run"]
-    unnamed = sorted({p.name for opt, p in _options(command).items()}
-                     - {p.name for opt, p in _options(command).items()
-                        if _named(opt, section) or _named(opt, shared)}
-                     - {"help"})
+    options = _options(command)
+    named = {p.name for opt, p in options.items() if _named(opt, section) or _named(opt, shared)}
+    unnamed = sorted({p.name for p in options.values()} - named - {"help"})
     assert not unnamed, f"README's {group} {name} section names no option for {unnamed}"
 
 

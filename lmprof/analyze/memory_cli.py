@@ -79,7 +79,10 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
             if out:  # (refused before any table is printed, as a plots folder in the way is)
                 refuse_out(tables, fmt, out, read, db)
             if db and plot_dir:
-                _refuse_db_over_a_plot(con, db, plot_dir, "--plots" if plots else "--out")
+                from lmprof.reports.memory_plots import plot_names
+
+                rundir.refuse_db_over(db, {n: Path(plot_dir) / n for n in plot_names(con)},
+                                      f"{'--plots' if plots else '--out'} puts the {{}} plot in")
             folders = [Path(plot_dir)] if plot_dir else []
             if out and plots and Path(plots).resolve() != Path(out).resolve():
                 folders.append(Path(out))  # (its plots from an earlier command are stale)
@@ -102,19 +105,6 @@ def memory_cmd(inputs: tuple[str, ...], run_dir: str | None, top: int, fmt: str,
                 click.echo(f"wrote {path}", err=True)
         finally:
             con.close()
-
-
-def _refuse_db_over_a_plot(con, db: str, folder: str, flag: str) -> None:
-    """``--db`` that is a plot file of ``folder``: refused before any table is printed. The
-    database, renamed into place as the command ends, went over the plot just put there (exit
-    0, and 'wrote' said of a file then holding the database)."""
-    from lmprof.reports.memory_plots import plot_names
-
-    clash = [name for name in plot_names(con)
-             if os.path.realpath(Path(folder) / name) == os.path.realpath(db)]
-    if clash:
-        raise UserError(f"--db {db!r} is the file {flag} puts the {clash[0]} plot in: give the "
-                        "database another name")
 
 
 def _plots_turn(folder: Path):
